@@ -1,0 +1,1 @@
+//! mica-formats

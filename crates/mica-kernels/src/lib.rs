@@ -1,0 +1,9 @@
+//! mica-kernels: the numeric floor of mica. Element and block types, exact dequantization,
+//! activation quantizers, dot products and matrix products (a scalar reference for each, SIMD
+//! versions chosen at run time), element-wise ops (norms, RoPE, softmax), and the compute
+//! thread pool. This crate knows nothing about models or files.
+
+pub mod dtype;
+pub mod quant;
+
+pub use dtype::DType;

@@ -1,0 +1,1 @@
+//! Block formats (being written).
