@@ -1,0 +1,38 @@
+//! The one error type of `mica-formats`. Every variant names the file, and where it applies
+//! the byte offset or the tensor, so a user can tell which file is broken and where.
+
+use std::path::PathBuf;
+
+/// Anything that can go wrong reading a model file.
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is malformed at a byte offset (truncated, bad magic, absurd count...).
+    #[error("{path}: at byte {offset}: {msg}")]
+    Parse {
+        path: PathBuf,
+        offset: u64,
+        msg: String,
+    },
+    /// A tensor's description is invalid (range past the end, bad shape, unknown type...).
+    #[error("{path}: tensor '{tensor}': {msg}")]
+    Tensor {
+        path: PathBuf,
+        tensor: String,
+        msg: String,
+    },
+    /// A metadata key has the wrong type or an invalid value.
+    #[error("{path}: metadata '{key}': {msg}")]
+    Metadata {
+        path: PathBuf,
+        key: String,
+        msg: String,
+    },
+}
+
+pub type Result<T, E = FormatError> = std::result::Result<T, E>;
