@@ -1,1 +1,4 @@
 //! mica-models
+
+pub mod chat;
+pub mod tokenizer;
