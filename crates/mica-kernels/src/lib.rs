@@ -5,5 +5,6 @@
 
 pub mod dtype;
 pub mod quant;
+pub mod simd;
 
 pub use dtype::DType;

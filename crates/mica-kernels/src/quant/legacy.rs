@@ -169,10 +169,23 @@ fn pack_high_bits(q: &[u8; QK]) -> [u8; 4] {
     qh.to_le_bytes()
 }
 
-/// C's `(int8_t)f` for the in-range values these quantizers produce (truncation).
+/// C's float-to-integer conversion as compiled for x86 (`cvttss2si`): truncation, and the
+/// "integer indefinite" `i32::MIN` for NaN and out-of-range values. ggml's quantizers write
+/// `(int8_t)f` / `(uint8_t)f`, which is that value's low byte; only degenerate blocks (a
+/// subnormal scale whose inverse overflows, or non-finite input) ever reach the special case.
+#[inline(always)]
+pub(crate) fn cvtt_i32(f: f32) -> i32 {
+    if f.is_nan() || !(-2147483648.0..2147483648.0).contains(&f) {
+        i32::MIN
+    } else {
+        f as i32
+    }
+}
+
+/// `(int8_t)f` as compiled for x86.
 #[inline(always)]
 fn trunc_i8(f: f32) -> i8 {
-    f as i32 as i8
+    cvtt_i32(f) as i8
 }
 
 pub fn quantize_q4_0(x: &[f32], y: &mut [BlockQ4_0]) {
@@ -216,19 +229,19 @@ pub fn quantize_q5_1(x: &[f32], y: &mut [BlockQ5_1]) {
         b.d = f32_to_f16(d);
         b.m = f32_to_f16(min);
         // ggml converts straight to uint8_t here (no clamp at 31).
-        let q: [u8; QK] = std::array::from_fn(|j| ((x[j] - min) * id + 0.5) as i32 as u8);
+        let q: [u8; QK] = std::array::from_fn(|j| cvtt_i32((x[j] - min) * id + 0.5) as u8);
         b.qs = pack_nibbles(&q);
         b.qh = pack_high_bits(&q);
     }
 }
 
-/// Q8_0 block scale and quants: `d = amax / 127`, `q = round(x / d)` (half away from zero).
+/// Q8_0 block scale and quants: `d = amax / 127`, `q = roundf(x / d)` (half away from zero).
 #[inline(always)]
 fn q8_block(x: &[f32]) -> (f32, [i8; QK]) {
     let amax = x.iter().fold(0.0f32, |a, &v| a.max(v.abs()));
     let d = amax / 127.0;
     let id = inverse(d);
-    (d, std::array::from_fn(|j| (x[j] * id).round() as i8))
+    (d, std::array::from_fn(|j| trunc_i8((x[j] * id).round())))
 }
 
 pub fn quantize_q8_0(x: &[f32], y: &mut [BlockQ8_0]) {

@@ -1,0 +1,228 @@
+//! Run-time kernel dispatch: a [`Kernels`] table of dot products and activation quantizers
+//! per instruction set, chosen once at start-up from `is_x86_feature_detected!` (the ggml
+//! approach; a stock `cargo build` without `-C target-cpu` still runs the SIMD code).
+//!
+//! Tables, from slowest to fastest:
+//! - `scalar`: the reference functions of [`crate::quant`] (ggml's generic numerics).
+//! - `avx2`: AVX2 + FMA + F16C (`avx2.rs`, `avx2_kquants.rs`).
+//! - `avx512`: AVX-512 F/BW/VL + VNNI (`avx512.rs`), overriding the hottest AVX2 kernels
+//!   and falling back to them for the rest.
+//!
+//! Contract of every SIMD kernel: integer sums are exact, so a SIMD dot product differs from
+//! [`crate::quant::vec_dot_ref`] only in the order of float additions (and FMA for the float
+//! types); activation quantizers are byte-identical to the scalar ones. Quantized activations
+//! are assumed to lie in -127..=127 (what every mica and ggml quantizer writes), which the
+//! sign trick of the 8-bit products relies on. Formats without a SIMD kernel fall back to
+//! scalar in each table.
+
+use std::sync::OnceLock;
+
+use crate::DType;
+use crate::quant;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_kquants;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
+/// `(n, weight row bytes, activation row bytes) -> dot product`.
+pub type VecDotFn = fn(usize, &[u8], &[u8]) -> f32;
+/// `(f32 input, quantized output bytes)`.
+pub type QuantizeFn = fn(&[f32], &mut [u8]);
+
+const N_TYPES: usize = DType::ALL.len();
+
+/// Position of a type in [`DType::ALL`], the index of the tables.
+const fn slot(t: DType) -> usize {
+    let mut i = 0;
+    while i < N_TYPES {
+        if DType::ALL[i] as u8 == t as u8 {
+            return i;
+        }
+        i += 1;
+    }
+    panic!("type missing from DType::ALL")
+}
+
+/// One instruction set's kernels.
+#[derive(Clone)]
+pub struct Kernels {
+    isa: &'static str,
+    dot: [VecDotFn; N_TYPES],
+    quant: [QuantizeFn; N_TYPES],
+}
+
+impl std::fmt::Debug for Kernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernels").field("isa", &self.isa).finish()
+    }
+}
+
+fn no_dot(_: usize, _: &[u8], _: &[u8]) -> f32 {
+    panic!("vec_dot: activation-only formats (Q8_1, Q8_K) are never weights")
+}
+
+macro_rules! scalar_dot {
+    ($t:ident) => {
+        |n, w, x| quant::vec_dot_ref(DType::$t, n, w, x)
+    };
+}
+macro_rules! scalar_quant {
+    ($t:ident) => {
+        |src, dst| quant::quantize_row(DType::$t, src, dst)
+    };
+}
+
+impl Kernels {
+    /// The scalar reference table (every machine).
+    pub fn scalar() -> &'static Kernels {
+        static T: OnceLock<Kernels> = OnceLock::new();
+        T.get_or_init(|| {
+            let mut k = Kernels {
+                isa: "scalar",
+                dot: [no_dot; N_TYPES],
+                quant: [scalar_quant!(F32); N_TYPES],
+            };
+            let dots: [(DType, VecDotFn); 13] = [
+                (DType::F32, scalar_dot!(F32)),
+                (DType::F16, scalar_dot!(F16)),
+                (DType::BF16, scalar_dot!(BF16)),
+                (DType::Q4_0, scalar_dot!(Q4_0)),
+                (DType::Q4_1, scalar_dot!(Q4_1)),
+                (DType::Q5_0, scalar_dot!(Q5_0)),
+                (DType::Q5_1, scalar_dot!(Q5_1)),
+                (DType::Q8_0, scalar_dot!(Q8_0)),
+                (DType::Q2_K, scalar_dot!(Q2_K)),
+                (DType::Q3_K, scalar_dot!(Q3_K)),
+                (DType::Q4_K, scalar_dot!(Q4_K)),
+                (DType::Q5_K, scalar_dot!(Q5_K)),
+                (DType::Q6_K, scalar_dot!(Q6_K)),
+            ];
+            for (t, f) in dots {
+                k.dot[slot(t)] = f;
+            }
+            let quants: [(DType, QuantizeFn); 15] = [
+                (DType::F32, scalar_quant!(F32)),
+                (DType::F16, scalar_quant!(F16)),
+                (DType::BF16, scalar_quant!(BF16)),
+                (DType::Q4_0, scalar_quant!(Q4_0)),
+                (DType::Q4_1, scalar_quant!(Q4_1)),
+                (DType::Q5_0, scalar_quant!(Q5_0)),
+                (DType::Q5_1, scalar_quant!(Q5_1)),
+                (DType::Q8_0, scalar_quant!(Q8_0)),
+                (DType::Q8_1, scalar_quant!(Q8_1)),
+                (DType::Q2_K, scalar_quant!(Q2_K)),
+                (DType::Q3_K, scalar_quant!(Q3_K)),
+                (DType::Q4_K, scalar_quant!(Q4_K)),
+                (DType::Q5_K, scalar_quant!(Q5_K)),
+                (DType::Q6_K, scalar_quant!(Q6_K)),
+                (DType::Q8_K, scalar_quant!(Q8_K)),
+            ];
+            for (t, f) in quants {
+                k.quant[slot(t)] = f;
+            }
+            k
+        })
+    }
+
+    /// The AVX2 table, if this CPU has AVX2, FMA and F16C.
+    pub fn avx2() -> Option<&'static Kernels> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            static T: OnceLock<Option<Kernels>> = OnceLock::new();
+            T.get_or_init(|| {
+                avx2::supported().then(|| {
+                    let mut k = Kernels::scalar().clone();
+                    k.isa = "avx2";
+                    avx2::install(&mut k);
+                    avx2_kquants::install(&mut k);
+                    k
+                })
+            })
+            .as_ref()
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        None
+    }
+
+    /// The AVX-512 table, if this CPU has AVX-512 F, BW, VL and VNNI (plus the AVX2 set).
+    pub fn avx512() -> Option<&'static Kernels> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            static T: OnceLock<Option<Kernels>> = OnceLock::new();
+            T.get_or_init(|| {
+                let base = Kernels::avx2()?;
+                avx512::supported().then(|| {
+                    let mut k = base.clone();
+                    k.isa = "avx512";
+                    avx512::install(&mut k);
+                    k
+                })
+            })
+            .as_ref()
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        None
+    }
+
+    /// Every table mica has, by ISA name, with `None` where this CPU lacks the ISA.
+    pub fn all() -> Vec<(&'static str, Option<&'static Kernels>)> {
+        vec![
+            ("scalar", Some(Kernels::scalar())),
+            ("avx2", Kernels::avx2()),
+            ("avx512", Kernels::avx512()),
+        ]
+    }
+
+    /// Name of the instruction set of this table ("scalar", "avx2", "avx512").
+    pub fn isa(&self) -> &'static str {
+        self.isa
+    }
+
+    /// Dot product of `n` elements: `w` a row of weight type `t`, `x` the activations
+    /// quantized to `t.vec_dot_type()` (with [`Kernels::quantize_act`]). Panics for the
+    /// activation-only types Q8_1/Q8_K and, in debug builds, on length mismatches.
+    #[inline]
+    pub fn vec_dot(&self, t: DType, n: usize, w: &[u8], x: &[u8]) -> f32 {
+        debug_assert_eq!(t.row_bytes(n), Some(w.len()), "{t} weights");
+        debug_assert_eq!(
+            t.vec_dot_type().row_bytes(n),
+            Some(x.len()),
+            "{t} activations"
+        );
+        (self.dot[slot(t)])(n, w, x)
+    }
+
+    /// Quantizes activations `src` into format `t` (normally a `vec_dot_type()`: Q8_0, Q8_1,
+    /// Q8_K, F16, BF16 or F32), byte-identical to [`quant::quantize_row`]. Any type works;
+    /// the weight formats use their scalar reference quantizers.
+    #[inline]
+    pub fn quantize_act(&self, t: DType, src: &[f32], dst: &mut [u8]) {
+        assert_eq!(t.row_bytes(src.len()), Some(dst.len()), "quantize_act {t}");
+        (self.quant[slot(t)])(src, dst)
+    }
+
+    /// Replaces the dot product of `t` (used by the ISA modules).
+    #[allow(dead_code)]
+    fn set_dot(&mut self, t: DType, f: VecDotFn) {
+        self.dot[slot(t)] = f;
+    }
+
+    /// Replaces the quantizer of `t` (used by the ISA modules).
+    #[allow(dead_code)]
+    fn set_quant(&mut self, t: DType, f: QuantizeFn) {
+        self.quant[slot(t)] = f;
+    }
+}
+
+/// The fastest table this CPU supports, detected once.
+pub fn kernels() -> &'static Kernels {
+    static BEST: OnceLock<&'static Kernels> = OnceLock::new();
+    BEST.get_or_init(|| {
+        Kernels::avx512()
+            .or_else(Kernels::avx2)
+            .unwrap_or_else(Kernels::scalar)
+    })
+}
