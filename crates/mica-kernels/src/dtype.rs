@@ -242,6 +242,7 @@ mod tests {
         assert_eq!(DType::Q4_K.row_bytes(512), Some(288));
         assert_eq!(DType::Q4_K.row_bytes(100), None);
         assert_eq!(DType::F16.row_bytes(3), Some(6));
-        assert_eq!(DType::Q8_0.row_bytes(usize::MAX / 2 + 1), None);
+        // (2^59 - 1) blocks of 34 bytes overflow usize.
+        assert_eq!(DType::Q8_0.row_bytes(usize::MAX / 32 * 32), None);
     }
 }
