@@ -4,7 +4,12 @@
 //! thread pool. This crate knows nothing about models or files.
 
 pub mod dtype;
+pub mod matmul;
+pub mod ops;
+pub mod pool;
 pub mod quant;
 pub mod simd;
 
 pub use dtype::DType;
+pub use matmul::{QActs, QMatrix, matmul};
+pub use pool::ThreadPool;
