@@ -12,6 +12,8 @@
 
 mod quant_common;
 
+use std::io::Write;
+
 use mica_kernels::DType;
 use mica_kernels::quant::{quantize_row, vec_dot_ref};
 use mica_kernels::simd::{Kernels, kernels};
@@ -26,7 +28,12 @@ fn simd_tables() -> Vec<&'static Kernels> {
         match k {
             Some(k) if name != "scalar" => out.push(k),
             Some(_) => {}
-            None => println!("SKIPPED: {name} kernels (this CPU lacks the instruction set)"),
+            None => {
+                // Written to stderr directly, past the test harness's output capture, so a
+                // skipped ISA is visible in every run.
+                let msg = format!("SKIPPED: {name} kernels (this CPU lacks the instruction set)\n");
+                let _ = std::io::stderr().write_all(msg.as_bytes());
+            }
         }
     }
     println!(
