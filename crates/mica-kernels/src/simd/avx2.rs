@@ -102,8 +102,18 @@ pub(super) fn f16s(h: [u8; 2]) -> f32 {
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 pub(super) fn f16x8(h: [u16; 8]) -> __m256 {
-    // SAFETY: 16 readable bytes.
-    _mm256_cvtph_ps(unsafe { _mm_loadu_si128(h.as_ptr().cast()) })
+    // Built by inserts rather than a store and reload, which would stall store forwarding.
+    let v = _mm_set_epi16(
+        h[7] as i16,
+        h[6] as i16,
+        h[5] as i16,
+        h[4] as i16,
+        h[3] as i16,
+        h[2] as i16,
+        h[1] as i16,
+        h[0] as i16,
+    );
+    _mm256_cvtph_ps(v)
 }
 
 /// 32 nibbles: byte j holds the low nibble of `qs[j]` for j < 16, the high nibble of
