@@ -1,0 +1,171 @@
+//! Chat templates of the real test models against two references nobody here wrote:
+//! llama.cpp's rendered prompts (`rendered_prompt` of the golden `chat` cases, via
+//! `fixtures/tokenizer/<model>.json`) and Python Jinja2 configured as transformers configures
+//! it (`fixtures/tokenizer/chat_reference.json`, from `gen_chat_reference.py`).
+//!
+//! Models are found in `$MICA_TEST_MODELS` (default `<workspace>/models`); a missing model
+//! fails the test.
+
+use std::path::PathBuf;
+
+use mica_formats::GgufFile;
+use mica_models::chat::{CHATML_TEMPLATE, ChatMessage, ChatTemplate, FunctionCall, ToolCall};
+use mica_models::tokenizer::Tokenizer;
+use serde_json::Value;
+
+const SMOLLM: &str = "smollm2-135m-instruct-q4_1";
+const QWEN: &str = "qwen2.5-coder-0.5b-instruct-awq-q4_k_m";
+const GEMMA: &str = "gemma3-270m-q4_k_m";
+
+fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Path of a test model; panics with instructions when it is missing.
+fn model_path(name: &str) -> PathBuf {
+    let dir = std::env::var_os("MICA_TEST_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("models"));
+    let path = dir.join(format!("{name}.gguf"));
+    assert!(
+        path.is_file(),
+        "test model {} is missing: run scripts/fetch-test-models, or set MICA_TEST_MODELS to the \
+         directory holding the test models",
+        path.display()
+    );
+    path
+}
+
+fn fixture(file: &str) -> Value {
+    let path = workspace().join("fixtures/tokenizer").join(file);
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
+}
+
+fn load(name: &str) -> Tokenizer {
+    let gguf = GgufFile::open(model_path(name)).expect("open GGUF");
+    Tokenizer::from_gguf(&gguf).expect("build tokenizer")
+}
+
+fn messages(v: &Value) -> Vec<ChatMessage> {
+    v.as_array()
+        .expect("messages")
+        .iter()
+        .map(|m| {
+            let mut msg =
+                ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap());
+            for call in m
+                .get("tool_calls")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                msg.tool_calls.push(ToolCall {
+                    id: None,
+                    kind: call["type"].as_str().unwrap().to_string(),
+                    function: FunctionCall {
+                        name: call["function"]["name"].as_str().unwrap().to_string(),
+                        arguments: call["function"]["arguments"].clone(),
+                    },
+                });
+            }
+            msg
+        })
+        .collect()
+}
+
+/// The golden `chat` case: rendered exactly as llama.cpp rendered it, and tokenized to its
+/// prompt ids.
+fn check_golden_chat(name: &str, expect_fallback: bool) {
+    let tok = load(name);
+    let template = ChatTemplate::for_tokenizer(&tok).unwrap();
+    assert_eq!(template.is_fallback(), expect_fallback, "{name}");
+    let fx = fixture(&format!("{name}.json"));
+    let case = fx["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == "chat")
+        .expect("chat case");
+    let rendered = template.render(&messages(&case["messages"]), true).unwrap();
+    assert_eq!(
+        rendered,
+        case["rendered_prompt"].as_str().unwrap(),
+        "{name}"
+    );
+    let ids: Vec<u32> = case["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(tok.encode(&rendered, true, true).unwrap(), ids, "{name}");
+}
+
+#[test]
+fn smollm2_chat_prompt_matches_llama_cpp() {
+    check_golden_chat(SMOLLM, false);
+}
+
+#[test]
+fn qwen25_chat_prompt_matches_llama_cpp() {
+    check_golden_chat(QWEN, false);
+}
+
+/// Gemma 3's file has no template: llama.cpp falls back to ChatML, and so does mica, saying
+/// so. The fallback source is llama.cpp's, byte for byte.
+#[test]
+fn gemma3_falls_back_to_llama_cpp_chatml() {
+    check_golden_chat(GEMMA, true);
+    let fx = fixture(&format!("{GEMMA}.json"));
+    assert_eq!(CHATML_TEMPLATE, fx["chat_template"].as_str().unwrap());
+}
+
+/// More conversations (default system prompts, multi-turn, generation prompt on and off,
+/// Qwen's tool-call branch) against Python Jinja2.
+#[test]
+fn templates_match_python_jinja2() {
+    let reference = fixture("chat_reference.json");
+    let renders = reference["renders"].as_array().unwrap();
+    assert!(renders.len() >= 10);
+    let mut checked = 0;
+    for name in [SMOLLM, QWEN, GEMMA] {
+        let tok = load(name);
+        let template = ChatTemplate::for_tokenizer(&tok).unwrap();
+        for r in renders.iter().filter(|r| r["model"] == name) {
+            let got = template
+                .render(
+                    &messages(&r["messages"]),
+                    r["add_generation_prompt"].as_bool().unwrap(),
+                )
+                .unwrap();
+            assert_eq!(
+                got,
+                r["text"].as_str().unwrap(),
+                "{name} {} {}",
+                r["conversation"],
+                r["add_generation_prompt"]
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, renders.len());
+}
+
+/// A template that prints BOS gets it removed when the tokenizer adds BOS itself, so the
+/// prompt does not start with two (llama.cpp does the same after rendering).
+#[test]
+fn leading_bos_text_is_stripped_when_tokenizer_adds_bos() {
+    let tok = load(GEMMA);
+    assert!(tok.add_bos());
+    let t = ChatTemplate::new("{{ bos_token }}{{ messages[0].content }}", "<bos>", "<eos>")
+        .unwrap()
+        .with_bos_eos_stripping(tok.add_bos(), tok.add_eos());
+    let text = t.render(&[ChatMessage::new("user", "hi")], false).unwrap();
+    assert_eq!(text, "hi");
+    assert_eq!(
+        tok.encode(&text, true, true).unwrap()[0],
+        tok.bos().unwrap()
+    );
+}
