@@ -2,21 +2,22 @@
 //! llama.cpp's tokenizer (`src/llama-vocab.cpp`) id for id.
 //!
 //! Encoding has two stages, as in llama.cpp:
-//! 1. [`special`] cuts special tokens (`<|im_start|>`, `<end_of_turn>`...) out of the text.
+//! 1. `special.rs` cuts special tokens (`<|im_start|>`, `<end_of_turn>`...) out of the text.
 //!    CONTROL tokens are recognised only when the caller asks (`parse_special`); USER_DEFINED
 //!    tokens always are; the longest token wins.
 //! 2. Each remaining plain fragment goes through the vocabulary's subword model:
-//!    - `gpt2`: byte-level BPE run by the Hugging Face `tokenizers` crate ([`bpe`]), with the
+//!    - `gpt2`: byte-level BPE run by the Hugging Face `tokenizers` crate (`bpe.rs`), with the
 //!      word-splitting regexes llama.cpp uses for the file's `tokenizer.ggml.pre`
-//!      ([`pretokenize`]);
-//!    - `llama`: SentencePiece BPE by token score with `<0xNN>` byte fallback ([`spm`]).
+//!      (`pretokenize.rs`);
+//!    - `llama`: SentencePiece BPE by token score with `<0xNN>` byte fallback (`spm.rs`).
 //!
 //! BOS/EOS are added when the caller asks for special tokens and the model wants them
 //! (`tokenizer.ggml.add_bos_token`, defaulting as llama.cpp does: yes for SentencePiece, no
 //! for byte-level BPE except the Llama-3 family).
 //!
-//! Decoding ([`decode`]) concatenates per-token byte strings; [`TokenStreamDecoder`] does it
-//! incrementally without ever emitting half a UTF-8 character.
+//! Load-time vocabulary rules (token attributes, special-token defaults, the end-of-generation
+//! set) live in `vocab.rs`. Decoding (`decode.rs`) concatenates per-token byte strings;
+//! [`TokenStreamDecoder`] does it incrementally without ever emitting half a UTF-8 character.
 
 mod bpe;
 mod decode;
@@ -399,4 +400,15 @@ fn build_model(
         scores,
         byte_tokens,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    /// The tokenizer is shared between the engine's threads and the server's tasks.
+    #[test]
+    fn tokenizer_is_send_and_sync() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<super::Tokenizer>();
+        assert_send_sync::<super::TokenStreamDecoder>();
+    }
 }
