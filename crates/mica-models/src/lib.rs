@@ -1,4 +1,22 @@
-//! mica-models
+//! mica-models: what a model is. Typed configuration, weights as views into the file, the
+//! tokenizer and chat templates, the architecture registry, and the forward pass over a
+//! batch of tokens from many sequences with a sequence-addressed KV cache.
 
+pub mod arch;
+pub mod batch;
+pub mod blocks;
 pub mod chat;
+pub mod config;
+pub mod error;
+pub mod kv_cache;
+pub mod loader;
+pub mod model;
 pub mod tokenizer;
+pub mod weights;
+
+pub use batch::Batch;
+pub use config::ModelConfig;
+pub use error::{ModelError, Result};
+pub use kv_cache::{KvCache, SeqId};
+pub use loader::LoadedModel;
+pub use model::{Model, Workspace};

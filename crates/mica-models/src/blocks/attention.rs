@@ -1,0 +1,179 @@
+//! Causal grouped-query attention over the f16 KV cache.
+//!
+//! Every query token attends to the cached positions `0..=pos` of its own sequence; query
+//! head `h` reads key/value head `h / (n_head / n_head_kv)`. Two numeric paths, chosen the
+//! way llama.cpp's CPU flash attention chooses them, so that mica follows its rounding:
+//! - *vector* (batches under [`TILED_MIN_TOKENS`] tokens, which includes all of decoding):
+//!   the query is rounded to f16, scores are f16·f16 dots, and the softmax-weighted sum of
+//!   values is accumulated online in f16 (ggml's `VKQ16`).
+//! - *tiled* (longer batches): f32 query, f32 scores and an f32 accumulator.
+//!
+//! Reference: "Self-attention Does Not Need O(n²) Memory" (Rabe & Staats) for the online
+//! softmax; ggml-cpu `ggml_compute_forward_flash_attn_ext_f16` for the numerics.
+
+use crate::kv_cache::{KvCache, SeqId};
+use half::f16;
+use mica_kernels::ThreadPool;
+use mica_kernels::ops::f16v;
+use mica_kernels::pool::split_range;
+
+/// Batches with at least this many tokens use the f32 (tiled) path, as llama.cpp does.
+pub const TILED_MIN_TOKENS: usize = 64;
+
+/// Shape of the attention of one layer.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnShape {
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    /// Multiplies q·k (usually 1/sqrt(head_dim)).
+    pub scale: f32,
+}
+
+/// `out[t]` = attention of query row `q[t]` (`[n_head * head_dim]`) over its sequence.
+/// `seq[t]`/`pos[t]` place token `t`; the cache already holds its own key and value.
+pub fn attention(
+    pool: &ThreadPool,
+    shape: AttnShape,
+    cache: &KvCache,
+    layer: usize,
+    seq: &[SeqId],
+    pos: &[usize],
+    q: &[f32],
+    out: &mut [f32],
+) {
+    let n_tok = seq.len();
+    let q_dim = shape.n_head * shape.head_dim;
+    debug_assert_eq!(q.len(), n_tok * q_dim);
+    debug_assert_eq!(out.len(), n_tok * q_dim);
+    let tiled = n_tok >= TILED_MIN_TOKENS;
+    let items = n_tok * shape.n_head;
+    let dst = OutPtr(out.as_mut_ptr());
+    let run = |i: usize, nt: usize| {
+        let mut scratch = Scratch::new(shape.head_dim);
+        for item in split_range(items, i, nt, 1) {
+            let (t, h) = (item / shape.n_head, item % shape.n_head);
+            let g = h / (shape.n_head / shape.n_head_kv);
+            let n_kv = pos[t] + 1;
+            let keys = cache.keys(layer, seq[t], n_kv);
+            let values = cache.values(layer, seq[t], n_kv);
+            let qh = &q[t * q_dim + h * shape.head_dim..][..shape.head_dim];
+            // SAFETY: item (t, h) owns this slice of `out`; items are split disjointly.
+            let o = unsafe { dst.slice(t * q_dim + h * shape.head_dim, shape.head_dim) };
+            let kv = HeadKv {
+                keys,
+                values,
+                n_kv,
+                stride: shape.n_head_kv * shape.head_dim,
+                offset: g * shape.head_dim,
+                head_dim: shape.head_dim,
+            };
+            if tiled {
+                head_f32(&kv, qh, shape.scale, &mut scratch, o);
+            } else {
+                head_f16(&kv, qh, shape.scale, &mut scratch, o);
+            }
+        }
+    };
+    if items == 1 {
+        run(0, 1);
+    } else {
+        pool.run(run);
+    }
+}
+
+/// One KV head of one sequence: rows of `stride` values, the head at `offset`.
+struct HeadKv<'a> {
+    keys: &'a [f16],
+    values: &'a [f16],
+    n_kv: usize,
+    stride: usize,
+    offset: usize,
+    head_dim: usize,
+}
+
+impl HeadKv<'_> {
+    fn key(&self, j: usize) -> &[f16] {
+        &self.keys[j * self.stride + self.offset..][..self.head_dim]
+    }
+    fn value(&self, j: usize) -> &[f16] {
+        &self.values[j * self.stride + self.offset..][..self.head_dim]
+    }
+}
+
+struct Scratch {
+    q16: Vec<f16>,
+    acc16: Vec<f16>,
+    scores: Vec<f32>,
+}
+
+impl Scratch {
+    fn new(head_dim: usize) -> Scratch {
+        Scratch {
+            q16: vec![f16::ZERO; head_dim],
+            acc16: vec![f16::ZERO; head_dim],
+            scores: Vec::new(),
+        }
+    }
+}
+
+/// The vector path: f16 query, online softmax, f16 accumulator.
+fn head_f16(kv: &HeadKv, q: &[f32], scale: f32, s: &mut Scratch, out: &mut [f32]) {
+    mica_kernels::ops::f32_to_f16(q, &mut s.q16);
+    s.acc16.fill(f16::ZERO);
+    let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+    for j in 0..kv.n_kv {
+        let score = f16v::dot(&s.q16, kv.key(j)) * scale;
+        let (mut ms, mut vs) = (1f32, 1f32);
+        if score > m {
+            ms = (m - score).exp();
+            m = score;
+            f16v::scale(&mut s.acc16, ms);
+        } else {
+            vs = (score - m).exp();
+        }
+        f16v::mad(&mut s.acc16, kv.value(j), vs);
+        sum = sum * ms + vs;
+    }
+    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+    for (o, a) in out.iter_mut().zip(&s.acc16) {
+        *o = a.to_f32() * inv;
+    }
+}
+
+/// The tiled path's numerics: f32 scores, f32 softmax and accumulator.
+fn head_f32(kv: &HeadKv, q: &[f32], scale: f32, s: &mut Scratch, out: &mut [f32]) {
+    s.scores.clear();
+    let mut m = f32::NEG_INFINITY;
+    for j in 0..kv.n_kv {
+        let score: f32 = q.iter().zip(kv.key(j)).map(|(a, b)| a * b.to_f32()).sum();
+        let score = score * scale;
+        m = m.max(score);
+        s.scores.push(score);
+    }
+    out.fill(0.0);
+    let mut sum = 0f32;
+    for (j, sc) in s.scores.iter().enumerate() {
+        let p = (sc - m).exp();
+        sum += p;
+        for (o, v) in out.iter_mut().zip(kv.value(j)) {
+            *o += p * v.to_f32();
+        }
+    }
+    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+    for o in out.iter_mut() {
+        *o *= inv;
+    }
+}
+
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+unsafe impl Sync for OutPtr {}
+unsafe impl Send for OutPtr {}
+impl OutPtr {
+    /// SAFETY: in bounds and not accessed by another thread concurrently.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice<'a>(self, start: usize, len: usize) -> &'a mut [f32] {
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(start), len) }
+    }
+}

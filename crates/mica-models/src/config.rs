@@ -1,0 +1,217 @@
+//! The resolved, validated hyper-parameters of a decoder-only transformer.
+//!
+//! Raw metadata (GGUF `{arch}.*` keys today, `config.json` later) is read once into a
+//! [`ModelConfig`] with derived sizes; nothing downstream re-reads metadata. Which features a
+//! family uses (RoPE layout, biases, tied output) is decided by its architecture file.
+
+use crate::error::{ModelError, Result};
+use mica_formats::GgufFile;
+use mica_kernels::ops::RopeStyle;
+
+/// Rotary position embedding parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeConfig {
+    pub style: RopeStyle,
+    /// Rotated dimensions per head (≤ head_dim; fewer means partial rotary).
+    pub n_dims: usize,
+    pub freq_base: f32,
+    /// 1 / linear scaling factor (1.0 when unscaled).
+    pub freq_scale: f32,
+    /// Per-pair frequency divisors (`rope_freqs.weight`, how GGUF encodes Llama-3 scaling).
+    pub freq_factors: Option<Vec<f32>>,
+}
+
+/// Hyper-parameters of the model, validated.
+#[derive(Clone, Debug)]
+pub struct ModelConfig {
+    /// The family as the file names it (`general.architecture`).
+    pub arch: String,
+    pub name: Option<String>,
+    pub n_vocab: usize,
+    pub n_embd: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub n_ff: usize,
+    /// Context length the model was trained with.
+    pub n_ctx_train: usize,
+    pub norm_eps: f32,
+    pub rope: RopeConfig,
+}
+
+impl ModelConfig {
+    /// Query width: `n_head * head_dim`.
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
+    /// Key/value width: `n_head_kv * head_dim`.
+    pub fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+}
+
+/// Typed access to the `{arch}.*` keys of a GGUF file, with errors naming the key.
+pub(crate) struct GgufKeys<'a> {
+    pub gguf: &'a GgufFile,
+    pub arch: &'a str,
+}
+
+impl GgufKeys<'_> {
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
+    }
+
+    pub fn err(&self, key: &str, msg: impl Into<String>) -> ModelError {
+        ModelError::Config {
+            path: self.gguf.path().to_path_buf(),
+            key: key.to_string(),
+            msg: msg.into(),
+        }
+    }
+
+    /// A positive integer, required.
+    pub fn usize(&self, k: &str) -> Result<usize> {
+        let key = self.key(k);
+        match self.gguf.metadata(&key) {
+            None => Err(self.err(&key, "missing (required by this architecture)")),
+            Some(v) => v
+                .as_u64()
+                .and_then(|x| usize::try_from(x).ok())
+                .filter(|&x| x > 0)
+                .ok_or_else(|| self.err(&key, format!("must be a positive integer, got {v}"))),
+        }
+    }
+
+    /// A positive integer, optional.
+    pub fn usize_opt(&self, k: &str) -> Result<Option<usize>> {
+        if self.gguf.metadata(&self.key(k)).is_none() {
+            return Ok(None);
+        }
+        self.usize(k).map(Some)
+    }
+
+    /// A finite float, optional.
+    pub fn f32_opt(&self, k: &str) -> Result<Option<f32>> {
+        let key = self.key(k);
+        match self.gguf.metadata(&key) {
+            None => Ok(None),
+            Some(v) => match v.as_f64() {
+                Some(x) if x.is_finite() => Ok(Some(x as f32)),
+                _ => Err(self.err(&key, format!("must be a finite number, got {v}"))),
+            },
+        }
+    }
+
+    pub fn str_opt(&self, k: &str) -> Option<&str> {
+        self.gguf.get_str(&self.key(k))
+    }
+}
+
+impl ModelConfig {
+    /// Reads the hyper-parameters every decoder family shares. `style` is the family's RoPE
+    /// layout; the vocabulary size comes from the token embedding when the key is absent.
+    pub(crate) fn from_gguf(
+        gguf: &GgufFile,
+        arch: &str,
+        style: RopeStyle,
+        vocab_from_embd: usize,
+    ) -> Result<ModelConfig> {
+        let k = GgufKeys { gguf, arch };
+        let n_embd = k.usize("embedding_length")?;
+        let n_layer = k.usize("block_count")?;
+        let n_head = k.usize("attention.head_count")?;
+        let n_head_kv = k.usize_opt("attention.head_count_kv")?.unwrap_or(n_head);
+        if n_head % n_head_kv != 0 {
+            return Err(k.err(
+                &format!("{arch}.attention.head_count_kv"),
+                format!("{n_head_kv} does not divide the {n_head} query heads"),
+            ));
+        }
+        let head_dim = match k.usize_opt("attention.key_length")? {
+            Some(d) => d,
+            None if n_embd % n_head == 0 => n_embd / n_head,
+            None => {
+                return Err(k.err(
+                    &format!("{arch}.attention.head_count"),
+                    format!("{n_head} heads do not divide the embedding width {n_embd}"),
+                ));
+            }
+        };
+        if let Some(v) = k.usize_opt("attention.value_length")?
+            && v != head_dim
+        {
+            return Err(k.err(
+                &format!("{arch}.attention.value_length"),
+                format!("{v} differs from the key length {head_dim}, which mica does not support"),
+            ));
+        }
+        let n_ff = k.usize("feed_forward_length")?;
+        let n_ctx_train = k.usize_opt("context_length")?.unwrap_or(2048);
+        let norm_eps = k
+            .f32_opt("attention.layer_norm_rms_epsilon")?
+            .unwrap_or(1e-5);
+        let n_vocab = k.usize_opt("vocab_size")?.unwrap_or(vocab_from_embd);
+        if n_vocab != vocab_from_embd {
+            return Err(k.err(
+                &format!("{arch}.vocab_size"),
+                format!("{n_vocab} differs from the token embedding's {vocab_from_embd} rows"),
+            ));
+        }
+
+        let n_dims = k.usize_opt("rope.dimension_count")?.unwrap_or(head_dim);
+        if n_dims > head_dim || n_dims % 2 != 0 {
+            return Err(k.err(
+                &format!("{arch}.rope.dimension_count"),
+                format!("{n_dims} must be even and at most the head size {head_dim}"),
+            ));
+        }
+        let freq_base = k.f32_opt("rope.freq_base")?.unwrap_or(10000.0);
+        let scaling = k.str_opt("rope.scaling.type").unwrap_or("none");
+        let factor = k.f32_opt("rope.scaling.factor")?;
+        let freq_scale = match scaling {
+            "none" => 1.0,
+            "linear" => match factor {
+                Some(f) if f > 0.0 => 1.0 / f,
+                _ => {
+                    return Err(k.err(
+                        &format!("{arch}.rope.scaling.factor"),
+                        "linear RoPE scaling needs a positive factor",
+                    ));
+                }
+            },
+            other => {
+                return Err(k.err(
+                    &format!("{arch}.rope.scaling.type"),
+                    format!("RoPE scaling '{other}' is not supported yet (none, linear, and Llama-3 frequency factors are)"),
+                ));
+            }
+        };
+        // An explicit freq_scale key (older converters) overrides the factor.
+        let freq_scale = k
+            .f32_opt("rope.scale_linear")?
+            .map_or(freq_scale, |f| 1.0 / f);
+
+        Ok(ModelConfig {
+            arch: arch.to_string(),
+            name: gguf.get_str("general.name").map(str::to_string),
+            n_vocab,
+            n_embd,
+            n_layer,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_ff,
+            n_ctx_train,
+            norm_eps,
+            rope: RopeConfig {
+                style,
+                n_dims,
+                freq_base,
+                freq_scale,
+                freq_factors: None,
+            },
+        })
+    }
+}

@@ -1,0 +1,69 @@
+//! The error type of `mica-models`: loading a model (file, config, tensors), tokenizing, and
+//! running a batch. Each variant names the file, key, tensor or sequence at fault.
+
+use crate::chat::ChatTemplateError;
+use crate::tokenizer::TokenizerError;
+use mica_formats::FormatError;
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    #[error("{path}: {source}")]
+    Tokenizer {
+        path: PathBuf,
+        #[source]
+        source: TokenizerError,
+    },
+    #[error(transparent)]
+    Template(#[from] ChatTemplateError),
+    #[error("{path}: unknown architecture '{arch}' (mica runs: {supported})")]
+    UnknownArchitecture {
+        path: PathBuf,
+        arch: String,
+        supported: String,
+    },
+    #[error("{path}: missing tensor '{tensor}', required by the {arch} architecture")]
+    MissingTensor {
+        path: PathBuf,
+        arch: String,
+        tensor: String,
+    },
+    #[error(
+        "{path}: tensor '{tensor}' has type {ggml_type}, which mica cannot compute with (supported: {supported})"
+    )]
+    UnsupportedType {
+        path: PathBuf,
+        tensor: String,
+        ggml_type: String,
+        supported: String,
+    },
+    #[error("{path}: tensor '{tensor}' has shape {got:?}, expected {expected:?}")]
+    BadShape {
+        path: PathBuf,
+        tensor: String,
+        expected: Vec<u64>,
+        got: Vec<u64>,
+    },
+    #[error("{path}: metadata '{key}': {msg}")]
+    Config {
+        path: PathBuf,
+        key: String,
+        msg: String,
+    },
+    /// A batch would put a sequence past the context it was given.
+    #[error(
+        "sequence {seq}: {needed} tokens do not fit in the context of {n_ctx} tokens (use a larger context or a shorter prompt)"
+    )]
+    ContextOverflow {
+        seq: usize,
+        needed: usize,
+        n_ctx: usize,
+    },
+    /// A batch is malformed (bad token id, positions that skip or rewind...).
+    #[error("invalid batch: {0}")]
+    Batch(String),
+}
+
+pub type Result<T, E = ModelError> = std::result::Result<T, E>;

@@ -1,0 +1,316 @@
+//! A loaded decoder-only transformer and its forward pass over a batch.
+//!
+//! The model is a description: per-layer weights plus a typed config. The forward pass runs
+//! a [`Batch`] of tokens from any number of sequences through every layer at once (one
+//! matrix product per projection for the whole batch), writes their keys and values into
+//! the [`KvCache`] under their sequence, and returns logits for the tokens that asked.
+
+use crate::batch::Batch;
+use crate::blocks::attention::{AttnShape, attention};
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::kv_cache::KvCache;
+use crate::weights::{ActCache, Linear, Matrix};
+use mica_formats::GgufFile;
+use mica_kernels::ThreadPool;
+use mica_kernels::ops::{self, rms_norm, rope_angles, rope_apply};
+use std::sync::Arc;
+
+/// The weights of one transformer block (pre-norm attention + gated MLP).
+pub struct DecoderLayer {
+    /// `[n_embd]`
+    pub attn_norm: Vec<f32>,
+    /// `[q_dim × n_embd]`, optional bias `[q_dim]`
+    pub wq: Linear,
+    /// `[kv_dim × n_embd]`
+    pub wk: Linear,
+    /// `[kv_dim × n_embd]`
+    pub wv: Linear,
+    /// `[n_embd × q_dim]`
+    pub wo: Linear,
+    /// `[n_embd]`
+    pub ffn_norm: Vec<f32>,
+    /// `[n_ff × n_embd]`
+    pub gate: Linear,
+    /// `[n_ff × n_embd]`
+    pub up: Linear,
+    /// `[n_embd × n_ff]`
+    pub down: Linear,
+}
+
+/// A model ready to run.
+pub struct Model {
+    pub config: ModelConfig,
+    /// `[n_vocab × n_embd]`, rows looked up (dequantized) per token.
+    pub tok_embd: Matrix,
+    pub layers: Vec<DecoderLayer>,
+    /// `[n_embd]`
+    pub output_norm: Vec<f32>,
+    /// `[n_vocab × n_embd]`; the token embedding itself when the model ties them.
+    pub output: Linear,
+    pub file: Arc<GgufFile>,
+}
+
+/// Reusable buffers of the forward pass, grown to the largest batch seen.
+#[derive(Default)]
+pub struct Workspace {
+    /// `[n_tok, n_embd]` residual stream
+    x: Vec<f32>,
+    /// `[n_tok, n_embd]` normed input of a sub-block
+    xn: Vec<f32>,
+    /// `[n_tok, q_dim]`
+    q: Vec<f32>,
+    /// `[n_tok, kv_dim]`
+    k: Vec<f32>,
+    /// `[n_tok, kv_dim]`
+    v: Vec<f32>,
+    /// `[n_tok, q_dim]`
+    attn: Vec<f32>,
+    /// `[n_tok, n_embd]` output of a projection back into the residual stream
+    proj: Vec<f32>,
+    /// `[n_tok, n_ff]`
+    gate: Vec<f32>,
+    /// `[n_tok, n_ff]`
+    up: Vec<f32>,
+    /// `[n_out, n_vocab]`
+    logits: Vec<f32>,
+    /// `[rope n_dims]` cos/sin pairs of one position
+    cos_sin: Vec<f32>,
+    acts: ActCache,
+}
+
+fn grow(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+    &mut v[..n]
+}
+
+impl Model {
+    /// Runs `batch` through the model. Returns the logits of the tokens whose `logits` flag
+    /// is set, in batch order: `[n_outputs, n_vocab]`.
+    pub fn forward<'w>(
+        &self,
+        pool: &ThreadPool,
+        batch: &Batch,
+        kv: &mut KvCache,
+        ws: &'w mut Workspace,
+    ) -> Result<&'w [f32]> {
+        let cfg = &self.config;
+        self.validate(batch, kv)?;
+        let n = batch.len();
+        let (d, qd, kvd, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
+
+        // Token embeddings: `x[t] = tok_embd[token t]`.
+        let x = grow(&mut ws.x, n * d);
+        let emb = self.tok_embd.view();
+        for (t, &tok) in batch.tokens.iter().enumerate() {
+            emb.dequantize_row(tok as usize, &mut x[t * d..(t + 1) * d]);
+        }
+
+        let shape = AttnShape {
+            n_head: cfg.n_head,
+            n_head_kv: cfg.n_head_kv,
+            head_dim: cfg.head_dim,
+            scale: 1.0 / (cfg.head_dim as f32).sqrt(),
+        };
+        // Rows still carried through the layers; the last layer keeps only output rows.
+        let out_rows: Vec<usize> = (0..n).filter(|&t| batch.logits[t]).collect();
+        let mut rows = n;
+        for (l, layer) in self.layers.iter().enumerate() {
+            // Attention sub-block.
+            norm_rows(
+                &ws.x[..n * d],
+                &layer.attn_norm,
+                cfg.norm_eps,
+                grow(&mut ws.xn, n * d),
+            );
+            ws.acts.invalidate();
+            let xn = &ws.xn[..n * d];
+            layer.wq.forward(
+                pool,
+                ws.acts.get(pool, &layer.wq.w, xn, n),
+                grow(&mut ws.q, n * qd),
+            );
+            layer.wk.forward(
+                pool,
+                ws.acts.get(pool, &layer.wk.w, xn, n),
+                grow(&mut ws.k, n * kvd),
+            );
+            layer.wv.forward(
+                pool,
+                ws.acts.get(pool, &layer.wv.w, xn, n),
+                grow(&mut ws.v, n * kvd),
+            );
+            self.rope(
+                batch,
+                &mut ws.q[..n * qd],
+                &mut ws.k[..n * kvd],
+                &mut ws.cos_sin,
+            );
+            for t in 0..n {
+                kv.write(
+                    l,
+                    batch.seq[t],
+                    batch.pos[t],
+                    &ws.k[t * kvd..(t + 1) * kvd],
+                    &ws.v[t * kvd..(t + 1) * kvd],
+                );
+            }
+            attention(
+                pool,
+                shape,
+                kv,
+                l,
+                &batch.seq,
+                &batch.pos,
+                &ws.q[..n * qd],
+                grow(&mut ws.attn, n * qd),
+            );
+
+            // After the last attention only the rows that produce logits matter.
+            if l + 1 == self.layers.len() && out_rows.len() < n {
+                for (i, &t) in out_rows.iter().enumerate() {
+                    ws.attn.copy_within(t * qd..(t + 1) * qd, i * qd);
+                    ws.x.copy_within(t * d..(t + 1) * d, i * d);
+                }
+                rows = out_rows.len();
+                if rows == 0 {
+                    break;
+                }
+            }
+
+            ws.acts.invalidate();
+            let attn = &ws.attn[..rows * qd];
+            let proj = grow(&mut ws.proj, rows * d);
+            layer
+                .wo
+                .forward(pool, ws.acts.get(pool, &layer.wo.w, attn, rows), proj);
+            ops::add_assign(&mut ws.x[..rows * d], proj);
+
+            // Feed-forward sub-block: down(silu(gate(x)) * up(x)).
+            norm_rows(
+                &ws.x[..rows * d],
+                &layer.ffn_norm,
+                cfg.norm_eps,
+                grow(&mut ws.xn, rows * d),
+            );
+            ws.acts.invalidate();
+            let xn = &ws.xn[..rows * d];
+            let gate = grow(&mut ws.gate, rows * ff);
+            layer
+                .gate
+                .forward(pool, ws.acts.get(pool, &layer.gate.w, xn, rows), gate);
+            let up = grow(&mut ws.up, rows * ff);
+            layer
+                .up
+                .forward(pool, ws.acts.get(pool, &layer.up.w, xn, rows), up);
+            ops::swiglu(&mut ws.gate[..rows * ff], &ws.up[..rows * ff]);
+            ws.acts.invalidate();
+            let h = &ws.gate[..rows * ff];
+            let proj = grow(&mut ws.proj, rows * d);
+            layer
+                .down
+                .forward(pool, ws.acts.get(pool, &layer.down.w, h, rows), proj);
+            ops::add_assign(&mut ws.x[..rows * d], proj);
+        }
+
+        let n_out = out_rows.len();
+        if n_out == 0 {
+            return Ok(&ws.logits[..0]);
+        }
+        norm_rows(
+            &ws.x[..n_out * d],
+            &self.output_norm,
+            cfg.norm_eps,
+            grow(&mut ws.xn, n_out * d),
+        );
+        ws.acts.invalidate();
+        let xn = &ws.xn[..n_out * d];
+        let logits = grow(&mut ws.logits, n_out * cfg.n_vocab);
+        self.output
+            .forward(pool, ws.acts.get(pool, &self.output.w, xn, n_out), logits);
+        Ok(&ws.logits[..n_out * cfg.n_vocab])
+    }
+
+    /// Checks token ids and positions, and reserves cache room for every sequence.
+    fn validate(&self, batch: &Batch, kv: &mut KvCache) -> Result<()> {
+        let n = batch.len();
+        if n == 0 {
+            return Err(ModelError::Batch("the batch is empty".into()));
+        }
+        if batch.pos.len() != n || batch.seq.len() != n || batch.logits.len() != n {
+            return Err(ModelError::Batch(
+                "tokens, positions, sequence ids and logit flags differ in length".into(),
+            ));
+        }
+        if let Some(&bad) = batch
+            .tokens
+            .iter()
+            .find(|&&t| t as usize >= self.config.n_vocab)
+        {
+            return Err(ModelError::Batch(format!(
+                "token id {bad} is outside the vocabulary of {}",
+                self.config.n_vocab
+            )));
+        }
+        // Each sequence's tokens must continue its cache: next position = cached length.
+        let mut next: Vec<(usize, usize)> = Vec::new();
+        for t in 0..n {
+            let s = batch.seq[t];
+            let slot = match next.iter().position(|e| e.0 == s) {
+                Some(i) => i,
+                None => {
+                    next.push((s, kv.seq_len(s)));
+                    next.len() - 1
+                }
+            };
+            if batch.pos[t] != next[slot].1 {
+                return Err(ModelError::Batch(format!(
+                    "token {t} of sequence {s} is at position {} but the sequence continues at {}",
+                    batch.pos[t], next[slot].1
+                )));
+            }
+            next[slot].1 += 1;
+        }
+        for &(s, end) in &next {
+            kv.reserve(s, end)?;
+        }
+        for &(s, end) in &next {
+            kv.set_len(s, end);
+        }
+        Ok(())
+    }
+
+    /// Applies rotary embeddings to every head of `q` (`[n, q_dim]`) and `k` (`[n, kv_dim]`).
+    fn rope(&self, batch: &Batch, q: &mut [f32], k: &mut [f32], cos_sin: &mut Vec<f32>) {
+        let cfg = &self.config;
+        let r = &cfg.rope;
+        let cs = grow(cos_sin, r.n_dims);
+        let hd = cfg.head_dim;
+        for (t, &p) in batch.pos.iter().enumerate() {
+            rope_angles(
+                p as f32,
+                r.n_dims,
+                r.freq_base,
+                r.freq_scale,
+                r.freq_factors.as_deref(),
+                cs,
+            );
+            for head in q[t * cfg.q_dim()..(t + 1) * cfg.q_dim()].chunks_exact_mut(hd) {
+                rope_apply(head, r.n_dims, r.style, cs);
+            }
+            for head in k[t * cfg.kv_dim()..(t + 1) * cfg.kv_dim()].chunks_exact_mut(hd) {
+                rope_apply(head, r.n_dims, r.style, cs);
+            }
+        }
+    }
+}
+
+/// RMS-normalizes each row of `x` with weight `w` into `out`.
+fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let d = w.len();
+    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        rms_norm(xr, w, eps, or);
+    }
+}

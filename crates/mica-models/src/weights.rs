@@ -1,0 +1,210 @@
+//! Weights as the model sees them: matrices that stay in the file's memory map, in whatever
+//! format the file stores them, behind [`Linear`]. Models never look at the format; the
+//! kernels do.
+
+use crate::error::{ModelError, Result};
+use mica_formats::{GgufFile, TensorInfo};
+use mica_kernels::matmul::{QActs, QMatrix, matmul};
+use mica_kernels::{DType, ThreadPool, quant};
+use std::sync::Arc;
+
+/// Where a tensor's bytes live.
+#[derive(Clone)]
+pub struct TensorData {
+    file: Arc<GgufFile>,
+    start: usize,
+    len: usize,
+}
+
+impl TensorData {
+    pub fn bytes(&self) -> &[u8] {
+        &self.file.bytes()[self.start..self.start + self.len]
+    }
+}
+
+/// A weight matrix: `rows` outputs × `cols` inputs, row-major, in `dtype`.
+#[derive(Clone)]
+pub struct Matrix {
+    pub name: String,
+    pub dtype: DType,
+    pub rows: usize,
+    pub cols: usize,
+    data: TensorData,
+}
+
+impl Matrix {
+    pub fn view(&self) -> QMatrix<'_> {
+        QMatrix {
+            dtype: self.dtype,
+            rows: self.rows,
+            cols: self.cols,
+            data: self.data.bytes(),
+        }
+    }
+
+    /// Bytes the weights occupy.
+    pub fn n_bytes(&self) -> usize {
+        self.data.len
+    }
+}
+
+/// A projection `y = W x (+ b)`.
+#[derive(Clone)]
+pub struct Linear {
+    pub w: Matrix,
+    /// `[rows]`
+    pub bias: Option<Vec<f32>>,
+}
+
+impl Linear {
+    pub fn out_dim(&self) -> usize {
+        self.w.rows
+    }
+
+    /// `out[t] = W x[t] + b` for the `acts` rows (already quantized for this weight's
+    /// format by [`ActCache::get`]); `out` is `[n, rows]`.
+    pub fn forward(&self, pool: &ThreadPool, acts: &QActs, out: &mut [f32]) {
+        matmul(pool, &self.w.view(), acts, out);
+        if let Some(b) = &self.bias {
+            for row in out.chunks_exact_mut(b.len()) {
+                for (o, &bb) in row.iter_mut().zip(b) {
+                    *o += bb;
+                }
+            }
+        }
+    }
+}
+
+/// Quantized copies of one activation matrix, one per format needed, so that projections
+/// sharing an input (Q, K, V; gate, up) quantize it once per format.
+#[derive(Default)]
+pub struct ActCache {
+    slots: Vec<(DType, QActs, bool)>,
+}
+
+impl ActCache {
+    /// Marks every cached copy stale (call when the input changes).
+    pub fn invalidate(&mut self) {
+        for s in &mut self.slots {
+            s.2 = false;
+        }
+    }
+
+    /// `x` (`[n, cols]`) quantized for a dot product with `w`.
+    pub fn get(&mut self, pool: &ThreadPool, w: &Matrix, x: &[f32], n: usize) -> &QActs {
+        let dt = w.dtype.vec_dot_type();
+        let i = match self.slots.iter().position(|s| s.0 == dt) {
+            Some(i) => i,
+            None => {
+                self.slots.push((dt, QActs::new(), false));
+                self.slots.len() - 1
+            }
+        };
+        let slot = &mut self.slots[i];
+        if !slot.2 {
+            slot.1.quantize(pool, dt, x, n, w.cols);
+            slot.2 = true;
+        }
+        &self.slots[i].1
+    }
+}
+
+/// Looks up and validates tensors of one file for one architecture.
+pub struct WeightLoader {
+    pub file: Arc<GgufFile>,
+    pub arch: String,
+}
+
+impl WeightLoader {
+    fn path(&self) -> std::path::PathBuf {
+        self.file.path().to_path_buf()
+    }
+
+    pub fn info(&self, name: &str) -> Option<&TensorInfo> {
+        self.file.tensor(name)
+    }
+
+    fn require(&self, name: &str) -> Result<&TensorInfo> {
+        self.info(name).ok_or_else(|| ModelError::MissingTensor {
+            path: self.path(),
+            arch: self.arch.clone(),
+            tensor: name.to_string(),
+        })
+    }
+
+    fn dtype_of(&self, t: &TensorInfo) -> Result<DType> {
+        t.dtype()
+            .filter(|d| DType::WEIGHT_TYPES.contains(d))
+            .ok_or_else(|| ModelError::UnsupportedType {
+                path: self.path(),
+                tensor: t.name.clone(),
+                ggml_type: t.ggml_type.name(),
+                supported: DType::WEIGHT_TYPES.map(|d| d.name()).join(", "),
+            })
+    }
+
+    fn check_shape(&self, t: &TensorInfo, expected: &[u64]) -> Result<()> {
+        if t.shape != expected {
+            return Err(ModelError::BadShape {
+                path: self.path(),
+                tensor: t.name.clone(),
+                expected: expected.to_vec(),
+                got: t.shape.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// A matrix of `rows` outputs × `cols` inputs (GGUF shape `[cols, rows]`).
+    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        let t = self.require(name)?;
+        self.check_shape(t, &[cols as u64, rows as u64])?;
+        let dtype = self.dtype_of(t)?;
+        Ok(Matrix {
+            name: name.to_string(),
+            dtype,
+            rows,
+            cols,
+            data: TensorData {
+                file: self.file.clone(),
+                start: t.offset as usize,
+                len: t.n_bytes as usize,
+            },
+        })
+    }
+
+    /// A matrix whose row count is read from the file (e.g. the vocabulary).
+    pub fn matrix_any_rows(&self, name: &str, cols: usize) -> Result<Matrix> {
+        let t = self.require(name)?;
+        let rows = if t.shape.len() == 2 { t.shape[1] } else { 0 };
+        if rows == 0 {
+            self.check_shape(t, &[cols as u64, 1])?;
+        }
+        self.matrix(name, rows as usize, cols)
+    }
+
+    /// A vector of `n` floats (norm weights, biases), converted to f32.
+    pub fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>> {
+        let t = self.require(name)?;
+        self.check_shape(t, &[n as u64])?;
+        let dtype = self.dtype_of(t)?;
+        let mut out = vec![0f32; n];
+        quant::dequantize_row(dtype, self.file.tensor_data(t), &mut out);
+        Ok(out)
+    }
+
+    pub fn vector_opt(&self, name: &str, n: usize) -> Result<Option<Vec<f32>>> {
+        match self.info(name) {
+            None => Ok(None),
+            Some(_) => self.vector(name, n).map(Some),
+        }
+    }
+
+    /// A projection with an optional `{prefix}.bias`.
+    pub fn linear(&self, prefix: &str, rows: usize, cols: usize) -> Result<Linear> {
+        Ok(Linear {
+            w: self.matrix(&format!("{prefix}.weight"), rows, cols)?,
+            bias: self.vector_opt(&format!("{prefix}.bias"), rows)?,
+        })
+    }
+}
