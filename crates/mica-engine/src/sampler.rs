@@ -1,0 +1,402 @@
+//! Choosing the next token from logits.
+//!
+//! The chain and its order follow llama.cpp's default sampler (`common_sampler`):
+//! penalties → top-k → top-p → min-p → temperature → draw. Temperature ≤ 0 is greedy (the
+//! highest logit, lowest id on ties). Every random draw comes from a ChaCha20 stream seeded
+//! by the request, so the same seed, prompt and model give the same tokens.
+
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha20Rng;
+
+/// What the sampler does; `Default` is llama.cpp's defaults.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// ≤ 0 means greedy.
+    pub temperature: f32,
+    /// Keep the `k` most likely tokens; 0 disables.
+    pub top_k: usize,
+    /// Keep the smallest set whose probability reaches `p`; 1 disables.
+    pub top_p: f32,
+    /// Drop tokens less likely than `min_p` × the most likely one; 0 disables.
+    pub min_p: f32,
+    /// Divides positive / multiplies negative logits of recently seen tokens; 1 disables.
+    pub repeat_penalty: f32,
+    /// Subtracted once from the logit of every recently seen token; 0 disables.
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence from recently seen tokens' logits; 0 disables.
+    pub frequency_penalty: f32,
+    /// How many recent tokens the penalties look at.
+    pub penalty_last_n: usize,
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            penalty_last_n: 64,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Greedy decoding.
+    pub fn greedy() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        }
+    }
+
+    /// Checks ranges, naming the parameter at fault.
+    pub fn validate(&self) -> Result<(), String> {
+        let bad = |name: &str, v: f32, range: &str| Err(format!("{name} must be {range}, got {v}"));
+        if !self.temperature.is_finite() {
+            return bad("temperature", self.temperature, "a finite number");
+        }
+        if !(0.0..=1.0).contains(&self.top_p) {
+            return bad("top-p", self.top_p, "between 0 and 1");
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad("min-p", self.min_p, "between 0 and 1");
+        }
+        if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
+            return bad("repeat penalty", self.repeat_penalty, "positive");
+        }
+        if !self.presence_penalty.is_finite() || !self.frequency_penalty.is_finite() {
+            return Err("presence and frequency penalties must be finite".into());
+        }
+        Ok(())
+    }
+}
+
+/// A token and its (possibly modified) logit.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Candidate {
+    pub id: u32,
+    pub logit: f32,
+}
+
+/// A sampler with its own random stream.
+pub struct Sampler {
+    params: SamplingParams,
+    rng: ChaCha20Rng,
+    cands: Vec<Candidate>,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Sampler {
+        let rng = ChaCha20Rng::seed_from_u64(params.seed);
+        Sampler {
+            params,
+            rng,
+            cands: Vec::new(),
+        }
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Picks the next token. `history` is every token so far (prompt and output); the
+    /// penalties look at its last `penalty_last_n` entries.
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let p = &self.params;
+        let penalize =
+            p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
+        if p.temperature <= 0.0 && !penalize {
+            return argmax(logits);
+        }
+        self.cands.clear();
+        self.cands
+            .extend(logits.iter().enumerate().map(|(i, &l)| Candidate {
+                id: i as u32,
+                logit: l,
+            }));
+        if penalize {
+            let start = history.len().saturating_sub(p.penalty_last_n);
+            apply_penalties(&mut self.cands, &history[start..], p);
+        }
+        if p.temperature <= 0.0 {
+            return best(&self.cands).id;
+        }
+        truncate(&mut self.cands, p);
+        let u: f64 = self.rng.random();
+        draw(&self.cands, p.temperature, u)
+    }
+
+    /// The candidates left after penalties and truncation (top-k, top-p, min-p), most likely
+    /// first: the set a draw is made from. For tests and diagnostics.
+    pub fn candidates(&mut self, logits: &[f32], history: &[u32]) -> Vec<Candidate> {
+        let p = self.params.clone();
+        let mut c: Vec<Candidate> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| Candidate {
+                id: i as u32,
+                logit: l,
+            })
+            .collect();
+        let start = history.len().saturating_sub(p.penalty_last_n);
+        apply_penalties(&mut c, &history[start..], &p);
+        truncate(&mut c, &p);
+        c
+    }
+}
+
+/// Highest logit, lowest id on ties.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn best(c: &[Candidate]) -> Candidate {
+    let mut b = c[0];
+    for &x in c {
+        if x.logit > b.logit || (x.logit == b.logit && x.id < b.id) {
+            b = x;
+        }
+    }
+    b
+}
+
+/// llama.cpp's penalties: repeat (divide positive, multiply negative), then frequency ×
+/// count and presence once, for tokens seen in `recent`.
+fn apply_penalties(c: &mut [Candidate], recent: &[u32], p: &SamplingParams) {
+    if recent.is_empty() {
+        return;
+    }
+    let mut counts: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
+    for &t in recent {
+        *counts.entry(t).or_default() += 1;
+    }
+    for cand in c.iter_mut() {
+        let Some(&n) = counts.get(&cand.id) else {
+            continue;
+        };
+        if cand.logit <= 0.0 {
+            cand.logit *= p.repeat_penalty;
+        } else {
+            cand.logit /= p.repeat_penalty;
+        }
+        cand.logit -= n as f32 * p.frequency_penalty + p.presence_penalty;
+    }
+}
+
+/// Sorts descending and applies top-k, top-p and min-p, always keeping at least one token.
+fn truncate(c: &mut Vec<Candidate>, p: &SamplingParams) {
+    let by_logit = |a: &Candidate, b: &Candidate| b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id));
+    if p.top_k > 0 && p.top_k < c.len() {
+        c.select_nth_unstable_by(p.top_k - 1, by_logit);
+        c.truncate(p.top_k);
+    }
+    c.sort_unstable_by(by_logit);
+    if p.top_p < 1.0 {
+        let probs = softmax(c, 1.0);
+        let mut cum = 0.0;
+        let mut keep = c.len();
+        for (i, pr) in probs.iter().enumerate() {
+            cum += pr;
+            if cum >= p.top_p as f64 {
+                keep = i + 1;
+                break;
+            }
+        }
+        c.truncate(keep.max(1));
+    }
+    if p.min_p > 0.0 {
+        // p_i ≥ min_p · p_max  ⇔  logit_i ≥ logit_max + ln(min_p)
+        let floor = c[0].logit + p.min_p.ln();
+        let keep = c.iter().take_while(|x| x.logit >= floor).count();
+        c.truncate(keep.max(1));
+    }
+}
+
+/// Probabilities of the candidates at temperature `t` (f64 for a stable sum).
+fn softmax(c: &[Candidate], t: f32) -> Vec<f64> {
+    let max = c.iter().map(|x| x.logit).fold(f32::NEG_INFINITY, f32::max) as f64;
+    let e: Vec<f64> = c
+        .iter()
+        .map(|x| ((x.logit as f64 - max) / t as f64).exp())
+        .collect();
+    let s: f64 = e.iter().sum();
+    e.into_iter().map(|v| v / s).collect()
+}
+
+/// Draws from the candidates at temperature `t` with a uniform `u` in [0, 1).
+fn draw(c: &[Candidate], t: f32, u: f64) -> u32 {
+    let probs = softmax(c, t);
+    let mut cum = 0.0;
+    for (x, p) in c.iter().zip(&probs) {
+        cum += p;
+        if u < cum {
+            return x.id;
+        }
+    }
+    c[c.len() - 1].id
+}
+
+/// Natural-log softmax over the whole vocabulary (for reporting log-probabilities).
+pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
+    let lse = max as f64 + sum.ln();
+    logits.iter().map(|&l| (l as f64 - lse) as f32).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logits() -> Vec<f32> {
+        // Token i has logit ln(weight_i): probabilities proportional to these weights.
+        [40.0f32, 20.0, 15.0, 10.0, 8.0, 4.0, 2.0, 1.0]
+            .iter()
+            .map(|w| w.ln())
+            .collect()
+    }
+
+    fn ids(c: &[Candidate]) -> Vec<u32> {
+        c.iter().map(|x| x.id).collect()
+    }
+
+    #[test]
+    fn greedy_takes_the_highest_lowest_id_on_ties() {
+        let mut s = Sampler::new(SamplingParams::greedy());
+        assert_eq!(s.sample(&[0.1, 3.0, 3.0, -1.0], &[]), 1);
+    }
+
+    #[test]
+    fn same_seed_same_tokens_other_seed_other_tokens() {
+        let l = logits();
+        let run = |seed| {
+            let mut s = Sampler::new(SamplingParams {
+                seed,
+                temperature: 1.5,
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.0,
+                ..Default::default()
+            });
+            (0..64).map(|_| s.sample(&l, &[])).collect::<Vec<_>>()
+        };
+        assert_eq!(run(42), run(42));
+        assert_ne!(run(42), run(43));
+    }
+
+    #[test]
+    fn top_k_keeps_exactly_k() {
+        let mut s = Sampler::new(SamplingParams {
+            top_k: 3,
+            top_p: 1.0,
+            min_p: 0.0,
+            ..Default::default()
+        });
+        assert_eq!(ids(&s.candidates(&logits(), &[])), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn top_p_keeps_the_smallest_set_reaching_p() {
+        // Weights sum to 100: cumulative 0.40, 0.60, 0.75, 0.85, 0.93, ...
+        let mk = |top_p| {
+            let mut s = Sampler::new(SamplingParams {
+                top_k: 0,
+                top_p,
+                min_p: 0.0,
+                ..Default::default()
+            });
+            ids(&s.candidates(&logits(), &[]))
+        };
+        assert_eq!(mk(0.59), vec![0, 1]);
+        assert_eq!(mk(0.61), vec![0, 1, 2]);
+        assert_eq!(mk(0.84), vec![0, 1, 2, 3]);
+        assert_eq!(mk(0.01), vec![0]);
+    }
+
+    #[test]
+    fn min_p_drops_tokens_below_the_fraction_of_the_best() {
+        let mk = |min_p| {
+            let mut s = Sampler::new(SamplingParams {
+                top_k: 0,
+                top_p: 1.0,
+                min_p,
+                ..Default::default()
+            });
+            ids(&s.candidates(&logits(), &[]))
+        };
+        // p_max = 0.40: min_p 0.25 keeps p ≥ 0.10 (weights ≥ 10).
+        assert_eq!(mk(0.25), vec![0, 1, 2, 3]);
+        assert_eq!(mk(0.5), vec![0, 1]);
+        assert_eq!(mk(1.0), vec![0]);
+    }
+
+    #[test]
+    fn draws_only_from_the_truncated_set_and_follow_probabilities() {
+        let mut s = Sampler::new(SamplingParams {
+            top_k: 2,
+            top_p: 1.0,
+            min_p: 0.0,
+            temperature: 1.0,
+            seed: 9,
+            ..Default::default()
+        });
+        let l = logits();
+        let mut counts = [0usize; 8];
+        for _ in 0..6000 {
+            counts[s.sample(&l, &[]) as usize] += 1;
+        }
+        assert_eq!(counts[2..].iter().sum::<usize>(), 0);
+        // 40 : 20 → token 0 about two thirds of the time.
+        let frac = counts[0] as f64 / 6000.0;
+        assert!((frac - 2.0 / 3.0).abs() < 0.03, "{frac}");
+    }
+
+    #[test]
+    fn penalties_follow_llama_cpp() {
+        let p = SamplingParams {
+            repeat_penalty: 2.0,
+            frequency_penalty: 0.5,
+            presence_penalty: 0.25,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            ..Default::default()
+        };
+        let mut s = Sampler::new(p);
+        let c = s.candidates(&[2.0, -2.0, 1.0], &[0, 1, 1]);
+        let get = |id| c.iter().find(|x| x.id == id).unwrap().logit;
+        assert_eq!(get(0), 2.0 / 2.0 - 0.5 - 0.25);
+        assert_eq!(get(1), -2.0 * 2.0 - 1.0 - 0.25);
+        assert_eq!(get(2), 1.0);
+    }
+
+    #[test]
+    fn log_softmax_normalizes() {
+        let ls = log_softmax(&logits());
+        let s: f64 = ls.iter().map(|&l| (l as f64).exp()).sum();
+        assert!((s - 1.0).abs() < 1e-6);
+        assert!((ls[0] - 0.4f32.ln()).abs() < 1e-5);
+    }
+
+    #[test]
+    fn validation_names_the_parameter() {
+        let p = SamplingParams {
+            top_p: 1.5,
+            ..Default::default()
+        };
+        assert!(p.validate().unwrap_err().contains("top-p"));
+        assert!(SamplingParams::default().validate().is_ok());
+    }
+}
