@@ -6,11 +6,12 @@ use std::path::PathBuf;
 /// Anything that can go wrong reading a model file.
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {
-    #[error("{path}: {source}")]
+    /// (The cause is part of the message, not a separate `source`, so that error chains
+    /// print it once.)
+    #[error("{path}: {cause}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The file is malformed at a byte offset (truncated, bad magic, absurd count...).
     #[error("{path}: at byte {offset}: {msg}")]

@@ -10,11 +10,12 @@ use std::path::PathBuf;
 pub enum ModelError {
     #[error(transparent)]
     Format(#[from] FormatError),
-    #[error("{path}: {source}")]
+    /// (The cause is part of the message, not a separate `source`, so that error chains
+    /// print it once.)
+    #[error("{path}: {cause}")]
     Tokenizer {
         path: PathBuf,
-        #[source]
-        source: TokenizerError,
+        cause: TokenizerError,
     },
     #[error(transparent)]
     Template(#[from] ChatTemplateError),

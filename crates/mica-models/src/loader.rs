@@ -21,9 +21,9 @@ impl LoadedModel {
         let path = path.as_ref();
         let file = Arc::new(GgufFile::open(path)?);
         let model = crate::arch::load_gguf(file.clone())?;
-        let tokenizer = Tokenizer::from_gguf(&file).map_err(|source| ModelError::Tokenizer {
+        let tokenizer = Tokenizer::from_gguf(&file).map_err(|cause| ModelError::Tokenizer {
             path: path.to_path_buf(),
-            source,
+            cause,
         })?;
         if tokenizer.vocab_size() > model.config.n_vocab {
             return Err(ModelError::Config {

@@ -51,9 +51,9 @@ impl GgufFile {
     /// Opens, maps and validates a GGUF file.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
         let path = path.as_ref().to_path_buf();
-        let io = |source| FormatError::Io {
+        let io = |cause| FormatError::Io {
             path: path.clone(),
-            source,
+            cause,
         };
         let file = File::open(&path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();

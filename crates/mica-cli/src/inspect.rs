@@ -1,0 +1,148 @@
+//! `mica inspect`: what a model file holds.
+
+use anyhow::Result;
+use clap::Args;
+use mica_formats::{GgufFile, MetaValue};
+use mica_models::LoadedModel;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+pub struct InspectArgs {
+    /// Model file (GGUF).
+    pub file: PathBuf,
+    /// Also list every metadata key.
+    #[arg(long)]
+    pub metadata: bool,
+    /// Also list every tensor.
+    #[arg(long)]
+    pub tensors: bool,
+}
+
+pub fn inspect(args: InspectArgs) -> Result<()> {
+    let g = GgufFile::open(&args.file)?;
+    println!("file:          {}", args.file.display());
+    println!(
+        "format:        GGUF v{} ({} metadata keys, {} tensors, alignment {})",
+        g.version(),
+        g.metadata_entries().len(),
+        g.tensors().len(),
+        g.alignment()
+    );
+    println!("size:          {}", human_bytes(g.file_size()));
+    let arch = g.get_str("general.architecture").unwrap_or("(none)");
+    println!("architecture:  {arch}");
+    if let Some(n) = g.get_str("general.name") {
+        println!("name:          {n}");
+    }
+
+    // Build the model to show resolved hyper-parameters; a file mica cannot run still gets
+    // described from its raw metadata.
+    match LoadedModel::open(&args.file) {
+        Ok(lm) => {
+            let c = &lm.model.config;
+            let params: u64 = g.tensors().iter().map(|t| t.n_elements()).sum();
+            println!("parameters:    {:.1} M", params as f64 / 1e6);
+            println!(
+                "layers:        {}   embedding {}   feed-forward {}   vocab {}",
+                c.n_layer, c.n_embd, c.n_ff, c.n_vocab
+            );
+            println!(
+                "attention:     {} heads, {} KV heads, head dim {}, norm eps {:e}",
+                c.n_head, c.n_head_kv, c.head_dim, c.norm_eps
+            );
+            println!(
+                "rope:          {:?}, {} dims, base {}, scale {}{}",
+                c.rope.style,
+                c.rope.n_dims,
+                c.rope.freq_base,
+                c.rope.freq_scale,
+                if c.rope.freq_factors.is_some() {
+                    ", frequency factors"
+                } else {
+                    ""
+                }
+            );
+            println!("context:       {} (trained)", c.n_ctx_train);
+            let t = &lm.tokenizer;
+            let name = |id: Option<u32>| {
+                id.map(|i| format!("{i} {:?}", t.token_text(i).unwrap_or("?")))
+                    .unwrap_or_else(|| "-".into())
+            };
+            println!(
+                "tokenizer:     {:?} ({}), {} tokens, pre-tokenizer {}",
+                t.kind(),
+                g.get_str("tokenizer.ggml.model").unwrap_or("?"),
+                t.vocab_size(),
+                t.pre_tokenizer().unwrap_or("-")
+            );
+            println!(
+                "special:       bos {} | eos {} | add bos {} | end-of-generation {:?}",
+                name(t.bos()),
+                name(t.eos()),
+                t.add_bos(),
+                t.eog_ids()
+            );
+            if let Some(m) = g.get_array("tokenizer.ggml.merges") {
+                println!("merges:        {}", m.len());
+            }
+            for w in t.warnings() {
+                println!("warning:       {w}");
+            }
+        }
+        Err(e) => println!("(cannot run this file: {e})"),
+    }
+
+    let mut by_type: BTreeMap<String, (usize, u64)> = BTreeMap::new();
+    for t in g.tensors() {
+        let e = by_type.entry(t.ggml_type.name()).or_default();
+        e.0 += 1;
+        e.1 += t.n_bytes;
+    }
+    println!("tensors by type:");
+    for (ty, (n, bytes)) in &by_type {
+        println!("  {ty:<8} {n:>5} tensors  {:>10}", human_bytes(*bytes));
+    }
+    match g.get_str("tokenizer.chat_template") {
+        Some(tpl) => println!("chat template:\n{tpl}"),
+        None => println!("chat template: (none; mica falls back to ChatML, as llama.cpp does)"),
+    }
+    if args.metadata {
+        println!("metadata:");
+        for (k, v) in g.metadata_entries() {
+            println!("  {k} = {}", short(v));
+        }
+    }
+    if args.tensors {
+        println!("tensors:");
+        for t in g.tensors() {
+            println!(
+                "  {:<40} {:<8} {:?} {}",
+                t.name,
+                t.ggml_type.name(),
+                t.shape,
+                human_bytes(t.n_bytes)
+            );
+        }
+    }
+    Ok(())
+}
+
+fn short(v: &MetaValue) -> String {
+    v.to_string()
+}
+
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}

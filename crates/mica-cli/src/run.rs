@@ -1,0 +1,201 @@
+//! `mica run`: one prompt in, streamed text out, timings on stderr.
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use mica_engine::{GenerateParams, SamplingParams, Session};
+use mica_models::LoadedModel;
+use mica_models::chat::ChatMessage;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Model file (GGUF). Without it, the default model is used (downloaded on first use).
+    #[arg(short = 'm', long = "model")]
+    pub model: Option<PathBuf>,
+    /// Prompt text. Special tokens written in it (e.g. <|im_start|>) are parsed as such.
+    #[arg(short = 'p', long = "prompt", conflicts_with = "file")]
+    pub prompt: Option<String>,
+    /// Read the prompt from a file.
+    #[arg(short = 'f', long = "file")]
+    pub file: Option<PathBuf>,
+    /// Tokens to generate at most.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 256)]
+    pub n_predict: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long = "temp", default_value_t = 0.8)]
+    pub temp: f32,
+    /// Keep only the K most likely tokens (0 = off).
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: usize,
+    /// Nucleus sampling threshold (1 = off).
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Drop tokens less likely than P times the most likely (0 = off).
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Penalize repeats of recent tokens (1 = off).
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Recent tokens the penalties look at.
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    pub repeat_last_n: usize,
+    #[arg(long = "presence-penalty", default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    #[arg(long = "frequency-penalty", default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// Random seed (default: random). The same seed reproduces a run.
+    #[arg(short = 's', long = "seed")]
+    pub seed: Option<u64>,
+    /// Stop before this string (repeatable).
+    #[arg(long = "stop")]
+    pub stop: Vec<String>,
+    /// Keep generating past end-of-generation tokens.
+    #[arg(long = "ignore-eos")]
+    pub ignore_eos: bool,
+    /// Wrap the prompt in the model's chat template as a user message.
+    #[arg(long = "chat")]
+    pub chat: bool,
+    /// System message for --chat.
+    #[arg(long = "system", requires = "chat")]
+    pub system: Option<String>,
+    /// Compute threads (default: physical cores).
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+    /// Context size in tokens (default: the model's, at most 4096).
+    #[arg(short = 'c', long = "ctx-size")]
+    pub ctx_size: Option<usize>,
+    /// Print one JSON object (ids, text, timings) instead of streaming text.
+    #[arg(long = "json")]
+    pub json: bool,
+    /// Do not parse special tokens written in the prompt.
+    #[arg(long = "no-parse-special")]
+    pub no_parse_special: bool,
+}
+
+/// The model to use: the given path, or the default model (fetched if needed).
+pub fn resolve_model(model: Option<PathBuf>, quiet: bool) -> Result<PathBuf> {
+    match model {
+        Some(p) => Ok(p),
+        None => crate::download::ensure_model(&crate::download::DEFAULT_MODEL, quiet),
+    }
+}
+
+pub fn run(args: RunArgs) -> Result<()> {
+    let prompt_text = match (&args.prompt, &args.file) {
+        (Some(p), _) => p.clone(),
+        (None, Some(f)) => std::fs::read_to_string(f)
+            .with_context(|| format!("reading the prompt from {}", f.display()))?,
+        (None, None) => bail!("no prompt: pass -p TEXT or -f FILE"),
+    };
+    let path = resolve_model(args.model.clone(), args.json)?;
+    let t0 = Instant::now();
+    let lm = LoadedModel::open(&path)?;
+    let load_time = t0.elapsed();
+
+    let text = if args.chat {
+        if lm.template.is_fallback() {
+            eprintln!(
+                "note: {} has no chat template; using ChatML (as llama.cpp does)",
+                path.display()
+            );
+        }
+        let mut msgs = Vec::new();
+        if let Some(s) = &args.system {
+            msgs.push(ChatMessage::new("system", s.clone()));
+        }
+        msgs.push(ChatMessage::new("user", prompt_text));
+        lm.template.render(&msgs, true)?
+    } else {
+        prompt_text
+    };
+    let prompt_ids = lm.tokenizer.encode(&text, true, !args.no_parse_special)?;
+
+    let cfg = &lm.model.config;
+    let n_ctx = args.ctx_size.unwrap_or(cfg.n_ctx_train.min(4096));
+    if n_ctx == 0 {
+        bail!("the context size must be positive");
+    }
+    let threads = args
+        .threads
+        .unwrap_or_else(mica_kernels::pool::physical_cores);
+    if threads == 0 {
+        bail!("the thread count must be positive");
+    }
+    let seed = args.seed.unwrap_or_else(random_seed);
+    let params = GenerateParams {
+        max_tokens: args.n_predict,
+        sampling: SamplingParams {
+            temperature: args.temp,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            min_p: args.min_p,
+            repeat_penalty: args.repeat_penalty,
+            presence_penalty: args.presence_penalty,
+            frequency_penalty: args.frequency_penalty,
+            penalty_last_n: args.repeat_last_n,
+            seed,
+        },
+        stop: args.stop.clone(),
+        ignore_eos: args.ignore_eos,
+    };
+
+    let mut session = Session::new(&lm, n_ctx, threads);
+    let stdout = std::io::stdout();
+    let json = args.json;
+    let gen_result = session.generate(&prompt_ids, &params, |piece| {
+        if !json {
+            let mut out = stdout.lock();
+            // A closed stdout (e.g. piped into `head`) ends generation quietly.
+            return out
+                .write_all(piece.as_bytes())
+                .and_then(|_| out.flush())
+                .is_ok();
+        }
+        true
+    })?;
+    let t = gen_result.timings;
+    if json {
+        let obj = serde_json::json!({
+            "model": path.display().to_string(),
+            "prompt_ids": prompt_ids,
+            "output_ids": gen_result.output_ids,
+            "text": gen_result.text,
+            "finish_reason": gen_result.finish.as_str(),
+            "seed": seed,
+            "timings": {
+                "load_ms": load_time.as_secs_f64() * 1e3,
+                "prompt_tokens": t.prompt_tokens,
+                "prompt_ms": t.prompt_time.as_secs_f64() * 1e3,
+                "prompt_tokens_per_s": t.prompt_tps(),
+                "gen_tokens": t.gen_tokens,
+                "gen_ms": t.gen_time.as_secs_f64() * 1e3,
+                "gen_tokens_per_s": t.gen_tps(),
+                "threads": threads,
+            },
+        });
+        println!("{obj}");
+    } else {
+        println!();
+        eprintln!(
+            "\n[mica] load {:.0} ms | prompt {} tok, {:.1} tok/s | generation {} tok, {:.1} tok/s | {} threads | stop: {}",
+            load_time.as_secs_f64() * 1e3,
+            t.prompt_tokens,
+            t.prompt_tps(),
+            t.gen_tokens,
+            t.gen_tps(),
+            threads,
+            gen_result.finish.as_str(),
+        );
+    }
+    Ok(())
+}
+
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    RandomState::new().hash_one(nanos) >> 1
+}
