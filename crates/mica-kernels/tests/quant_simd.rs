@@ -15,7 +15,7 @@ mod quant_common;
 use std::io::Write;
 
 use mica_kernels::DType;
-use mica_kernels::quant::{quantize_row, vec_dot_ref};
+use mica_kernels::quant::vec_dot_ref;
 use mica_kernels::simd::{Kernels, kernels};
 use quant_common::*;
 
@@ -111,8 +111,8 @@ fn simd_dot_products_match_reference_within_budget() {
     }
 }
 
-/// Activations whose scaled values land exactly on k + 0.5 (amax 127 gives d = 1): the
-/// rounding direction of ties is what separates `roundf` from the FPU default.
+/// Activations whose scaled values land exactly on k + 0.5 (amax 127 gives `127 / amax = 1`):
+/// the rounding direction of ties is what separates `roundf` from the FPU default.
 fn ties(n: usize) -> Vec<f32> {
     (0..n)
         .map(|i| {
@@ -172,7 +172,7 @@ fn simd_activation_quantizers_are_byte_identical() {
                 for (case, x) in inputs.iter().enumerate() {
                     let mut want = vec![0u8; t.row_bytes(n).unwrap()];
                     let mut got = vec![0xAAu8; want.len()];
-                    quantize_row(t, x, &mut want);
+                    Kernels::scalar().quantize_act(t, x, &mut want);
                     k.quantize_act(t, x, &mut got);
                     let bs = t.type_size();
                     for (b, (g, w)) in got.chunks(bs).zip(want.chunks(bs)).enumerate() {

@@ -236,6 +236,8 @@ pub fn quantize_q5_1(x: &[f32], y: &mut [BlockQ5_1]) {
 }
 
 /// Q8_0 block scale and quants: `d = amax / 127`, `q = roundf(x / d)` (half away from zero).
+/// This is `quantize_row_q8_0_ref`, what gguf-py and llama-quantize write into files; the
+/// activations llama.cpp quantizes at run time on x86 go through [`quantize_q8_0_act`].
 #[inline(always)]
 fn q8_block(x: &[f32]) -> (f32, [i8; QK]) {
     let amax = x.iter().fold(0.0f32, |a, &v| a.max(v.abs()));
@@ -260,6 +262,82 @@ pub fn quantize_q8_1(x: &[f32], y: &mut [BlockQ8_1]) {
         b.d = f32_to_f16(d);
         b.s = f32_to_f16(sum as f32 * d);
         b.qs = qs;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Run-time activation quantizers (llama.cpp's x86 `quantize_row_q8_0` / `quantize_row_q8_1`).
+//
+// llama.cpp quantizes activations with its SIMD quantizer, not with the `_ref` one, and the two
+// disagree on a few quants per thousand: the SIMD code multiplies by `id = 127 / amax` (not by
+// `1 / d`, one more rounding apart) and rounds ties to even (the FPU default, `roundps`) where
+// `roundf` rounds them away from zero. The models mica runs are sensitive enough to those few
+// quants for greedy tokens to change, so mica's run-time quantizers follow the x86 code
+// operation by operation, including what it does with NaN, infinities and subnormal blocks.
+// The scalar versions here are the reference for mica's SIMD ones (byte-identical).
+
+/// `maxps`: the second operand unless the first is greater (so NaN in either gives `b`).
+#[inline(always)]
+fn maxps(a: f32, b: f32) -> f32 {
+    if a > b { a } else { b }
+}
+
+/// `cvtps2dq` of an already rounded value: NaN and out-of-range give `i32::MIN`.
+#[inline(always)]
+fn cvtps_i32(r: f32) -> i32 {
+    if r.is_nan() || !(-2147483648.0..2147483648.0).contains(&r) {
+        i32::MIN
+    } else {
+        r as i32
+    }
+}
+
+/// The x86 block quantizer: the largest |x| found by `maxps` in the SIMD reduction order
+/// (four 8-lane vectors, then 8 -> 4 -> 2 -> 1 lanes), `d = amax / 127`,
+/// `q = round_ties_even(x * (127 / amax))` as i32 (saturated to i8 when stored).
+/// Returns `(d, q as i32)`.
+#[inline(always)]
+fn q8_block_act(x: &[f32]) -> (f32, [i32; QK]) {
+    let lane = |l: usize| {
+        let m = maxps(x[l].abs(), x[8 + l].abs());
+        maxps(maxps(m, x[16 + l].abs()), x[24 + l].abs())
+    };
+    let m8: [f32; 8] = std::array::from_fn(lane);
+    let m4: [f32; 4] = std::array::from_fn(|l| maxps(m8[4 + l], m8[l]));
+    let amax = maxps(maxps(m4[0], m4[2]), maxps(m4[1], m4[3]));
+    let d = amax / 127.0;
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    (
+        d,
+        std::array::from_fn(|j| cvtps_i32((x[j] * id).round_ties_even())),
+    )
+}
+
+/// i32 quants to bytes the way `packssdw` + `packsswb` do it (saturating).
+#[inline(always)]
+fn saturate_i8(q: &[i32; QK]) -> [i8; QK] {
+    q.map(|v| v.clamp(-128, 127) as i8)
+}
+
+/// Run-time Q8_0 quantizer: llama.cpp's x86 `quantize_row_q8_0` (see the section comment).
+/// For finite blocks of nonzero (normal) magnitude every quant lies in -127..=127.
+pub fn quantize_q8_0_act(x: &[f32], y: &mut [BlockQ8_0]) {
+    for (x, b) in x.chunks_exact(QK).zip(y) {
+        let (d, q) = q8_block_act(x);
+        b.d = f32_to_f16(d);
+        b.qs = saturate_i8(&q);
+    }
+}
+
+/// Run-time Q8_1 quantizer: llama.cpp's x86 `quantize_row_q8_1`; `s = f16(d * Σq)` with the
+/// sum of the unsaturated i32 quants (wrapping, as the SIMD adds do).
+pub fn quantize_q8_1_act(x: &[f32], y: &mut [BlockQ8_1]) {
+    for (x, b) in x.chunks_exact(QK).zip(y) {
+        let (d, q) = q8_block_act(x);
+        let sum = q.iter().fold(0i32, |s, &v| s.wrapping_add(v));
+        b.d = f32_to_f16(d);
+        b.s = f32_to_f16(d * sum as f32);
+        b.qs = saturate_i8(&q);
     }
 }
 

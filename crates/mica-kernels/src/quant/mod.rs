@@ -5,8 +5,10 @@
 //!
 //! "Exact" is meant literally: the float operations happen in the order ggml writes them,
 //! so dequantized values are bit-identical to llama.cpp's, and activation quantizers write
-//! the same bytes llama.cpp writes before each quantized dot product. The SIMD kernels in
-//! [`crate::simd`] are tested against the functions here.
+//! the same bytes llama.cpp writes before each quantized dot product (Q8_0/Q8_1 through the
+//! run-time quantizers `legacy::quantize_q8_*_act`, which follow the x86 code rather than
+//! the `_ref` ones). The SIMD kernels in [`crate::simd`] are tested against the functions
+//! here.
 //!
 //! Entry points take a [`DType`] and raw little-endian bytes (for instance a row of an
 //! mmapped GGUF tensor); typed access is available through [`cast_blocks`].
@@ -76,7 +78,10 @@ pub fn dequantize_row(t: DType, src: &[u8], dst: &mut [f32]) {
 
 /// Quantizes `src` (a whole number of blocks) into `dst` with llama.cpp's reference
 /// quantizer for `t` (`quantize_row_*_ref`; for Q8_K the one ggml uses for activations).
-/// Every type is supported, weight and activation formats alike.
+/// Every type is supported, weight and activation formats alike. This is the quantizer for
+/// files (it matches gguf-py); activations at run time go through
+/// [`crate::simd::Kernels::quantize_act`], whose Q8_0/Q8_1 follow llama.cpp's x86 SIMD
+/// quantizer instead ([`legacy::quantize_q8_0_act`]: ties to even, `127 / amax`).
 ///
 /// Panics when the lengths do not match.
 pub fn quantize_row(t: DType, src: &[f32], dst: &mut [u8]) {

@@ -1,13 +1,10 @@
 //! AVX2 + FMA + F16C kernels: the legacy 32-element formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0),
 //! the float types, and the activation quantizers (Q8_0, Q8_1, Q8_K, F16, BF16). The
-//! k-quant dot products are in `avx2_kquants.rs`. Same numerics as ggml's x86 code paths,
-//! with two deliberate differences that keep mica's SIMD equal to its scalar reference:
+//! k-quant dot products are in `avx2_kquants.rs`.
 //!
-//! - Legacy dots reduce each block's products to one exact i32 *before* any float math
-//!   (eight blocks at a time, by a tree of horizontal adds), then form the per-block float
-//!   term exactly as the scalar code does; only the order of the sum across blocks differs.
-//! - Quantizers round half away from zero (C `roundf`, as `quantize_row_q8_0_ref`), where
-//!   ggml's AVX2 quantizer uses the FPU's ties-to-even.
+//! The legacy dots and the Q8_0/Q8_1 quantizers do llama.cpp's x86 arithmetic operation by
+//! operation (see the module doc of `simd` for why): eight f32 lanes of per-block integer
+//! sums accumulated by FMA, ggml's horizontal sum; `127 / amax` and ties-to-even rounding.
 
 use std::arch::x86_64::*;
 
@@ -98,24 +95,6 @@ pub(super) fn f16s(h: [u8; 2]) -> f32 {
     ))
 }
 
-/// Eight f16 values to f32 lanes (exact).
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-pub(super) fn f16x8(h: [u16; 8]) -> __m256 {
-    // Built by inserts rather than a store and reload, which would stall store forwarding.
-    let v = _mm_set_epi16(
-        h[7] as i16,
-        h[6] as i16,
-        h[5] as i16,
-        h[4] as i16,
-        h[3] as i16,
-        h[2] as i16,
-        h[1] as i16,
-        h[0] as i16,
-    );
-    _mm256_cvtph_ps(v)
-}
-
 /// 32 nibbles: byte j holds the low nibble of `qs[j]` for j < 16, the high nibble of
 /// `qs[j - 16]` for j >= 16 (ggml's legacy element order).
 #[inline]
@@ -159,22 +138,6 @@ pub(super) fn mul_sum_i8(x: __m256i, y: __m256i) -> __m256i {
     mul_sum_us8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
 }
 
-/// Lane b of the result is the sum of the eight lanes of `v[b]` (exact in i32).
-#[inline]
-#[target_feature(enable = "avx2")]
-pub(super) fn reduce8(v: &[__m256i; 8]) -> __m256i {
-    let h01 = _mm256_hadd_epi32(v[0], v[1]);
-    let h23 = _mm256_hadd_epi32(v[2], v[3]);
-    let h45 = _mm256_hadd_epi32(v[4], v[5]);
-    let h67 = _mm256_hadd_epi32(v[6], v[7]);
-    // Per 128-bit half: [v0, v1, v2, v3] partial sums (low half of each source, high half).
-    let g0 = _mm256_hadd_epi32(h01, h23);
-    let g1 = _mm256_hadd_epi32(h45, h67);
-    let lo = _mm256_permute2x128_si256(g0, g1, 0x20);
-    let hi = _mm256_permute2x128_si256(g0, g1, 0x31);
-    _mm256_add_epi32(lo, hi)
-}
-
 /// Sum of eight i32 lanes.
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -185,7 +148,8 @@ pub(super) fn hsum_i32(v: __m256i) -> i32 {
     _mm_cvtsi128_si32(s)
 }
 
-/// Sum of eight f32 lanes.
+/// Sum of eight f32 lanes in ggml's `hsum_float_8` order:
+/// `((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7))`.
 #[inline]
 #[target_feature(enable = "avx2")]
 pub(super) fn hsum_f32(v: __m256) -> f32 {
@@ -196,108 +160,99 @@ pub(super) fn hsum_f32(v: __m256) -> f32 {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Legacy dot products: eight blocks at a time.
+// Legacy dot products, llama.cpp's structure (`ggml_vec_dot_q4_0_q8_0` ... in
+// ggml-cpu/arch/x86/quants.c): per block, the 32 integer products summed into eight i32 lanes
+// (lane j = elements 4j..4j+3), converted to f32 and accumulated with one FMA,
+// `acc = fma(d_w * d_x, lanes, acc)`; Q4_1/Q5_1 add `summs = fma(m_w, s_x, summs)` in scalar
+// f32 (GCC contracts `summs += m * s`); the result is `hsum_f32(acc)` (+ `summs`).
 
-/// Generates a legacy dot product. `$isum` gives the (unreduced) i32 lanes of one block pair;
-/// `$term` turns the exact per-block sums (f32 lanes) and the group's blocks into the eight
-/// per-block float terms, computed as the scalar reference computes them.
+/// Generates a legacy dot product. `$lanes` gives the eight i32 lanes of one block pair
+/// `($a, $b)`; `offset` says whether the format has the `m * s` term.
 macro_rules! legacy_dot {
     ($(#[$doc:meta])* $name:ident, $features:literal, $W:ty, $X:ty,
-     |$wb:ident, $xb:ident| $isum:expr,
-     |$sumi:ident, $ws:ident, $xs:ident| $term:expr) => {
+     |$a:ident, $b:ident| $lanes:expr, offset: $offset:ident) => {
         $(#[$doc])*
         #[target_feature(enable = $features)]
         pub(super) fn $name(n: usize, w: &[u8], x: &[u8]) -> f32 {
             let (w, x): (&[$W], &[$X]) = (blocks(w), blocks(x));
             debug_assert!(w.len() == x.len() && w.len() * QK == n);
             let mut acc = _mm256_setzero_ps();
-            for ($ws, $xs) in w.chunks(8).zip(x.chunks(8)) {
-                let mut v = [_mm256_setzero_si256(); 8];
-                for (k, ($wb, $xb)) in $ws.iter().zip($xs).enumerate() {
-                    v[k] = $isum;
-                }
-                let $sumi = _mm256_cvtepi32_ps($crate::simd::avx2::reduce8(&v));
-                acc = _mm256_add_ps(acc, $term);
+            #[allow(unused_mut)] // Only the formats with an offset term update it.
+            let mut summs = 0.0f32;
+            for ($a, $b) in w.iter().zip(x) {
+                let d = _mm256_set1_ps(f16s($a.d) * f16s($b.d));
+                acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps($lanes), acc);
+                legacy_dot!(@offset $offset, summs, $a, $b);
             }
-            $crate::simd::avx2::hsum_f32(acc)
+            legacy_dot!(@result $offset, acc, summs)
         }
     };
+    (@offset yes, $summs:ident, $a:ident, $b:ident) => {
+        $summs = f16s($a.m).mul_add(f16s($b.s), $summs);
+    };
+    (@offset no, $summs:ident, $a:ident, $b:ident) => {};
+    (@result yes, $acc:ident, $summs:ident) => {
+        $crate::simd::avx2::hsum_f32($acc) + $summs
+    };
+    (@result no, $acc:ident, $summs:ident) => {{
+        let _ = $summs;
+        $crate::simd::avx2::hsum_f32($acc)
+    }};
 }
 pub(super) use legacy_dot;
 
-/// Eight f16 fields of a group of blocks (zero for missing blocks).
-#[inline(always)]
-pub(super) fn gather_f16<B>(bs: &[B], f: impl Fn(&B) -> [u8; 2]) -> [u16; 8] {
-    let mut out = [0u16; 8];
-    for (o, b) in out.iter_mut().zip(bs) {
-        *o = u16::from_le_bytes(f(b));
-    }
-    out
-}
-
-legacy_dot!(
-    /// Q4_0 x Q8_0: `(sumi * d_w) * d_x` per block.
-    vec_dot_q4_0, "avx2,fma,f16c", BlockQ4_0, BlockQ8_0,
-    |a, b| mul_sum_i8(_mm256_sub_epi8(nibbles(&a.qs), _mm256_set1_epi8(8)), load32i(&b.qs)),
-    |sumi, ws, xs| {
-        let dw = f16x8(gather_f16(ws, |b| b.d));
-        let dx = f16x8(gather_f16(xs, |b| b.d));
-        _mm256_mul_ps(_mm256_mul_ps(sumi, dw), dx)
-    }
-);
-
-legacy_dot!(
-    /// Q4_1 x Q8_1: `(d_w * d_x) * sumi + m_w * s_x` per block.
-    vec_dot_q4_1, "avx2,fma,f16c", BlockQ4_1, BlockQ8_1,
-    |a, b| mul_sum_us8(nibbles(&a.qs), load32i(&b.qs)),
-    |sumi, ws, xs| offset_term(sumi, gather_f16(ws, |b| b.d), gather_f16(ws, |b| b.m), xs)
-);
-
-legacy_dot!(
-    /// Q5_0 x Q8_0: `(d_w * d_x) * sumi` per block.
-    vec_dot_q5_0, "avx2,fma,f16c", BlockQ5_0, BlockQ8_0,
-    |a, b| {
-        // Nibble | 0xF0 where the fifth bit is clear reads as (q - 16) in i8.
-        let hi = _mm256_andnot_si256(bits_to_bytes(a.qh), _mm256_set1_epi8(-16));
-        mul_sum_i8(_mm256_or_si256(nibbles(&a.qs), hi), load32i(&b.qs))
-    },
-    |sumi, ws, xs| {
-        let dw = f16x8(gather_f16(ws, |b| b.d));
-        let dx = f16x8(gather_f16(xs, |b| b.d));
-        _mm256_mul_ps(_mm256_mul_ps(dw, dx), sumi)
-    }
-);
-
-legacy_dot!(
-    /// Q5_1 x Q8_1: as Q4_1 with five-bit quants.
-    vec_dot_q5_1, "avx2,fma,f16c", BlockQ5_1, BlockQ8_1,
-    |a, b| {
-        let hi = _mm256_and_si256(bits_to_bytes(a.qh), _mm256_set1_epi8(0x10));
-        mul_sum_us8(_mm256_or_si256(nibbles(&a.qs), hi), load32i(&b.qs))
-    },
-    |sumi, ws, xs| offset_term(sumi, gather_f16(ws, |b| b.d), gather_f16(ws, |b| b.m), xs)
-);
-
-legacy_dot!(
-    /// Q8_0 x Q8_0: `sumi * (d_w * d_x)` per block.
-    vec_dot_q8_0, "avx2,fma,f16c", BlockQ8_0, BlockQ8_0,
-    |a, b| mul_sum_i8(load32i(&a.qs), load32i(&b.qs)),
-    |sumi, ws, xs| {
-        let dw = f16x8(gather_f16(ws, |b| b.d));
-        let dx = f16x8(gather_f16(xs, |b| b.d));
-        _mm256_mul_ps(sumi, _mm256_mul_ps(dw, dx))
-    }
-);
-
-/// `(d_w * d_x) * sumi + m_w * s_x`, unfused, for the Q8_1 partners.
+/// Q4_0 quants minus 8 (i8 lanes in element order).
 #[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn offset_term(sumi: __m256, d: [u16; 8], m: [u16; 8], xs: &[BlockQ8_1]) -> __m256 {
-    let dx = f16x8(gather_f16(xs, |b| b.d));
-    let sx = f16x8(gather_f16(xs, |b| b.s));
-    let main = _mm256_mul_ps(_mm256_mul_ps(f16x8(d), dx), sumi);
-    _mm256_add_ps(main, _mm256_mul_ps(f16x8(m), sx))
+#[target_feature(enable = "avx2")]
+pub(super) fn q4_0_bytes(b: &BlockQ4_0) -> __m256i {
+    _mm256_sub_epi8(nibbles(&b.qs), _mm256_set1_epi8(8))
 }
+
+/// Q5_0 quants minus 16: nibble | 0xF0 where the fifth bit is clear reads as (q - 16) in i8.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn q5_0_bytes(b: &BlockQ5_0) -> __m256i {
+    let hi = _mm256_andnot_si256(bits_to_bytes(b.qh), _mm256_set1_epi8(-16));
+    _mm256_or_si256(nibbles(&b.qs), hi)
+}
+
+/// Q5_1 quants (0..32).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn q5_1_bytes(b: &BlockQ5_1) -> __m256i {
+    let hi = _mm256_and_si256(bits_to_bytes(b.qh), _mm256_set1_epi8(0x10));
+    _mm256_or_si256(nibbles(&b.qs), hi)
+}
+
+legacy_dot!(
+    /// Q4_0 x Q8_0.
+    vec_dot_q4_0, "avx2,fma,f16c", BlockQ4_0, BlockQ8_0,
+    |a, b| mul_sum_i8(q4_0_bytes(a), load32i(&b.qs)), offset: no
+);
+
+legacy_dot!(
+    /// Q4_1 x Q8_1.
+    vec_dot_q4_1, "avx2,fma,f16c", BlockQ4_1, BlockQ8_1,
+    |a, b| mul_sum_us8(nibbles(&a.qs), load32i(&b.qs)), offset: yes
+);
+
+legacy_dot!(
+    /// Q5_0 x Q8_0.
+    vec_dot_q5_0, "avx2,fma,f16c", BlockQ5_0, BlockQ8_0,
+    |a, b| mul_sum_i8(q5_0_bytes(a), load32i(&b.qs)), offset: no
+);
+
+legacy_dot!(
+    /// Q5_1 x Q8_1.
+    vec_dot_q5_1, "avx2,fma,f16c", BlockQ5_1, BlockQ8_1,
+    |a, b| mul_sum_us8(q5_1_bytes(a), load32i(&b.qs)), offset: yes
+);
+
+legacy_dot!(
+    /// Q8_0 x Q8_0.
+    vec_dot_q8_0, "avx2,fma,f16c", BlockQ8_0, BlockQ8_0,
+    |a, b| mul_sum_i8(load32i(&a.qs), load32i(&b.qs)), offset: no
+);
 
 // ---------------------------------------------------------------------------------------------
 // Float dot products: four FMA accumulators, scalar tail.
@@ -373,7 +328,17 @@ float_dot!(vec_dot_bf16, 2, load_bf16x8, one_bf16);
 // ---------------------------------------------------------------------------------------------
 // Activation quantizers (byte-identical to the scalar reference).
 
-/// Largest |x| over 32 values.
+/// Largest |x| over 8 lanes, in the x86 quantizer's order: `maxps` of the four vectors
+/// lane-wise, then 8 -> 4 -> 2 -> 1 lanes (the order only matters with NaNs).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn absmax_lanes(m: __m256) -> f32 {
+    let s = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+    let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)))
+}
+
+/// Largest |x| over 32 values (Q8_K; NaNs skipped, as in the scalar code).
 #[inline]
 #[target_feature(enable = "avx2")]
 fn absmax32(x: &[f32; 32]) -> f32 {
@@ -381,30 +346,13 @@ fn absmax32(x: &[f32; 32]) -> f32 {
     let mut m = _mm256_setzero_ps();
     for k in 0..4 {
         let v = loadf(x[8 * k..8 * k + 8].try_into().unwrap());
-        // maxps returns its second operand when either is NaN: NaNs are skipped, as in the
-        // scalar code.
+        // maxps returns its second operand when either is NaN.
         m = _mm256_max_ps(_mm256_and_ps(v, mask), m);
     }
-    let s = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)))
+    absmax_lanes(m)
 }
 
-/// C `roundf` (half away from zero) of eight lanes, as i32: truncate, then step one away
-/// from zero when the exact remainder is at least one half.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn round_away(v: __m256) -> __m256i {
-    let t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-    let frac = _mm256_sub_ps(v, t);
-    let sign = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MIN));
-    let abs_frac = _mm256_andnot_ps(sign, frac);
-    let half = _mm256_cmp_ps(abs_frac, _mm256_set1_ps(0.5), _CMP_GE_OQ);
-    let step = _mm256_or_ps(_mm256_and_ps(v, sign), _mm256_set1_ps(1.0));
-    _mm256_cvtps_epi32(_mm256_add_ps(t, _mm256_and_ps(half, step)))
-}
-
-/// Packs four vectors of eight i32 (each in i8 range) into 32 bytes in element order.
+/// Packs four vectors of eight i32 into 32 bytes in element order, saturating to i8.
 #[inline]
 #[target_feature(enable = "avx2")]
 pub(super) fn pack_i8(i: [__m256i; 4]) -> __m256i {
@@ -422,29 +370,38 @@ fn store32(dst: &mut [i8; 32], v: __m256i) {
     unsafe { _mm256_storeu_si256(dst.as_mut_ptr().cast(), v) }
 }
 
-/// One Q8_0/Q8_1 block: scale `amax / 127`, quants `roundf(x / d)`; returns (d, quants, sum).
+/// One Q8_0/Q8_1 block as llama.cpp's x86 `quantize_row_q8_0/1`: `d = amax / 127`,
+/// `q = cvtps(roundps_nearest(x * (127 / amax)))`, stored saturated; returns `(d, Σq)` with
+/// the sum over the i32 quants (wrapping).
 #[inline]
 #[target_feature(enable = "avx2")]
 fn q8_block(x: &[f32; 32], qs: &mut [i8; 32]) -> (f32, i32) {
-    let amax = absmax32(x);
+    let sign = _mm256_set1_ps(-0.0);
+    let mut v = [_mm256_setzero_ps(); 4];
+    for (k, v) in v.iter_mut().enumerate() {
+        *v = loadf(x[8 * k..8 * k + 8].try_into().unwrap());
+    }
+    let mut m = _mm256_andnot_ps(sign, v[0]);
+    for v in &v[1..] {
+        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, *v));
+    }
+    let amax = absmax_lanes(m);
     let d = amax / 127.0;
-    let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+    let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
     let mut q = [_mm256_setzero_si256(); 4];
-    for (k, q) in q.iter_mut().enumerate() {
-        let r = round_away(_mm256_mul_ps(
-            loadf(x[8 * k..8 * k + 8].try_into().unwrap()),
-            id,
-        ));
-        // NaN or overflowed lanes convert to i32::MIN, whose low byte (what the scalar code
-        // keeps, as compiled C does) is 0; valid lanes lie in -127..=127.
-        let bad = _mm256_cmpeq_epi32(r, _mm256_set1_epi32(i32::MIN));
-        *q = _mm256_andnot_si256(bad, r);
+    for (q, v) in q.iter_mut().zip(v) {
+        let r = _mm256_round_ps(
+            _mm256_mul_ps(v, id),
+            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+        );
+        *q = _mm256_cvtps_epi32(r);
     }
     let sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
     store32(qs, pack_i8(q));
     (d, hsum_i32(sum))
 }
 
+/// Run-time Q8_0 quantizer (byte-identical to `quant::legacy::quantize_q8_0_act`).
 #[target_feature(enable = "avx2,f16c")]
 pub(super) fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
     let y: &mut [BlockQ8_0] = blocks_mut(dst);
@@ -454,13 +411,14 @@ pub(super) fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
     }
 }
 
+/// Run-time Q8_1 quantizer (byte-identical to `quant::legacy::quantize_q8_1_act`).
 #[target_feature(enable = "avx2,f16c")]
 pub(super) fn quantize_q8_1(src: &[f32], dst: &mut [u8]) {
     let y: &mut [BlockQ8_1] = blocks_mut(dst);
     for (x, b) in src.chunks_exact(QK).zip(y) {
         let (d, sum) = q8_block(x.try_into().unwrap(), &mut b.qs);
         b.d = half::f16::from_f32(d).to_le_bytes();
-        b.s = half::f16::from_f32(sum as f32 * d).to_le_bytes();
+        b.s = half::f16::from_f32(d * sum as f32).to_le_bytes();
     }
 }
 

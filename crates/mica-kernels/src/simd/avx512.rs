@@ -12,8 +12,7 @@ use std::arch::x86_64::*;
 
 use super::Kernels;
 use super::avx2::{
-    bits_to_bytes, entry, f16s, f16x8, gather_f16, legacy_dot, load32, load32i, nibbles,
-    offset_term,
+    entry, f16s, legacy_dot, load32, load32i, nibbles, q4_0_bytes, q5_0_bytes, q5_1_bytes,
 };
 use crate::DType;
 use crate::quant::blocks::{
@@ -57,54 +56,31 @@ fn dot_i8(x: __m256i, y: __m256i) -> __m256i {
 legacy_dot!(
     /// Q4_0 x Q8_0 with VNNI.
     vec_dot_q4_0, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", BlockQ4_0, BlockQ8_0,
-    |a, b| dot_i8(_mm256_sub_epi8(nibbles(&a.qs), _mm256_set1_epi8(8)), load32i(&b.qs)),
-    |sumi, ws, xs| {
-        let dw = f16x8(gather_f16(ws, |b| b.d));
-        let dx = f16x8(gather_f16(xs, |b| b.d));
-        _mm256_mul_ps(_mm256_mul_ps(sumi, dw), dx)
-    }
+    |a, b| dot_i8(q4_0_bytes(a), load32i(&b.qs)), offset: no
 );
 
 legacy_dot!(
     /// Q4_1 x Q8_1 with VNNI.
     vec_dot_q4_1, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", BlockQ4_1, BlockQ8_1,
-    |a, b| dot_us8(nibbles(&a.qs), load32i(&b.qs)),
-    |sumi, ws, xs| offset_term(sumi, gather_f16(ws, |b| b.d), gather_f16(ws, |b| b.m), xs)
+    |a, b| dot_us8(nibbles(&a.qs), load32i(&b.qs)), offset: yes
 );
 
 legacy_dot!(
     /// Q5_0 x Q8_0 with VNNI.
     vec_dot_q5_0, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", BlockQ5_0, BlockQ8_0,
-    |a, b| {
-        let hi = _mm256_andnot_si256(bits_to_bytes(a.qh), _mm256_set1_epi8(-16));
-        dot_i8(_mm256_or_si256(nibbles(&a.qs), hi), load32i(&b.qs))
-    },
-    |sumi, ws, xs| {
-        let dw = f16x8(gather_f16(ws, |b| b.d));
-        let dx = f16x8(gather_f16(xs, |b| b.d));
-        _mm256_mul_ps(_mm256_mul_ps(dw, dx), sumi)
-    }
+    |a, b| dot_i8(q5_0_bytes(a), load32i(&b.qs)), offset: no
 );
 
 legacy_dot!(
     /// Q5_1 x Q8_1 with VNNI.
     vec_dot_q5_1, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", BlockQ5_1, BlockQ8_1,
-    |a, b| {
-        let hi = _mm256_and_si256(bits_to_bytes(a.qh), _mm256_set1_epi8(0x10));
-        dot_us8(_mm256_or_si256(nibbles(&a.qs), hi), load32i(&b.qs))
-    },
-    |sumi, ws, xs| offset_term(sumi, gather_f16(ws, |b| b.d), gather_f16(ws, |b| b.m), xs)
+    |a, b| dot_us8(q5_1_bytes(a), load32i(&b.qs)), offset: yes
 );
 
 legacy_dot!(
     /// Q8_0 x Q8_0 with VNNI.
     vec_dot_q8_0, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", BlockQ8_0, BlockQ8_0,
-    |a, b| dot_i8(load32i(&a.qs), load32i(&b.qs)),
-    |sumi, ws, xs| {
-        let dw = f16x8(gather_f16(ws, |b| b.d));
-        let dx = f16x8(gather_f16(xs, |b| b.d));
-        _mm256_mul_ps(sumi, _mm256_mul_ps(dw, dx))
-    }
+    |a, b| dot_i8(load32i(&a.qs), load32i(&b.qs)), offset: no
 );
 
 // ---------------------------------------------------------------------------------------------

@@ -3,22 +3,38 @@
 //! approach; a stock `cargo build` without `-C target-cpu` still runs the SIMD code).
 //!
 //! Tables, from slowest to fastest:
-//! - `scalar`: the reference functions of [`crate::quant`] (ggml's generic numerics).
+//! - `scalar`: the reference functions of [`crate::quant`] (ggml's generic numerics), with
+//!   the run-time Q8_0/Q8_1 activation quantizers.
 //! - `avx2`: AVX2 + FMA + F16C (`avx2.rs`, `avx2_kquants.rs`).
 //! - `avx512`: AVX-512 F/BW/VL + VNNI (`avx512.rs`), overriding the hottest AVX2 kernels
 //!   and falling back to them for the rest.
 //!
-//! Contract of every SIMD kernel: integer sums are exact, so a SIMD dot product differs from
-//! [`crate::quant::vec_dot_ref`] only in the order of float additions (and FMA for the float
-//! types); activation quantizers are byte-identical to the scalar ones. Quantized activations
-//! are assumed to lie in -127..=127 (what every mica and ggml quantizer writes), which the
-//! sign trick of the 8-bit products relies on. Formats without a SIMD kernel fall back to
-//! scalar in each table.
+//! Numerics: mica has to reproduce llama.cpp's greedy tokens, and small models are chaotic
+//! enough that a handful of differently rounded activations changes them. So the run-time
+//! paths follow llama.cpp's x86 build (AVX2/AVX-512 VNNI, GCC with FP contraction) operation
+//! by operation:
+//! - Activation quantizers Q8_0/Q8_1 are the x86 `quantize_row_q8_0/1` in *every* table
+//!   (the scalar one included, [`quant::legacy::quantize_q8_0_act`]), byte-identical across
+//!   tables. Q8_K, F16 and BF16 are llama.cpp's reference conversions.
+//! - Dot products of the SIMD tables keep llama.cpp's float structure: per block the integer
+//!   products summed into eight i32 lanes (lane j = elements 4j..4j+3 of each 32), those
+//!   lanes scaled into eight f32 accumulators with one FMA per block, the separate min/offset
+//!   terms accumulated as llama.cpp does, then its horizontal sum. The AVX2 and AVX-512
+//!   tables give bit-identical results; `tests/llama_exact.rs` pins them to a step-by-step
+//!   scalar model of the x86 code.
+//! - The scalar table keeps ggml's generic reference dots ([`quant::vec_dot_ref`]), which
+//!   differ from the SIMD ones only in float rounding order (integer sums are exact).
+//!
+//! Quantized activations lie in -127..=127 for every finite block of normal magnitude, which
+//! the sign trick of the 8-bit products relies on; blocks with NaN, infinities or only
+//! subnormal values get -128 quants exactly as in llama.cpp (and a NaN, infinite or zero
+//! scale). Formats without a SIMD kernel fall back to scalar in each table.
 
 use std::sync::OnceLock;
 
 use crate::DType;
 use crate::quant;
+use crate::quant::blocks::blocks_mut;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -111,8 +127,12 @@ impl Kernels {
                 (DType::Q4_1, scalar_quant!(Q4_1)),
                 (DType::Q5_0, scalar_quant!(Q5_0)),
                 (DType::Q5_1, scalar_quant!(Q5_1)),
-                (DType::Q8_0, scalar_quant!(Q8_0)),
-                (DType::Q8_1, scalar_quant!(Q8_1)),
+                (DType::Q8_0, |src, dst| {
+                    quant::legacy::quantize_q8_0_act(src, blocks_mut(dst))
+                }),
+                (DType::Q8_1, |src, dst| {
+                    quant::legacy::quantize_q8_1_act(src, blocks_mut(dst))
+                }),
                 (DType::Q2_K, scalar_quant!(Q2_K)),
                 (DType::Q3_K, scalar_quant!(Q3_K)),
                 (DType::Q4_K, scalar_quant!(Q4_K)),
@@ -196,8 +216,9 @@ impl Kernels {
     }
 
     /// Quantizes activations `src` into format `t` (normally a `vec_dot_type()`: Q8_0, Q8_1,
-    /// Q8_K, F16, BF16 or F32), byte-identical to [`quant::quantize_row`]. Any type works;
-    /// the weight formats use their scalar reference quantizers.
+    /// Q8_K, F16, BF16 or F32), byte-identical in every table. Q8_0 and Q8_1 use llama.cpp's
+    /// x86 run-time quantizer ([`quant::legacy::quantize_q8_0_act`]); every other type is
+    /// [`quant::quantize_row`] (the weight formats use their scalar reference quantizers).
     #[inline]
     pub fn quantize_act(&self, t: DType, src: &[f32], dst: &mut [u8]) {
         assert_eq!(t.row_bytes(src.len()), Some(dst.len()), "quantize_act {t}");
