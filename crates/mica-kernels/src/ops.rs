@@ -67,18 +67,256 @@ pub fn rope_apply(head: &mut [f32], n_dims: usize, style: RopeStyle, cos_sin: &[
     }
 }
 
-/// SiLU, `x / (1 + e^-x)`.
-#[inline]
-pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+/// SiLU and SwiGLU with llama.cpp's arithmetic: `ggml_vec_swiglu_f32` as built for AVX-512
+/// (`ggml_v_silu` over 16 lanes with its `ggml_v_expf`, an Arm optimized-routines `expf`:
+/// range reduction by `x·log2(e)` rounded through the 1.5·2^23 trick, a degree-5 polynomial in
+/// FMAs, `scalef` by 2^n), and the libm formula `x / (1 + expf(-x))` for the last `len % 16`
+/// elements. A scalar version, an AVX2+FMA one and an AVX-512 one, picked at run time, agree
+/// bit for bit; they differ from the correctly rounded SiLU by a few ulp at most.
+pub mod silu {
+    use std::sync::OnceLock;
+
+    /// Elements per ggml vector (one `__m512`).
+    const LANES: usize = 16;
+
+    /// An in-place SwiGLU implementation: `(gate, up)`.
+    pub type SwigluFn = fn(&mut [f32], &[f32]);
+
+    // The constants of `ggml_v_expf` (hex floats in ggml's source).
+    /// 0x1.8p23: adding it rounds `x·log2(e)` to an integer.
+    const SHIFT: f32 = 12582912.0;
+    /// 0x1.715476p+0 = log2(e).
+    const LOG2E: f32 = f32::from_bits(0x3fb8_aa3b);
+    /// 0x1.62e4p-1 and 0x1.7f7d1cp-20: ln 2 in a high and a low part.
+    const LN2_HI: f32 = f32::from_bits(0x3f31_7200);
+    const LN2_LO: f32 = f32::from_bits(0x35bf_be8e);
+    /// Polynomial coefficients c1..c5 (0x1.ffffecp-1, 0x1.fffdb6p-2, 0x1.555e66p-3,
+    /// 0x1.573e2ep-5, 0x1.0e4020p-7).
+    const C1: f32 = f32::from_bits(0x3f7f_fff6);
+    const C2: f32 = f32::from_bits(0x3eff_fedb);
+    const C3: f32 = f32::from_bits(0x3e2a_af33);
+    const C4: f32 = f32::from_bits(0x3d2b_9f17);
+    const C5: f32 = f32::from_bits(0x3c07_2010);
+
+    /// `2^n · j` as `vscalefps` computes it for an integer-valued `n` (one rounding; the
+    /// product is exact in f64).
+    #[inline(always)]
+    pub(super) fn scalef(j: f32, n: f32) -> f32 {
+        (j as f64 * 2f64.powi(n as i32)) as f32
+    }
+
+    /// One lane of AVX-512 `ggml_v_expf`: `(n, j)` with `e^x ≈ 2^n · j`, before scaling.
+    #[inline(always)]
+    pub(super) fn expf_parts(x: f32) -> (f32, f32) {
+        let z = x.mul_add(LOG2E, SHIFT);
+        let n = z - SHIFT;
+        // b = x - n·ln2 (two fnmadd), then j = 1 + c1·b + ... + c5·b^5 in ggml's FMA tree.
+        let b = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, x));
+        let u = b * b;
+        let j = C5
+            .mul_add(b, C4)
+            .mul_add(u, C3.mul_add(b, C2))
+            .mul_add(u, C1.mul_add(b, 1.0));
+        (n, j)
+    }
+
+    /// One lane of AVX-512 `ggml_v_expf`.
+    #[inline(always)]
+    pub fn expf_lane(x: f32) -> f32 {
+        let (n, j) = expf_parts(x);
+        if n.abs() > 192.0 {
+            // Far out of range: ggml flushes to 0 or infinity.
+            if n <= 0.0 { 0.0 } else { f32::INFINITY }
+        } else if n.is_nan() {
+            f32::NAN
+        } else {
+            scalef(j, n)
+        }
+    }
+
+    /// One lane of AVX-512 `ggml_v_silu`: `x / (1 + expf_lane(0 - x))`.
+    #[inline(always)]
+    pub fn silu_lane(x: f32) -> f32 {
+        x / (1.0 + expf_lane(0.0 - x))
+    }
+
+    /// ggml's scalar `ggml_silu_f32` (libm `expf`), used for the tail of a row.
+    #[inline(always)]
+    pub fn silu_libm(x: f32) -> f32 {
+        x / (1.0 + (-x).exp())
+    }
+
+    /// Scalar SwiGLU: `gate[i] = silu(gate[i]) * up[i]`, 16-lane arithmetic for whole groups
+    /// of 16 and the libm formula for the rest (as `ggml_vec_swiglu_f32`).
+    pub fn swiglu_ref(gate: &mut [f32], up: &[f32]) {
+        let n = gate.len().min(up.len());
+        let body = n / LANES * LANES;
+        for (g, &u) in gate[..body].iter_mut().zip(&up[..body]) {
+            *g = silu_lane(*g) * u;
+        }
+        for (g, &u) in gate[body..n].iter_mut().zip(&up[body..n]) {
+            *g = silu_libm(*g) * u;
+        }
+    }
+
+    /// SwiGLU in place with the fastest bit-identical implementation this CPU has.
+    pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+        static F: OnceLock<SwigluFn> = OnceLock::new();
+        let f = F.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the feature was just detected.
+                    return |g, u| unsafe { x86::swiglu_avx512(g, u) };
+                }
+                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                    // SAFETY: the features were just detected.
+                    return |g, u| unsafe { x86::swiglu_avx2(g, u) };
+                }
+            }
+            swiglu_ref
+        });
+        f(gate, up)
+    }
+
+    /// The implementations by name, for tests: `(name, function, supported here)`.
+    #[doc(hidden)]
+    pub fn all() -> Vec<(&'static str, SwigluFn, bool)> {
+        #[allow(unused_mut)]
+        let mut v: Vec<(&'static str, SwigluFn, bool)> = vec![("scalar", swiglu_ref, true)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 =
+                std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
+            let avx512 = std::is_x86_feature_detected!("avx512f");
+            // SAFETY: only called by tests when the flag says the CPU supports it.
+            v.push(("avx2", |g, u| unsafe { x86::swiglu_avx2(g, u) }, avx2));
+            v.push(("avx512", |g, u| unsafe { x86::swiglu_avx512(g, u) }, avx512));
+        }
+        v
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    mod x86 {
+        use super::{
+            C1, C2, C3, C4, C5, LANES, LN2_HI, LN2_LO, LOG2E, SHIFT, silu_lane, silu_libm,
+        };
+        use std::arch::x86_64::*;
+
+        /// The polynomial part of `ggml_v_expf` on eight lanes: `(n, j)`.
+        #[inline]
+        #[target_feature(enable = "avx2,fma")]
+        fn expf_parts8(x: __m256) -> (__m256, __m256) {
+            let c = _mm256_set1_ps;
+            let z = _mm256_fmadd_ps(x, c(LOG2E), c(SHIFT));
+            let n = _mm256_sub_ps(z, c(SHIFT));
+            let b = _mm256_fnmadd_ps(n, c(LN2_LO), _mm256_fnmadd_ps(n, c(LN2_HI), x));
+            let u = _mm256_mul_ps(b, b);
+            let hi = _mm256_fmadd_ps(c(C5), b, c(C4));
+            let mid = _mm256_fmadd_ps(c(C3), b, c(C2));
+            let lo = _mm256_fmadd_ps(c(C1), b, c(1.0));
+            let j = _mm256_fmadd_ps(_mm256_fmadd_ps(hi, u, mid), u, lo);
+            (n, j)
+        }
+
+        /// AVX2 emulation of the AVX-512 code: while every |n| <= 125, `scalef(j, n)` is the
+        /// exact product `j · 2^n` (j lies in [0.7, 1.5], so the result stays normal); other
+        /// groups of eight take the scalar lane path.
+        #[target_feature(enable = "avx2,fma")]
+        pub(super) unsafe fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
+            let n = gate.len().min(up.len());
+            let body = n / LANES * LANES;
+            let limit = _mm256_set1_ps(125.0);
+            let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+            let mut i = 0;
+            while i < body {
+                // SAFETY: i + 8 <= body <= both lengths.
+                let (x, g) = unsafe {
+                    (
+                        _mm256_loadu_ps(gate.as_ptr().add(i)),
+                        _mm256_loadu_ps(up.as_ptr().add(i)),
+                    )
+                };
+                let neg = _mm256_sub_ps(_mm256_setzero_ps(), x);
+                let (nn, j) = expf_parts8(neg);
+                let big = _mm256_cmp_ps(_mm256_and_ps(nn, abs), limit, _CMP_NLE_UQ);
+                if _mm256_movemask_ps(big) != 0 {
+                    for k in i..i + 8 {
+                        gate[k] = silu_lane(gate[k]) * up[k];
+                    }
+                } else {
+                    // 2^n from its exponent bits (n is an integer in [-125, 125]).
+                    let pow = _mm256_castsi256_ps(_mm256_slli_epi32(
+                        _mm256_add_epi32(_mm256_cvtps_epi32(nn), _mm256_set1_epi32(127)),
+                        23,
+                    ));
+                    let e = _mm256_mul_ps(j, pow);
+                    let s = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e));
+                    // SAFETY: as for the loads.
+                    unsafe { _mm256_storeu_ps(gate.as_mut_ptr().add(i), _mm256_mul_ps(s, g)) };
+                }
+                i += 8;
+            }
+            for k in body..n {
+                gate[k] = silu_libm(gate[k]) * up[k];
+            }
+        }
+
+        /// `ggml_vec_swiglu_f32` as built with AVX-512F: 16 lanes, `vscalefps`, flush to 0
+        /// or infinity where |n| > 192.
+        #[target_feature(enable = "avx512f")]
+        pub(super) unsafe fn swiglu_avx512(gate: &mut [f32], up: &[f32]) {
+            let n = gate.len().min(up.len());
+            let body = n / LANES * LANES;
+            let c = _mm512_set1_ps;
+            let one = c(1.0);
+            let mut i = 0;
+            while i < body {
+                // SAFETY: i + 16 <= body <= both lengths.
+                let (x, g) = unsafe {
+                    (
+                        _mm512_loadu_ps(gate.as_ptr().add(i)),
+                        _mm512_loadu_ps(up.as_ptr().add(i)),
+                    )
+                };
+                let neg = _mm512_sub_ps(_mm512_setzero_ps(), x);
+                let z = _mm512_fmadd_ps(neg, c(LOG2E), c(SHIFT));
+                let nn = _mm512_sub_ps(z, c(SHIFT));
+                let b = _mm512_fnmadd_ps(nn, c(LN2_LO), _mm512_fnmadd_ps(nn, c(LN2_HI), neg));
+                let u = _mm512_mul_ps(b, b);
+                let hi = _mm512_fmadd_ps(c(C5), b, c(C4));
+                let mid = _mm512_fmadd_ps(c(C3), b, c(C2));
+                let lo = _mm512_fmadd_ps(c(C1), b, one);
+                let j = _mm512_fmadd_ps(_mm512_fmadd_ps(hi, u, mid), u, lo);
+                let mut e = _mm512_scalef_ps(j, nn);
+                let far = _mm512_cmp_ps_mask(_mm512_abs_ps(nn), _mm512_set1_ps(192.0), _CMP_GT_OQ);
+                if far != 0 {
+                    let nonpos = _mm512_cmp_ps_mask(nn, _mm512_setzero_ps(), _CMP_LE_OQ);
+                    let alt = _mm512_mask_blend_ps(
+                        nonpos,
+                        _mm512_set1_ps(f32::INFINITY),
+                        _mm512_setzero_ps(),
+                    );
+                    e = _mm512_mask_blend_ps(far, e, alt);
+                }
+                let s = _mm512_div_ps(x, _mm512_add_ps(one, e));
+                // SAFETY: as for the loads.
+                unsafe { _mm512_storeu_ps(gate.as_mut_ptr().add(i), _mm512_mul_ps(s, g)) };
+                i += LANES;
+            }
+            for k in body..n {
+                gate[k] = silu_libm(gate[k]) * up[k];
+            }
+        }
+    }
 }
 
-/// SwiGLU in place: `gate[i] = silu(gate[i]) * up[i]`.
+/// SwiGLU in place: `gate[i] = silu(gate[i]) * up[i]` with llama.cpp's arithmetic (see
+/// [`silu`]). llama.cpp applies it row by row; calling it on several rows at once is the
+/// same whenever the row length is a multiple of 16 (otherwise only the tail rule moves).
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     debug_assert_eq!(gate.len(), up.len());
-    for (g, &u) in gate.iter_mut().zip(up) {
-        *g = silu(*g) * u;
-    }
+    silu::swiglu(gate, up)
 }
 
 /// `y += x`.
@@ -97,10 +335,16 @@ pub fn f32_to_f16(src: &[f32], dst: &mut [f16]) {
     }
 }
 
-/// The f16 vector primitives of attention, with a scalar reference and an AVX2+F16C+FMA
-/// version picked at run time. Both round exactly the same way (per element, f32 math with a
-/// single rounding to f16 at the end of each update), so they agree bit for bit except for
-/// the f32 summation order inside `dot`.
+/// The f16 vector primitives of attention (ggml's `ggml_vec_dot_f16`, `ggml_vec_mad_f16`,
+/// `ggml_vec_scale_f16` as built for AVX-512 without FP16 arithmetic), with a scalar
+/// reference and an AVX2+F16C+FMA version picked at run time that agree bit for bit.
+///
+/// - `dot`: four accumulators of 16 f32 lanes over steps of 64 elements, one FMA per
+///   element; reduced as `(s0 + s2) + (s1 + s3)`, then 16 -> 8 -> 4 -> 2 -> 1 lanes
+///   (`_mm512_reduce_add_ps`); the last `n % 64` products are added in f64, and the f64
+///   total is rounded to f32.
+/// - `mad`: `y = f16(fma(x, v, y))` per element; `scale`: `y = f16(y · v)` (the same with
+///   any vector width).
 pub mod f16v {
     use half::f16;
     use std::sync::OnceLock;
@@ -133,7 +377,7 @@ pub mod f16v {
         })
     }
 
-    /// Σ a[i]·b[i] in f32.
+    /// Σ a[i]·b[i] with ggml's AVX-512 summation structure (see the module doc).
     #[inline]
     pub fn dot(a: &[f16], b: &[f16]) -> f32 {
         (table().dot)(a, b)
@@ -151,8 +395,34 @@ pub mod f16v {
         (table().scale)(y, v)
     }
 
+    /// Elements per step of `dot` (`GGML_F16_STEP`): 4 accumulators of 16 lanes.
+    const STEP: usize = 64;
+
+    /// Scalar model of `dot`: `acc[16 j + l]` is lane l of ggml's `sum[j]`.
     pub fn dot_ref(a: &[f16], b: &[f16]) -> f32 {
-        a.iter().zip(b).map(|(x, y)| x.to_f32() * y.to_f32()).sum()
+        let n = a.len().min(b.len());
+        let np = n / STEP * STEP;
+        let mut acc = [0f32; STEP];
+        for (a, b) in a[..np].chunks_exact(STEP).zip(b[..np].chunks_exact(STEP)) {
+            for ((s, x), y) in acc.iter_mut().zip(a).zip(b) {
+                *s = x.to_f32().mul_add(y.to_f32(), *s);
+            }
+        }
+        let v: [f32; 16] =
+            std::array::from_fn(|l| (acc[l] + acc[32 + l]) + (acc[16 + l] + acc[48 + l]));
+        let sum = reduce16(&v) as f64
+            + a[np..n]
+                .iter()
+                .zip(&b[np..n])
+                .fold(0f64, |s, (x, y)| s + (x.to_f32() * y.to_f32()) as f64);
+        sum as f32
+    }
+
+    /// `_mm512_reduce_add_ps`: halves added lane-wise, 16 -> 8 -> 4 -> 2 -> 1.
+    fn reduce16(v: &[f32; 16]) -> f32 {
+        let t8: [f32; 8] = std::array::from_fn(|l| v[l] + v[l + 8]);
+        let t4: [f32; 4] = std::array::from_fn(|l| t8[l] + t8[l + 4]);
+        (t4[0] + t4[2]) + (t4[1] + t4[3])
     }
 
     pub fn mad_ref(y: &mut [f16], x: &[f16], v: f32) {
@@ -172,32 +442,48 @@ pub mod f16v {
         use half::f16;
         use std::arch::x86_64::*;
 
+        /// Eight f16 at `p` as f32 lanes.
+        #[inline]
+        #[target_feature(enable = "avx2,f16c")]
+        unsafe fn load8(p: *const f16) -> __m256 {
+            // SAFETY: the caller guarantees 8 readable values.
+            unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+        }
+
+        /// ggml's 16-lane accumulators as pairs of 8-lane ones: `acc[2j]` holds lanes 0..8
+        /// of `sum[j]`, `acc[2j + 1]` lanes 8..16. Every lane sees the same operations as in
+        /// the AVX-512 build, so the result is bit-identical to it (and to `dot_ref`).
         #[target_feature(enable = "avx2,fma,f16c")]
         pub unsafe fn dot(a: &[f16], b: &[f16]) -> f32 {
             let n = a.len().min(b.len());
-            let mut acc0 = _mm256_setzero_ps();
-            let mut acc1 = _mm256_setzero_ps();
+            let np = n / super::STEP * super::STEP;
+            let mut acc = [_mm256_setzero_ps(); 8];
             let mut i = 0;
-            // SAFETY (all loads): i + 16 <= n <= both lengths.
-            while i + 16 <= n {
-                unsafe {
-                    let a0 = _mm256_cvtph_ps(_mm_loadu_si128(a.as_ptr().add(i).cast()));
-                    let b0 = _mm256_cvtph_ps(_mm_loadu_si128(b.as_ptr().add(i).cast()));
-                    let a1 = _mm256_cvtph_ps(_mm_loadu_si128(a.as_ptr().add(i + 8).cast()));
-                    let b1 = _mm256_cvtph_ps(_mm_loadu_si128(b.as_ptr().add(i + 8).cast()));
-                    acc0 = _mm256_fmadd_ps(a0, b0, acc0);
-                    acc1 = _mm256_fmadd_ps(a1, b1, acc1);
+            while i < np {
+                for (k, acc) in acc.iter_mut().enumerate() {
+                    // SAFETY: i + 8k + 8 <= np <= both lengths.
+                    let (x, y) = unsafe {
+                        (
+                            load8(a.as_ptr().add(i + 8 * k)),
+                            load8(b.as_ptr().add(i + 8 * k)),
+                        )
+                    };
+                    *acc = _mm256_fmadd_ps(x, y, *acc);
                 }
-                i += 16;
+                i += super::STEP;
             }
-            let acc = _mm256_add_ps(acc0, acc1);
-            let mut lanes = [0f32; 8];
-            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
-            let mut s: f32 = lanes.iter().sum();
-            for j in i..n {
-                s += a[j].to_f32() * b[j].to_f32();
+            // (s0 + s2) + (s1 + s3), per half; then the 16 -> 8 step adds the halves.
+            let lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
+            let hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
+            let t8 = _mm256_add_ps(lo, hi);
+            let t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
+            let t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+            let t1 = _mm_add_ss(t2, _mm_movehdup_ps(t2));
+            let mut sum = _mm_cvtss_f32(t1) as f64;
+            for j in np..n {
+                sum += (a[j].to_f32() * b[j].to_f32()) as f64;
             }
-            s
+            sum as f32
         }
 
         #[target_feature(enable = "avx2,fma,f16c")]
@@ -286,7 +572,7 @@ mod tests {
     fn f16_simd_matches_reference() {
         use rand::{RngExt, SeedableRng};
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
-        for n in [1usize, 7, 8, 15, 16, 17, 64, 100, 256] {
+        for n in [1usize, 7, 8, 15, 16, 17, 63, 64, 65, 100, 128, 256, 300] {
             let a: Vec<f16> = (0..n)
                 .map(|_| f16::from_f32(rng.random_range(-4.0..4.0)))
                 .collect();
@@ -295,7 +581,17 @@ mod tests {
                 .collect();
             let d = f16v::dot(&a, &b);
             let r = f16v::dot_ref(&a, &b);
-            assert!((d - r).abs() <= 1e-4 * (1.0 + r.abs()), "n={n}: {d} vs {r}");
+            assert_eq!(d.to_bits(), r.to_bits(), "dot n={n}: {d} vs {r}");
+            let exact: f64 = a.iter().zip(&b).map(|(x, y)| x.to_f64() * y.to_f64()).sum();
+            let mag: f64 = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| (x.to_f64() * y.to_f64()).abs())
+                .sum();
+            assert!(
+                (d as f64 - exact).abs() <= 1e-6 * mag + 1e-30,
+                "dot n={n}: {d} vs {exact}"
+            );
             let (mut y1, mut y2) = (a.clone(), a.clone());
             f16v::mad(&mut y1, &b, 0.37);
             f16v::mad_ref(&mut y2, &b, 0.37);
@@ -304,5 +600,93 @@ mod tests {
             f16v::scale_ref(&mut y2, -1.7);
             assert_eq!(y1, y2, "scale n={n}");
         }
+    }
+
+    /// Distance in units in the last place between two finite f32 of the same sign.
+    fn ulps(a: f32, b: f32) -> u32 {
+        (a.to_bits() as i64 - b.to_bits() as i64).unsigned_abs() as u32
+    }
+
+    #[test]
+    fn swiglu_implementations_agree_bit_for_bit() {
+        use rand::{RngExt, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(8);
+        // Ordinary values, values past the 125 / 192 thresholds of the exp, NaN and infinities.
+        let mut gate: Vec<f32> = (0..4096).map(|_| rng.random_range(-12.0..12.0)).collect();
+        let specials = [
+            0.0,
+            -0.0,
+            80.0,
+            -80.0,
+            87.0,
+            -87.0,
+            88.5,
+            -88.5,
+            90.0,
+            -90.0,
+            104.0,
+            -104.0,
+            120.0,
+            -120.0,
+            140.0,
+            -140.0,
+            1e30,
+            -1e30,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            1e-40,
+            -1e-40,
+        ];
+        for (k, v) in specials.iter().enumerate() {
+            gate[37 * k + 5] = *v;
+        }
+        let up: Vec<f32> = (0..gate.len())
+            .map(|_| rng.random_range(-3.0..3.0))
+            .collect();
+        for n in [1usize, 7, 15, 16, 17, 31, 33, 1536, 4093, 4096] {
+            let mut want = gate[..n].to_vec();
+            silu::swiglu_ref(&mut want, &up[..n]);
+            for (name, f, ok) in silu::all() {
+                if !ok {
+                    continue;
+                }
+                let mut got = gate[..n].to_vec();
+                f(&mut got, &up[..n]);
+                for i in 0..n {
+                    assert!(
+                        got[i].to_bits() == want[i].to_bits()
+                            || got[i].is_nan() && want[i].is_nan(),
+                        "{name} n={n} i={i} x={}: {} vs {}",
+                        gate[i],
+                        got[i],
+                        want[i]
+                    );
+                }
+            }
+            let mut got = gate[..n].to_vec();
+            swiglu(&mut got, &up[..n]);
+            assert_eq!(got.len(), want.len());
+        }
+    }
+
+    #[test]
+    fn silu_is_within_a_few_ulp_of_the_exact_value() {
+        let mut worst = 0;
+        let mut x = -100.0f32;
+        while x < 100.0 {
+            let exact = (x as f64 / (1.0 + (-x as f64).exp())) as f32;
+            let got = silu::silu_lane(x);
+            if exact.abs() > 1e-30 {
+                worst = worst.max(ulps(got, exact));
+            } else {
+                assert!(got.abs() <= 1e-30, "x={x}: {got}");
+            }
+            x += 0.001_7;
+        }
+        assert!(worst <= 4, "silu: worst error {worst} ulp");
+        assert_eq!(silu::silu_lane(200.0), 200.0);
+        assert_eq!(silu::silu_lane(-200.0), -0.0);
+        assert_eq!(silu::expf_lane(0.0), 1.0);
     }
 }
