@@ -1,17 +1,30 @@
-//! AVX2 dot products of the k-quants (Q2_K ... Q6_K) with Q8_K activations.
+//! AVX2 dot products of the k-quants (Q2_K ... Q6_K) with Q8_K activations, with the float
+//! structure of llama.cpp's `ggml_vec_dot_q*_K_q8_K` (ggml-cpu/arch/x86/quants.c, AVX2).
 //!
 //! Each super-block is walked in eight chunks of 32 elements. A chunk's quants are unpacked
 //! to unsigned bytes, multiplied with the activations by `maddubs` (u8 x i8 pair sums, exact
-//! in i16 for quants below 64), then `madd` by the sub-block scales into i32 lanes. Signed
-//! offsets (Q3_K's -4, Q6_K's -32) and the mins of Q2_K/Q4_K/Q5_K are applied through the
-//! Q8_K group sums `bsums`, so the block's integer total is exact. The float math per block
-//! is the scalar reference's formula; the reference spreads it over eight lanes, so results
-//! differ from it only in float rounding order (Q2_K matches it exactly).
+//! in i16), then `madd` by the sub-block scales into eight i32 lanes: lane k of a chunk holds
+//! `scale · Σ q·a` over its elements 4k..4k+3. Summed over the chunks, these lanes (`sumi`)
+//! are what llama.cpp converts to f32 and accumulates with `acc = fma(d, sumi, acc)`, one
+//! FMA per super-block into eight f32 lanes. The offsets and mins go where llama.cpp puts
+//! them:
+//!
+//! | format | offset / min term |
+//! |---|---|
+//! | Q2_K | `acc = fma(dmin, lanes(mins · bsums), acc)` before the block's main FMA |
+//! | Q3_K | folded into the i16 products (`q = low2 - 4·!hbit`) |
+//! | Q4_K | a 4-lane accumulator `acc_m = fma(dmin, lanes, acc_m)`, reduced at the end |
+//! | Q5_K | a scalar `summs = fma(dmin, Σ mins · bsums, summs)` |
+//! | Q6_K | `sumi - 32 · lanes(scales · bsums)` before the FMA |
+//!
+//! with `dmin = -d_x · dmin_w` and the result `hsum_f32(acc)` (+ the min term). Integer sums
+//! are exact however they are computed, so the AVX-512 kernels reproduce these results bit
+//! for bit from wider registers.
 
 use std::arch::x86_64::*;
 
 use super::Kernels;
-use super::avx2::{entry, f16s, hsum_i32, load32, load32i, piece};
+use super::avx2::{entry, f16s, hsum_f32, load32, load32i, piece};
 use crate::DType;
 use crate::quant::blocks::{
     BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K, blocks, q3k_scales,
@@ -33,7 +46,7 @@ fn scales16(s0: i16, s1: i16) -> __m256i {
     _mm256_set_m128i(_mm_set1_epi16(s1), _mm_set1_epi16(s0))
 }
 
-/// `scale * sum(q * a)` per i32 lane for one chunk of 32 unsigned quants.
+/// `scale · Σ q·a` per i32 lane for one chunk of 32 unsigned quants.
 #[inline]
 #[target_feature(enable = "avx2")]
 fn chunk(q: __m256i, a: &[i8; 32], scales: __m256i) -> __m256i {
@@ -48,20 +61,65 @@ fn bits(v: __m256i, s: usize, mask: i8) -> __m256i {
     _mm256_and_si256(shifted, _mm256_set1_epi8(mask))
 }
 
-/// Sum over the 16 Q8_K groups of `bsums[g] * s[g]`.
-#[inline(always)]
-fn bsum_dot(b: &BlockQ8K, s: impl Fn(usize) -> i32) -> i32 {
-    (0..QK_K / 16).map(|g| b.bsum(g) as i32 * s(g)).sum()
+/// The 16 Q8_K group sums as i16 lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn bsums16(b: &BlockQ8K) -> __m256i {
+    // SAFETY: `bsums` is 16 i16 = 32 readable bytes; unaligned load.
+    unsafe { _mm256_loadu_si256(b.bsums.as_ptr().cast()) }
+}
+
+/// Sixteen per-group values (i16 lanes) from bytes.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn groups16(s: [u8; 16], signed: bool) -> __m256i {
+    // SAFETY: 16 readable bytes; unaligned load.
+    let v = unsafe { _mm_loadu_si128(s.as_ptr().cast()) };
+    if signed {
+        _mm256_cvtepi8_epi16(v)
+    } else {
+        _mm256_cvtepu8_epi16(v)
+    }
+}
+
+/// `(d_x · d_w, -d_x · dmin_w)` as llama.cpp forms them.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) fn scales_d_dmin(dx: f32, d: [u8; 2], dmin: [u8; 2]) -> (f32, f32) {
+    (dx * f16s(d), -dx * f16s(dmin))
+}
+
+/// `hsum_f32(acc) + ((m0 + m2) + (m1 + m3))`: the end of the Q4_K dot product.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn finish_q4k(acc: __m256, acc_m: __m128) -> f32 {
+    let m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
+    let m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    hsum_f32(acc) + _mm_cvtss_f32(m)
+}
+
+/// Q4_K/Q5_K min lanes: lane k = `m[2k]·(b[4k] + b[4k+1]) + m[2k+1]·(b[4k+2] + b[4k+3])`
+/// (the mins apply to 32 elements, two Q8_K groups).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn min_lanes_k4(mins: &[u8; 8], b: &BlockQ8K) -> __m128i {
+    let bs = bsums16(b);
+    let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+    // SAFETY: 8 readable bytes.
+    let m = _mm_cvtepu8_epi16(unsafe { _mm_loadl_epi64(mins.as_ptr().cast()) });
+    _mm_madd_epi16(m, pairs)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn vec_dot_q2k(n: usize, w: &[u8], x: &[u8]) -> f32 {
     let (w, x): (&[BlockQ2K], &[BlockQ8K]) = (blocks(w), blocks(x));
     debug_assert!(w.len() == x.len() && w.len() * QK_K == n);
-    let mut sum = 0.0f32;
+    let mut acc = _mm256_setzero_ps();
     for (a, b) in w.iter().zip(x) {
-        let summs = bsum_dot(b, |g| (a.scales[g] >> 4) as i32);
-        let mut acc = _mm256_setzero_si256();
+        let (d, dmin) = scales_d_dmin(b.d(), a.d, a.dmin);
+        let mins = _mm256_madd_epi16(groups16(a.scales.map(|s| s >> 4), false), bsums16(b));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mins), acc);
+        let mut sumi = _mm256_setzero_si256();
         for h in 0..2 {
             let q = load32(piece(&a.qs, h));
             for j in 0..4 {
@@ -70,51 +128,51 @@ pub(super) fn vec_dot_q2k(n: usize, w: &[u8], x: &[u8]) -> f32 {
                     (a.scales[2 * c] & 0xF) as i16,
                     (a.scales[2 * c + 1] & 0xF) as i16,
                 );
-                acc = _mm256_add_epi32(acc, chunk(bits(q, 2 * j, 3), piece(&b.qs, c), s));
+                sumi = _mm256_add_epi32(sumi, chunk(bits(q, 2 * j, 3), piece(&b.qs, c), s));
             }
         }
-        let dall = b.d() * f16s(a.d);
-        let dmin = b.d() * f16s(a.dmin);
-        sum += dall * hsum_i32(acc) as f32 - dmin * summs as f32;
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    sum
+    hsum_f32(acc)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn vec_dot_q3k(n: usize, w: &[u8], x: &[u8]) -> f32 {
     let (w, x): (&[BlockQ3K], &[BlockQ8K]) = (blocks(w), blocks(x));
     debug_assert!(w.len() == x.len() && w.len() * QK_K == n);
-    let mut sum = 0.0f32;
+    let mut acc = _mm256_setzero_ps();
     for (a, b) in w.iter().zip(x) {
+        let d = b.d() * f16s(a.d);
         let sc = q3k_scales(&a.scales);
         let hm = load32(&a.hmask);
-        let mut acc = _mm256_setzero_si256();
+        let mut sumi = _mm256_setzero_si256();
         for h in 0..2 {
             let q = load32(piece(&a.qs, h));
             for j in 0..4 {
                 let c = 4 * h + j;
-                // q + 4 in 0..8: two low bits, plus 4 when the hmask bit is set.
-                let high = _mm256_slli_epi16(bits(hm, c, 1), 2);
-                let qc = _mm256_or_si256(bits(q, 2 * j, 3), high);
+                let y = load32i(piece(&b.qs, c));
+                // q = low2 - 4 where the hmask bit is clear: two u8 x i8 products, subtracted
+                // in i16 (exact), as llama.cpp does.
+                let low = _mm256_maddubs_epi16(bits(q, 2 * j, 3), y);
+                let clear = _mm256_andnot_si256(hm, _mm256_set1_epi8(1 << c));
+                let four = _mm256_slli_epi16(bits(clear, c, 1), 2);
+                let p = _mm256_sub_epi16(low, _mm256_maddubs_epi16(four, y));
                 let s = scales16(sc[2 * c] as i16, sc[2 * c + 1] as i16);
-                acc = _mm256_add_epi32(acc, chunk(qc, piece(&b.qs, c), s));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
             }
         }
-        let isum = hsum_i32(acc) - 4 * bsum_dot(b, |g| sc[g] as i32);
-        sum += f16s(a.d) * b.d() * isum as f32;
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    sum
+    hsum_f32(acc)
 }
 
-/// Q4_K and Q5_K share everything but the fifth bit.
+/// The `sumi` lanes of a Q4_K/Q5_K block (chunk c = sub-block c, one scale).
 #[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn dot_k4(scales: &[u8; 12], qs: &[u8; 128], qh: Option<&[u8; 32]>, b: &BlockQ8K) -> (i32, i32) {
-    let (sc, mn) = scales_mins_k4(scales);
-    let summ = bsum_dot(b, |g| mn[g / 2] as i32);
+#[target_feature(enable = "avx2")]
+fn sumi_k4(sc: &[u8; 8], qs: &[u8; 128], qh: Option<&[u8; 32]>, b: &BlockQ8K) -> __m256i {
     let low4 = _mm256_set1_epi8(0x0F);
     let hv = qh.map(|h| load32(h));
-    let mut acc = _mm256_setzero_si256();
+    let mut sumi = _mm256_setzero_si256();
     for k in 0..4 {
         let q = load32(piece(qs, k));
         let mut lo = _mm256_and_si256(q, low4);
@@ -125,36 +183,59 @@ fn dot_k4(scales: &[u8; 12], qs: &[u8; 128], qh: Option<&[u8; 32]>, b: &BlockQ8K
         }
         let s0 = _mm256_set1_epi16(sc[2 * k] as i16);
         let s1 = _mm256_set1_epi16(sc[2 * k + 1] as i16);
-        acc = _mm256_add_epi32(acc, chunk(lo, piece(&b.qs, 2 * k), s0));
-        acc = _mm256_add_epi32(acc, chunk(hi, piece(&b.qs, 2 * k + 1), s1));
+        sumi = _mm256_add_epi32(sumi, chunk(lo, piece(&b.qs, 2 * k), s0));
+        sumi = _mm256_add_epi32(sumi, chunk(hi, piece(&b.qs, 2 * k + 1), s1));
     }
-    (hsum_i32(acc), summ)
+    sumi
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn vec_dot_q4k(n: usize, w: &[u8], x: &[u8]) -> f32 {
     let (w, x): (&[BlockQ4K], &[BlockQ8K]) = (blocks(w), blocks(x));
     debug_assert!(w.len() == x.len() && w.len() * QK_K == n);
-    let mut sum = 0.0f32;
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = _mm_setzero_ps();
     for (a, b) in w.iter().zip(x) {
-        let (isum, summ) = dot_k4(&a.scales, &a.qs, None, b);
-        sum += f16s(a.d) * b.d() * isum as f32;
-        sum -= f16s(a.dmin) * b.d() * summ as f32;
+        let (d, dmin) = scales_d_dmin(b.d(), a.d, a.dmin);
+        let (sc, mn) = scales_mins_k4(&a.scales);
+        let mins = _mm_cvtepi32_ps(min_lanes_k4(&mn, b));
+        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), mins, acc_m);
+        let sumi = sumi_k4(&sc, &a.qs, None, b);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    sum
+    finish_q4k(acc, acc_m)
+}
+
+/// Sum of four i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn hsum_i32x4(v: __m128i) -> i32 {
+    let s = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0b01_00_11_10));
+    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01)))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn vec_dot_q5k(n: usize, w: &[u8], x: &[u8]) -> f32 {
     let (w, x): (&[BlockQ5K], &[BlockQ8K]) = (blocks(w), blocks(x));
     debug_assert!(w.len() == x.len() && w.len() * QK_K == n);
-    let mut sum = 0.0f32;
+    let mut acc = _mm256_setzero_ps();
+    let mut summs = 0.0f32;
     for (a, b) in w.iter().zip(x) {
-        let (isum, summ) = dot_k4(&a.scales, &a.qs, Some(&a.qh), b);
-        sum += f16s(a.d) * b.d() * isum as f32;
-        sum -= f16s(a.dmin) * b.d() * summ as f32;
+        let (d, dmin) = scales_d_dmin(b.d(), a.d, a.dmin);
+        let (sc, mn) = scales_mins_k4(&a.scales);
+        summs = dmin.mul_add(hsum_i32x4(min_lanes_k4(&mn, b)) as f32, summs);
+        let sumi = sumi_k4(&sc, &a.qs, Some(&a.qh), b);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    sum
+    hsum_f32(acc) + summs
+}
+
+/// Q6_K's offset lanes: lane k = `32 · (bsum[2k]·sc[2k] + bsum[2k+1]·sc[2k+1])`.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn offset_lanes_q6k(scales: &[i8; 16], b: &BlockQ8K) -> __m256i {
+    let sc = groups16(scales.map(|s| s as u8), true);
+    _mm256_slli_epi32(_mm256_madd_epi16(bsums16(b), sc), 5)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -162,10 +243,11 @@ pub(super) fn vec_dot_q6k(n: usize, w: &[u8], x: &[u8]) -> f32 {
     let (w, x): (&[BlockQ6K], &[BlockQ8K]) = (blocks(w), blocks(x));
     debug_assert!(w.len() == x.len() && w.len() * QK_K == n);
     let low4 = _mm256_set1_epi8(0x0F);
-    let mut sum = 0.0f32;
+    let mut acc = _mm256_setzero_ps();
     for (a, b) in w.iter().zip(x) {
+        let d = b.d() * f16s(a.d);
         let sc = &a.scales;
-        let mut acc = _mm256_setzero_si256();
+        let mut sumi = _mm256_setzero_si256();
         for h in 0..2 {
             let ql0 = load32(piece(&a.ql, 2 * h));
             let ql1 = load32(piece(&a.ql, 2 * h + 1));
@@ -186,11 +268,11 @@ pub(super) fn vec_dot_q6k(n: usize, w: &[u8], x: &[u8]) -> f32 {
             for (j, q) in q.into_iter().enumerate() {
                 let c = 4 * h + j;
                 let s = scales16(sc[2 * c] as i16, sc[2 * c + 1] as i16);
-                acc = _mm256_add_epi32(acc, chunk(q, piece(&b.qs, c), s));
+                sumi = _mm256_add_epi32(sumi, chunk(q, piece(&b.qs, c), s));
             }
         }
-        let isum = hsum_i32(acc) - 32 * bsum_dot(b, |g| sc[g] as i32);
-        sum += f16s(a.d) * b.d() * isum as f32;
+        let sumi = _mm256_sub_epi32(sumi, offset_lanes_q6k(sc, b));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    sum
+    hsum_f32(acc)
 }

@@ -1,19 +1,23 @@
 //! AVX-512 (F, BW, VL) + VNNI kernels for the hottest dot products; every other entry of
-//! the table stays the AVX2 kernel.
+//! the table stays the AVX2 kernel. Results are bit-identical to the AVX2 table: integer sums
+//! are exact however they are formed, and the float steps are the same (llama.cpp's, see
+//! `avx2.rs` and `avx2_kquants.rs`).
 //!
-//! - Legacy formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): the AVX2 structure (one 32-byte block
-//!   per register, exact per-block sums eight blocks at a time), with the u8 x i8 products
-//!   done by one `vpdpbusd` instead of `vpmaddubsw` + `vpmaddwd`. Q4_1/Q5_1 quants are
-//!   unsigned, so they need no sign trick at all.
-//! - Q4_K and Q6_K: 64 elements per 512-bit register; `vpmaddubsw` for the quant products
-//!   (exact in i16), `vpdpwssd` to apply the sub-block scales and accumulate in i32.
+//! - Legacy formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): one 32-byte block per register, the
+//!   u8 x i8 products by one `vpdpbusd` instead of `vpmaddubsw` + `vpmaddwd` (as llama.cpp
+//!   built with AVX512-VNNI does). Q4_1/Q5_1 quants are unsigned: no sign trick needed.
+//! - Q4_K and Q6_K: 64 elements (two chunks of 32) per 512-bit register; `vpmaddubsw` for
+//!   the quant products (exact in i16), `vpdpwssd` to apply the sub-block scales and
+//!   accumulate in i32. Both 256-bit halves use llama.cpp's chunk lane layout, so adding
+//!   them gives its eight `sumi` lanes.
 
 use std::arch::x86_64::*;
 
 use super::Kernels;
 use super::avx2::{
-    entry, f16s, legacy_dot, load32, load32i, nibbles, q4_0_bytes, q5_0_bytes, q5_1_bytes,
+    entry, f16s, hsum_f32, legacy_dot, load32, load32i, nibbles, q4_0_bytes, q5_0_bytes, q5_1_bytes,
 };
+use super::avx2_kquants::{finish_q4k, min_lanes_k4, offset_lanes_q6k, scales_d_dmin};
 use crate::DType;
 use crate::quant::blocks::{
     BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, BlockQ8_1, BlockQ8K,
@@ -123,30 +127,38 @@ fn shifts(a: i16, b: i16) -> __m512i {
     halves16(a, b)
 }
 
+/// The eight `sumi` lanes of llama.cpp's AVX2 kernel from 16 lanes over two chunks.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn fold(v: __m512i) -> __m256i {
+    _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1))
+}
+
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) fn vec_dot_q4k(n: usize, w: &[u8], x: &[u8]) -> f32 {
     let (w, x): (&[BlockQ4K], &[BlockQ8K]) = (blocks(w), blocks(x));
     debug_assert!(w.len() == x.len() && w.len() * QK_K == n);
     let low4 = _mm512_set1_epi8(0x0F);
     let split = shifts(0, 4);
-    let mut sum = 0.0f32;
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = _mm_setzero_ps();
     for (a, b) in w.iter().zip(x) {
+        let (d, dmin) = scales_d_dmin(b.d(), a.d, a.dmin);
         let (sc, mn) = scales_mins_k4(&a.scales);
-        let summ: i32 = (0..16).map(|g| b.bsum(g) as i32 * mn[g / 2] as i32).sum();
-        let mut acc = _mm512_setzero_si512();
+        let mins = _mm_cvtepi32_ps(min_lanes_k4(&mn, b));
+        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), mins, acc_m);
+        let mut sumi = _mm512_setzero_si512();
         for k in 0..4 {
             // Elements 64k..64k+32 are the low nibbles of qs[32k..], the next 32 the high.
             let q = twice(load32(a.qs[32 * k..32 * k + 32].try_into().unwrap()));
             let q = _mm512_and_si512(_mm512_srlv_epi16(q, split), low4);
             let p = _mm512_maddubs_epi16(q, load64i(&b.qs[64 * k..64 * k + 64]));
             let s = halves16(sc[2 * k] as i16, sc[2 * k + 1] as i16);
-            acc = _mm512_dpwssd_epi32(acc, p, s);
+            sumi = _mm512_dpwssd_epi32(sumi, p, s);
         }
-        let isum = _mm512_reduce_add_epi32(acc);
-        sum += f16s(a.d) * b.d() * isum as f32;
-        sum -= f16s(a.dmin) * b.d() * summ as f32;
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(fold(sumi)), acc);
     }
-    sum
+    finish_q4k(acc, acc_m)
 }
 
 /// i16 lanes holding `s[0..4]` for consecutive groups of 16 elements.
@@ -169,9 +181,10 @@ pub(super) fn vec_dot_q6k(n: usize, w: &[u8], x: &[u8]) -> f32 {
     let low4 = _mm512_set1_epi8(0x0F);
     let two = _mm512_set1_epi8(3);
     let (sh_a, sh_b) = (shifts(0, 2), shifts(4, 6));
-    let mut sum = 0.0f32;
+    let mut acc = _mm256_setzero_ps();
     for (a, b) in w.iter().zip(x) {
-        let mut acc = _mm512_setzero_si512();
+        let d = b.d() * f16s(a.d);
+        let mut sumi = _mm512_setzero_si512();
         for h in 0..2 {
             // ql[64h..64h+64] = [ql0 | ql1]; qh[32h..] feeds both halves at different shifts.
             let ql = load64(&a.ql[64 * h..64 * h + 64]);
@@ -184,14 +197,13 @@ pub(super) fn vec_dot_q6k(n: usize, w: &[u8], x: &[u8]) -> f32 {
             for (j, q) in [q0, q1].into_iter().enumerate() {
                 let e = 128 * h + 64 * j;
                 let p = _mm512_maddubs_epi16(q, load64i(&b.qs[e..e + 64]));
-                acc = _mm512_dpwssd_epi32(acc, p, scales4x16(&a.scales[e / 16..e / 16 + 4]));
+                sumi = _mm512_dpwssd_epi32(sumi, p, scales4x16(&a.scales[e / 16..e / 16 + 4]));
             }
         }
-        let offset: i32 = (0..16).map(|g| b.bsum(g) as i32 * a.scales[g] as i32).sum();
-        let isum = _mm512_reduce_add_epi32(acc) - 32 * offset;
-        sum += f16s(a.d) * b.d() * isum as f32;
+        let sumi = _mm256_sub_epi32(fold(sumi), offset_lanes_q6k(&a.scales, b));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    sum
+    hsum_f32(acc)
 }
 
 // Keep the shared block-size constant referenced (legacy_dot! asserts on it).

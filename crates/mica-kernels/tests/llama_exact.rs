@@ -1,0 +1,330 @@
+//! Pins mica's run-time numerics to llama.cpp's x86 build, bit for bit.
+//!
+//! llama.cpp (CPU, AVX2/AVX-512 VNNI, GCC with FP contraction) is the reference mica's greedy
+//! tokens are held to, and small models amplify single-ulp differences into different
+//! tokens. So the SIMD dot products must do llama.cpp's float operations in its order. This
+//! file restates that arithmetic as plain scalar code, step by step (eight i32 lanes per
+//! block, one FMA per block into eight f32 lanes, the separate min/offset terms, ggml's
+//! horizontal sum), independently of the kernels, and requires every SIMD table to match it
+//! exactly. It also pins the run-time activation quantizer's rounding rules with hand-made
+//! cases.
+
+mod quant_common;
+
+use mica_kernels::DType;
+use mica_kernels::quant::blocks::{q3k_scales, scale_min_k4};
+use mica_kernels::quant::kquants::{unpack_q2k, unpack_q3k, unpack_q4k, unpack_q5k, unpack_q6k};
+use mica_kernels::quant::legacy::{unpack_q4_0, unpack_q4_1, unpack_q5_0, unpack_q5_1};
+use mica_kernels::quant::{
+    BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K,
+    BlockQ8_0, BlockQ8_1, BlockQ8K, QK, QK_K, cast_blocks, f16_to_f32, quantize_row,
+};
+use mica_kernels::simd::Kernels;
+use quant_common::*;
+
+// ---------------------------------------------------------------------------------------------
+// The scalar model of llama.cpp's x86 kernels.
+
+/// `hsum_float_8`: `((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7))`.
+fn hsum8(v: [f32; 8]) -> f32 {
+    ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]))
+}
+
+/// Lane k of a 32-element chunk: `Σ scale(e) · q[e] · a[e]` over elements 4k..4k+3, added
+/// into `lanes` (the chunk starts at element `base`).
+fn add_chunk_lanes(lanes: &mut [i32; 8], q: &[i32], a: &[i8], scale: impl Fn(usize) -> i32) {
+    for (e, (&q, &a)) in q.iter().zip(a).enumerate() {
+        lanes[(e % 32) / 4] += scale(e) * q * a as i32;
+    }
+}
+
+/// `acc[k] = fma(d, lanes[k], acc[k])`.
+fn fma_lanes(acc: &mut [f32; 8], d: f32, lanes: [i32; 8]) {
+    for (a, l) in acc.iter_mut().zip(lanes) {
+        *a = d.mul_add(l as f32, *a);
+    }
+}
+
+/// Legacy formats: per block eight lanes of exact products, `acc = fma(d_w·d_x, lanes, acc)`,
+/// and for the offset formats `summs = fma(m_w, s_x, summs)`.
+fn model_legacy(t: DType, w: &[u8], x: &[u8]) -> f32 {
+    // (quants in element order, d_w, m_w) for each weight block.
+    let wq: Vec<([i32; QK], f32, Option<f32>)> = match t {
+        DType::Q4_0 => blocks::<BlockQ4_0>(w)
+            .iter()
+            .map(|b| (unpack_q4_0(b).map(i32::from), f16_to_f32(b.d), None))
+            .collect(),
+        DType::Q4_1 => blocks::<BlockQ4_1>(w)
+            .iter()
+            .map(|b| {
+                let m = Some(f16_to_f32(b.m));
+                (unpack_q4_1(b).map(i32::from), f16_to_f32(b.d), m)
+            })
+            .collect(),
+        DType::Q5_0 => blocks::<BlockQ5_0>(w)
+            .iter()
+            .map(|b| (unpack_q5_0(b).map(i32::from), f16_to_f32(b.d), None))
+            .collect(),
+        DType::Q5_1 => blocks::<BlockQ5_1>(w)
+            .iter()
+            .map(|b| {
+                let m = Some(f16_to_f32(b.m));
+                (unpack_q5_1(b).map(i32::from), f16_to_f32(b.d), m)
+            })
+            .collect(),
+        DType::Q8_0 => blocks::<BlockQ8_0>(w)
+            .iter()
+            .map(|b| (b.qs.map(i32::from), f16_to_f32(b.d), None))
+            .collect(),
+        _ => unreachable!(),
+    };
+    // (quants, d_x, s_x) for each activation block.
+    let xq: Vec<([i8; QK], f32, f32)> = if t.vec_dot_type() == DType::Q8_1 {
+        blocks::<BlockQ8_1>(x)
+            .iter()
+            .map(|b| (b.qs, f16_to_f32(b.d), f16_to_f32(b.s)))
+            .collect()
+    } else {
+        blocks::<BlockQ8_0>(x)
+            .iter()
+            .map(|b| (b.qs, f16_to_f32(b.d), 0.0))
+            .collect()
+    };
+    let mut acc = [0f32; 8];
+    let mut summs = 0f32;
+    for ((q, dw, m), (a, dx, s)) in wq.iter().zip(&xq) {
+        let mut lanes = [0i32; 8];
+        add_chunk_lanes(&mut lanes, q, a, |_| 1);
+        fma_lanes(&mut acc, dw * dx, lanes);
+        if let Some(m) = m {
+            summs = m.mul_add(*s, summs);
+        }
+    }
+    match t {
+        DType::Q4_1 | DType::Q5_1 => hsum8(acc) + summs,
+        _ => hsum8(acc),
+    }
+}
+
+/// The (scale, min) of each 32-element sub-block of a Q4_K/Q5_K block.
+fn k4_scales(s: &[u8; 12]) -> ([i32; 8], [i32; 8]) {
+    let mut sc = [0; 8];
+    let mut mn = [0; 8];
+    for j in 0..8 {
+        let (a, b) = scale_min_k4(j, s);
+        (sc[j], mn[j]) = (a as i32, b as i32);
+    }
+    (sc, mn)
+}
+
+/// The `sumi` lanes of a super-block: chunks of 32 in element order, `scale(e)` per element.
+fn sumi(q: &[i32; QK_K], a: &[i8; QK_K], scale: impl Fn(usize) -> i32) -> [i32; 8] {
+    let mut lanes = [0i32; 8];
+    for c in 0..QK_K / 32 {
+        let r = 32 * c..32 * c + 32;
+        add_chunk_lanes(&mut lanes, &q[r.clone()], &a[r], |e| scale(32 * c + e));
+    }
+    lanes
+}
+
+fn model_kquant(t: DType, w: &[u8], x: &[u8]) -> f32 {
+    let xs: &[BlockQ8K] = blocks(x);
+    let bs = |b: &BlockQ8K, g: usize| b.bsum(g) as i32;
+    let mut acc = [0f32; 8];
+    match t {
+        DType::Q2_K => {
+            for (a, b) in blocks::<BlockQ2K>(w).iter().zip(xs) {
+                let d = b.d() * f16_to_f32(a.d);
+                let dmin = -b.d() * f16_to_f32(a.dmin);
+                let m = |g: usize| (a.scales[g] >> 4) as i32;
+                let mins: [i32; 8] = std::array::from_fn(|k| {
+                    m(2 * k) * bs(b, 2 * k) + m(2 * k + 1) * bs(b, 2 * k + 1)
+                });
+                fma_lanes(&mut acc, dmin, mins);
+                let q = unpack_q2k(a).map(i32::from);
+                fma_lanes(
+                    &mut acc,
+                    d,
+                    sumi(&q, &b.qs, |e| (a.scales[e / 16] & 0xF) as i32),
+                );
+            }
+            hsum8(acc)
+        }
+        DType::Q3_K => {
+            for (a, b) in blocks::<BlockQ3K>(w).iter().zip(xs) {
+                let d = b.d() * f16_to_f32(a.d);
+                let sc = q3k_scales(&a.scales);
+                let q = unpack_q3k(a).map(i32::from);
+                fma_lanes(&mut acc, d, sumi(&q, &b.qs, |e| sc[e / 16] as i32));
+            }
+            hsum8(acc)
+        }
+        DType::Q4_K => {
+            let mut acc_m = [0f32; 4];
+            for (a, b) in blocks::<BlockQ4K>(w).iter().zip(xs) {
+                let d = b.d() * f16_to_f32(a.d);
+                let dmin = -b.d() * f16_to_f32(a.dmin);
+                let (sc, mn) = k4_scales(&a.scales);
+                for (k, m) in acc_m.iter_mut().enumerate() {
+                    let pair = |g: usize| bs(b, 2 * g) + bs(b, 2 * g + 1);
+                    let lane = mn[2 * k] * pair(2 * k) + mn[2 * k + 1] * pair(2 * k + 1);
+                    *m = dmin.mul_add(lane as f32, *m);
+                }
+                let q = unpack_q4k(a).map(i32::from);
+                fma_lanes(&mut acc, d, sumi(&q, &b.qs, |e| sc[e / 32]));
+            }
+            hsum8(acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
+        }
+        DType::Q5_K => {
+            let mut summs = 0f32;
+            for (a, b) in blocks::<BlockQ5K>(w).iter().zip(xs) {
+                let d = b.d() * f16_to_f32(a.d);
+                let dmin = -b.d() * f16_to_f32(a.dmin);
+                let (sc, mn) = k4_scales(&a.scales);
+                let mins: i32 = (0..16).map(|g| mn[g / 2] * bs(b, g)).sum();
+                summs = dmin.mul_add(mins as f32, summs);
+                let q = unpack_q5k(a).map(i32::from);
+                fma_lanes(&mut acc, d, sumi(&q, &b.qs, |e| sc[e / 32]));
+            }
+            hsum8(acc) + summs
+        }
+        DType::Q6_K => {
+            for (a, b) in blocks::<BlockQ6K>(w).iter().zip(xs) {
+                let d = b.d() * f16_to_f32(a.d);
+                let sc = |g: usize| a.scales[g] as i32;
+                // Unsigned quants (0..64) in the products, the 32 offset by lane afterwards.
+                let q = unpack_q6k(a).map(|q| q as i32 + 32);
+                let mut lanes = sumi(&q, &b.qs, |e| sc(e / 16));
+                for (k, l) in lanes.iter_mut().enumerate() {
+                    *l -= 32 * (bs(b, 2 * k) * sc(2 * k) + bs(b, 2 * k + 1) * sc(2 * k + 1));
+                }
+                fma_lanes(&mut acc, d, lanes);
+            }
+            hsum8(acc)
+        }
+        _ => unreachable!(),
+    }
+}
+
+fn blocks<B: mica_kernels::quant::Block>(bytes: &[u8]) -> &[B] {
+    cast_blocks(bytes).expect("whole blocks")
+}
+
+fn model(t: DType, w: &[u8], x: &[u8]) -> f32 {
+    if t.block_size() == QK {
+        model_legacy(t, w, x)
+    } else {
+        model_kquant(t, w, x)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests.
+
+const QUANT_TYPES: [DType; 10] = [
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+    DType::Q2_K,
+    DType::Q3_K,
+    DType::Q4_K,
+    DType::Q5_K,
+    DType::Q6_K,
+];
+
+#[test]
+fn simd_dots_are_llama_cpp_arithmetic_bit_for_bit() {
+    let tables: Vec<&Kernels> = Kernels::all()
+        .into_iter()
+        .filter_map(|(name, k)| k.filter(|_| name != "scalar"))
+        .collect();
+    if tables.is_empty() {
+        println!("no SIMD table on this CPU: nothing to check");
+        return;
+    }
+    let mut r = rng(21);
+    for t in QUANT_TYPES {
+        let mut cases = 0;
+        for nblocks in [1usize, 2, 3, 8, 17, 33] {
+            let n = nblocks * t.block_size();
+            for wk in WEIGHT_KINDS {
+                for ak in ACT_KINDS {
+                    let w = weight_row(t, nblocks, wk, &mut r);
+                    let x = activations(n, ak, &mut r);
+                    let mut xq = vec![0u8; t.vec_dot_type().row_bytes(n).unwrap()];
+                    Kernels::scalar().quantize_act(t.vec_dot_type(), &x, &mut xq);
+                    let want = model(t, &w, &xq);
+                    for k in &tables {
+                        let got = k.vec_dot(t, n, &w, &xq);
+                        assert!(
+                            got.to_bits() == want.to_bits() || got.is_nan() && want.is_nan(),
+                            "{} {t} n={n} {wk:?} {ak:?}: simd {got:e}, model {want:e}",
+                            k.isa()
+                        );
+                    }
+                    cases += 1;
+                }
+            }
+        }
+        println!("{t}: {cases} rows bit-identical to the llama.cpp model");
+    }
+}
+
+/// Quantizes one block of 32 with a table's run-time Q8_0 quantizer.
+fn q8_0(k: &Kernels, x: &[f32; 32]) -> ([u8; 2], [i8; 32]) {
+    let mut out = [0u8; 34];
+    k.quantize_act(DType::Q8_0, x, &mut out);
+    let b: &[BlockQ8_0] = blocks(&out);
+    (b[0].d, b[0].qs)
+}
+
+#[test]
+fn activation_quantizer_rounds_like_llama_cpp_x86() {
+    for (name, k) in Kernels::all() {
+        let Some(k) = k else { continue };
+        // amax = 127 makes the multiplier exactly 1: ties round to even (not away from 0).
+        let mut x = [0f32; 32];
+        x[0] = 127.0;
+        let ties = [0.5f32, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5, -126.5];
+        x[1..9].copy_from_slice(&ties);
+        let (d, q) = q8_0(k, &x);
+        assert_eq!(f16_to_f32(d), 1.0, "{name}");
+        assert_eq!(&q[..9], &[127, 0, 2, 2, 0, -2, -2, 4, -126], "{name}");
+
+        // The multiplier is 127 / amax, not 1 / (amax / 127): with amax = 11 they differ in
+        // the last bit, and for this x, x · (127 / 11) is exactly 1.5 (rounds to 2) while
+        // x · (1 / (11 / 127)) is 1.4999999 (1, what the reference quantizer writes).
+        let mut x = [0f32; 32];
+        x[0] = 11.0;
+        x[1] = f32::from_bits(1040517652); // 0.12992126
+        assert_eq!(x[1] * (127.0 / 11.0), 1.5);
+        let (_, q) = q8_0(k, &x);
+        assert_eq!((q[0], q[1]), (127, 2), "{name}");
+        let mut reference = [0u8; 34];
+        quantize_row(DType::Q8_0, &x, &mut reference);
+        assert_eq!(
+            blocks::<BlockQ8_0>(&reference)[0].qs[1],
+            1,
+            "the _ref quantizer"
+        );
+
+        // Q8_1: s = f16(d * Σq) with the i32 quants.
+        let mut x = [0f32; 32];
+        for (i, v) in x.iter_mut().enumerate() {
+            *v = (i as f32 - 15.25) * 0.37;
+        }
+        let mut out = [0u8; 36];
+        k.quantize_act(DType::Q8_1, &x, &mut out);
+        let b: &[BlockQ8_1] = blocks(&out);
+        let sum: i32 = b[0].qs.iter().map(|&q| q as i32).sum();
+        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        assert_eq!(
+            f16_to_f32(b[0].s),
+            half::f16::from_f32(d * sum as f32).to_f32(),
+            "{name}"
+        );
+    }
+}
