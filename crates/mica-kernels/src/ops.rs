@@ -62,8 +62,9 @@ pub fn rope_apply(head: &mut [f32], n_dims: usize, style: RopeStyle, cos_sin: &[
             RopeStyle::Neox => (i, i + half),
         };
         let (x0, x1) = (head[a], head[b]);
-        head[a] = x0 * c - x1 * s;
-        head[b] = x0 * s + x1 * c;
+        // ggml's `rotate_pairs` as GCC contracts it: the first product of each line is fused.
+        head[a] = x0.mul_add(c, -(x1 * s));
+        head[b] = x0.mul_add(s, x1 * c);
     }
 }
 
