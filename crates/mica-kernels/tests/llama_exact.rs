@@ -19,7 +19,7 @@ use mica_kernels::quant::{
     BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K,
     BlockQ8_0, BlockQ8_1, BlockQ8K, QK, QK_K, cast_blocks, f16_to_f32, quantize_row,
 };
-use mica_kernels::simd::Kernels;
+use mica_kernels::simd::{DotPath, Kernels};
 use quant_common::*;
 
 // ---------------------------------------------------------------------------------------------
@@ -218,6 +218,127 @@ fn model(t: DType, w: &[u8], x: &[u8]) -> f32 {
     }
 }
 
+/// Exact `(Σ sc·q·a per 64 elements, Σ m·bsum per 64 elements, d_w, dmin_w)` of every
+/// super-block of a k-quant row (dmin 0 for the formats without mins).
+fn ksums(t: DType, w: &[u8], x: &[u8]) -> Vec<([i32; 4], [i32; 4], f32, f32)> {
+    let xs: &[BlockQ8K] = blocks(x);
+    let per64 = |q: [i32; QK_K], a: &[i8; QK_K], sc: &dyn Fn(usize) -> i32| -> [i32; 4] {
+        std::array::from_fn(|k| {
+            (64 * k..64 * k + 64)
+                .map(|e| sc(e) * q[e] * a[e] as i32)
+                .sum()
+        })
+    };
+    let mins = |b: &BlockQ8K, m: &dyn Fn(usize) -> i32| -> [i32; 4] {
+        std::array::from_fn(|k| (4 * k..4 * k + 4).map(|g| m(g) * b.bsum(g) as i32).sum())
+    };
+    match t {
+        DType::Q2_K => blocks::<BlockQ2K>(w)
+            .iter()
+            .zip(xs)
+            .map(|(a, b)| {
+                let q = unpack_q2k(a).map(i32::from);
+                (
+                    per64(q, &b.qs, &|e| (a.scales[e / 16] & 0xF) as i32),
+                    mins(b, &|g| (a.scales[g] >> 4) as i32),
+                    f16_to_f32(a.d),
+                    f16_to_f32(a.dmin),
+                )
+            })
+            .collect(),
+        DType::Q3_K => blocks::<BlockQ3K>(w)
+            .iter()
+            .zip(xs)
+            .map(|(a, b)| {
+                let sc = q3k_scales(&a.scales);
+                let q = unpack_q3k(a).map(i32::from);
+                (
+                    per64(q, &b.qs, &|e| sc[e / 16] as i32),
+                    [0; 4],
+                    f16_to_f32(a.d),
+                    0.0,
+                )
+            })
+            .collect(),
+        DType::Q4_K | DType::Q5_K => {
+            // (scales, quants, d, dmin) of each block.
+            type K4 = ([u8; 12], [i32; QK_K], [u8; 2], [u8; 2]);
+            let rows: Vec<K4> = if t == DType::Q4_K {
+                blocks::<BlockQ4K>(w)
+                    .iter()
+                    .map(|a| (a.scales, unpack_q4k(a).map(i32::from), a.d, a.dmin))
+                    .collect()
+            } else {
+                blocks::<BlockQ5K>(w)
+                    .iter()
+                    .map(|a| (a.scales, unpack_q5k(a).map(i32::from), a.d, a.dmin))
+                    .collect()
+            };
+            rows.iter()
+                .zip(xs)
+                .map(|((s, q, d, dmin), b)| {
+                    let (sc, mn) = k4_scales(s);
+                    (
+                        per64(*q, &b.qs, &|e| sc[e / 32]),
+                        mins(b, &|g| mn[g / 2]),
+                        f16_to_f32(*d),
+                        f16_to_f32(*dmin),
+                    )
+                })
+                .collect()
+        }
+        DType::Q6_K => blocks::<BlockQ6K>(w)
+            .iter()
+            .zip(xs)
+            .map(|(a, b)| {
+                let q = unpack_q6k(a).map(i32::from);
+                (
+                    per64(q, &b.qs, &|e| a.scales[e / 16] as i32),
+                    [0; 4],
+                    f16_to_f32(a.d),
+                    0.0,
+                )
+            })
+            .collect(),
+        _ => unreachable!(),
+    }
+}
+
+/// The batch paths of llama.cpp: `ggml_gemv/gemm_q4_K_8x8_q8_K` (repacked Q4_K) and the
+/// tiled microkernel.
+fn model_path(path: DotPath, t: DType, w: &[u8], x: &[u8]) -> f32 {
+    let dx: Vec<f32> = blocks::<BlockQ8K>(x).iter().map(|b| b.d()).collect();
+    let (mut acc, mut acc_min) = (0f32, 0f32);
+    let has_min = matches!(t, DType::Q2_K | DType::Q4_K | DType::Q5_K);
+    for ((part, min, dw, dmin), dx) in ksums(t, w, x).into_iter().zip(dx) {
+        let (isum, imin): (i32, i32) = (part.iter().sum(), min.iter().sum());
+        match path {
+            DotPath::RepackGemv => {
+                acc = (isum as f32).mul_add(dw * dx, acc);
+                acc_min = (imin as f32).mul_add(dmin * dx, acc_min);
+            }
+            DotPath::RepackGemm => {
+                for k in 0..4 {
+                    acc = (part[k] as f32).mul_add(dw * dx, acc);
+                    acc_min = (min[k] as f32).mul_add(dmin * dx, acc_min);
+                }
+            }
+            DotPath::Tiled => {
+                let mut r = isum as f32 * dw;
+                if has_min {
+                    r = (-dmin).mul_add(imin as f32, r);
+                }
+                acc = r.mul_add(dx, acc);
+            }
+            DotPath::VecDot => unreachable!(),
+        }
+    }
+    match path {
+        DotPath::Tiled => acc,
+        _ => acc - acc_min,
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Tests.
 
@@ -327,4 +448,69 @@ fn activation_quantizer_rounds_like_llama_cpp_x86() {
             "{name}"
         );
     }
+}
+
+#[test]
+fn batch_paths_are_llama_cpp_arithmetic_bit_for_bit() {
+    let tables: Vec<&Kernels> = Kernels::all().into_iter().filter_map(|(_, k)| k).collect();
+    let mut r = rng(22);
+    let cases = [
+        (DotPath::RepackGemv, DType::Q4_K),
+        (DotPath::RepackGemm, DType::Q4_K),
+        (DotPath::Tiled, DType::Q2_K),
+        (DotPath::Tiled, DType::Q3_K),
+        (DotPath::Tiled, DType::Q4_K),
+        (DotPath::Tiled, DType::Q5_K),
+        (DotPath::Tiled, DType::Q6_K),
+    ];
+    for (path, t) in cases {
+        for nblocks in [1usize, 2, 3, 8, 17] {
+            let n = nblocks * QK_K;
+            for wk in WEIGHT_KINDS {
+                for ak in ACT_KINDS {
+                    let w = weight_row(t, nblocks, wk, &mut r);
+                    let mut xq = vec![0u8; DType::Q8_K.row_bytes(n).unwrap()];
+                    Kernels::scalar().quantize_act(
+                        DType::Q8_K,
+                        &activations(n, ak, &mut r),
+                        &mut xq,
+                    );
+                    let want = model_path(path, t, &w, &xq);
+                    for k in &tables {
+                        let got = k.dot_fn(path, t)(n, &w, &xq);
+                        assert!(
+                            got.to_bits() == want.to_bits() || got.is_nan() && want.is_nan(),
+                            "{} {path:?} {t} n={n} {wk:?} {ak:?}: {got:e} vs model {want:e}",
+                            k.isa()
+                        );
+                    }
+                }
+            }
+        }
+        println!("{path:?} {t}: every table bit-identical to the model");
+    }
+}
+
+#[test]
+fn dot_paths_follow_llama_cpp_dispatch() {
+    use DotPath::*;
+    // Repacked Q4_K (rows % 8 == 0): groups of four tokens through the gemm, the rest gemv.
+    let q4k: Vec<DotPath> = (0..13)
+        .map(|i| DotPath::for_token(DType::Q4_K, 896, 13, i))
+        .collect();
+    assert_eq!(&q4k[..12], &[RepackGemm; 12]);
+    assert_eq!(q4k[12], RepackGemv);
+    assert_eq!(DotPath::for_token(DType::Q4_K, 896, 1, 0), RepackGemv);
+    // Not repacked: the tiled path from 8 tokens on, the vec_dot kernel below.
+    assert_eq!(DotPath::for_token(DType::Q4_K, 900, 8, 3), Tiled);
+    assert_eq!(DotPath::for_token(DType::Q6_K, 896, 8, 0), Tiled);
+    assert_eq!(DotPath::for_token(DType::Q6_K, 896, 7, 0), VecDot);
+    // Legacy formats: vec_dot (tinyBLAS does the same arithmetic).
+    assert_eq!(DotPath::for_token(DType::Q5_0, 896, 64, 0), VecDot);
+    // The plain path is the table's vec_dot.
+    let k = Kernels::scalar();
+    assert_eq!(
+        k.dot_fn(VecDot, DType::Q8_0) as usize,
+        k.dot_fn(Tiled, DType::Q8_0) as usize
+    );
 }

@@ -17,7 +17,7 @@ use std::io::Write;
 
 use mica_kernels::DType;
 use mica_kernels::quant::vec_dot_ref;
-use mica_kernels::simd::{Kernels, kernels};
+use mica_kernels::simd::{DotPath, Kernels, kernels};
 use quant_common::*;
 
 const LENGTHS_IN_BLOCKS: [usize; 5] = [1, 3, 17, 33, 127];
@@ -101,6 +101,56 @@ fn simd_dot_products_match_reference_within_budget() {
                 "{:>6} {t:>4}: {cases} cases, worst |simd-ref| = {worst:.2} eps*M",
                 k.isa()
             );
+        }
+    }
+}
+
+/// llama.cpp's batch paths (repacked Q4_K gemv/gemm, tiled k-quants) compute the same value
+/// as the reference up to float rounding, in every table.
+#[test]
+fn batch_path_dot_products_match_reference_within_budget() {
+    let mut r = rng(12);
+    let paths = [DotPath::RepackGemv, DotPath::RepackGemm, DotPath::Tiled];
+    for (_, k) in Kernels::all() {
+        let Some(k) = k else { continue };
+        for t in [
+            DType::Q2_K,
+            DType::Q3_K,
+            DType::Q4_K,
+            DType::Q5_K,
+            DType::Q6_K,
+        ] {
+            for path in paths {
+                let mut worst = 0.0f64;
+                for nblocks in LENGTHS_IN_BLOCKS {
+                    let n = nblocks * t.block_size();
+                    for wk in WEIGHT_KINDS {
+                        for ak in ACT_KINDS {
+                            let w = weight_row(t, nblocks, wk, &mut r);
+                            let xq = quantize_act(t, &activations(n, ak, &mut r));
+                            let want = vec_dot_ref(t, n, &w, &xq);
+                            let got = k.dot_fn(path, t)(n, &w, &xq);
+                            let (_, mag) = reference_f64(t, n, &w, &xq);
+                            if !want.is_finite() || mag > 1e36 {
+                                continue;
+                            }
+                            let err = (got as f64 - want as f64).abs();
+                            assert!(
+                                err <= budget(t, n, mag),
+                                "{} {path:?} {t} n={n} {wk:?} {ak:?}: {got:e} vs ref {want:e}",
+                                k.isa()
+                            );
+                            if mag > 0.0 {
+                                worst = worst.max(err / (f32::EPSILON as f64 * mag));
+                            }
+                        }
+                    }
+                }
+                println!(
+                    "{:>6} {path:?} {t}: worst |path-ref| = {worst:.2} eps*M",
+                    k.isa()
+                );
+            }
         }
     }
 }

@@ -110,6 +110,130 @@ pub(super) fn min_lanes_k4(mins: &[u8; 8], b: &BlockQ8K) -> __m128i {
     _mm_madd_epi16(m, pairs)
 }
 
+// ---------------------------------------------------------------------------------------------
+// Per-block integer parts: the lanes of each 32-element chunk, in element order. Summing the
+// eight chunks gives llama.cpp's `sumi`; the batch paths (`paths.rs`) need per-chunk totals.
+
+/// Eight chunks of i32 lanes.
+pub(super) type Chunks = [__m256i; 8];
+
+/// The sum of the eight chunks (llama.cpp's `sumi`, exact).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn sum_chunks(c: &Chunks) -> __m256i {
+    let a = _mm256_add_epi32(_mm256_add_epi32(c[0], c[1]), _mm256_add_epi32(c[2], c[3]));
+    let b = _mm256_add_epi32(_mm256_add_epi32(c[4], c[5]), _mm256_add_epi32(c[6], c[7]));
+    _mm256_add_epi32(a, b)
+}
+
+/// Q2_K: `sc · q · a` with the 2-bit quants and the low-nibble scales.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn chunks_q2k(a: &BlockQ2K, b: &BlockQ8K) -> Chunks {
+    let mut out = [_mm256_setzero_si256(); 8];
+    for h in 0..2 {
+        let q = load32(piece(&a.qs, h));
+        for j in 0..4 {
+            let c = 4 * h + j;
+            let s = scales16(
+                (a.scales[2 * c] & 0xF) as i16,
+                (a.scales[2 * c + 1] & 0xF) as i16,
+            );
+            out[c] = chunk(bits(q, 2 * j, 3), piece(&b.qs, c), s);
+        }
+    }
+    out
+}
+
+/// Q3_K: `sc · q · a` with the signed quants `low2 - 4·!hbit`: two u8 x i8 products
+/// subtracted in i16 (exact), as llama.cpp does.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn chunks_q3k(a: &BlockQ3K, b: &BlockQ8K) -> Chunks {
+    let sc = q3k_scales(&a.scales);
+    let hm = load32(&a.hmask);
+    let mut out = [_mm256_setzero_si256(); 8];
+    for h in 0..2 {
+        let q = load32(piece(&a.qs, h));
+        for j in 0..4 {
+            let c = 4 * h + j;
+            let y = load32i(piece(&b.qs, c));
+            let low = _mm256_maddubs_epi16(bits(q, 2 * j, 3), y);
+            let clear = _mm256_andnot_si256(hm, _mm256_set1_epi8(1 << c));
+            let four = _mm256_slli_epi16(bits(clear, c, 1), 2);
+            let p = _mm256_sub_epi16(low, _mm256_maddubs_epi16(four, y));
+            let s = scales16(sc[2 * c] as i16, sc[2 * c + 1] as i16);
+            out[c] = _mm256_madd_epi16(p, s);
+        }
+    }
+    out
+}
+
+/// Q4_K/Q5_K: `sc · q · a` (chunk c is sub-block c, one scale).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn chunks_k4(
+    sc: &[u8; 8],
+    qs: &[u8; 128],
+    qh: Option<&[u8; 32]>,
+    b: &BlockQ8K,
+) -> Chunks {
+    let low4 = _mm256_set1_epi8(0x0F);
+    let hv = qh.map(|h| load32(h));
+    let mut out = [_mm256_setzero_si256(); 8];
+    for k in 0..4 {
+        let q = load32(piece(qs, k));
+        let mut lo = _mm256_and_si256(q, low4);
+        let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+        if let Some(hv) = hv {
+            lo = _mm256_or_si256(lo, _mm256_slli_epi16(bits(hv, 2 * k, 1), 4));
+            hi = _mm256_or_si256(hi, _mm256_slli_epi16(bits(hv, 2 * k + 1, 1), 4));
+        }
+        let s0 = _mm256_set1_epi16(sc[2 * k] as i16);
+        let s1 = _mm256_set1_epi16(sc[2 * k + 1] as i16);
+        out[2 * k] = chunk(lo, piece(&b.qs, 2 * k), s0);
+        out[2 * k + 1] = chunk(hi, piece(&b.qs, 2 * k + 1), s1);
+    }
+    out
+}
+
+/// Q6_K: `sc · q · a` with the *unsigned* quants (0..64); the -32 offset is applied by the
+/// caller through the bsums (lane-wise with [`offset_lanes_q6k`], or in total).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn chunks_q6k(a: &BlockQ6K, b: &BlockQ8K) -> Chunks {
+    let low4 = _mm256_set1_epi8(0x0F);
+    let sc = &a.scales;
+    let mut out = [_mm256_setzero_si256(); 8];
+    for h in 0..2 {
+        let ql0 = load32(piece(&a.ql, 2 * h));
+        let ql1 = load32(piece(&a.ql, 2 * h + 1));
+        let qh = load32(piece(&a.qh, h));
+        // q in 0..64 for elements 128h + 32j + l, j = 0..4 (see BlockQ6K).
+        let q = [
+            _mm256_or_si256(
+                _mm256_and_si256(ql0, low4),
+                _mm256_slli_epi16(bits(qh, 0, 3), 4),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(ql1, low4),
+                _mm256_slli_epi16(bits(qh, 2, 3), 4),
+            ),
+            _mm256_or_si256(bits(ql0, 4, 0x0F), _mm256_slli_epi16(bits(qh, 4, 3), 4)),
+            _mm256_or_si256(bits(ql1, 4, 0x0F), _mm256_slli_epi16(bits(qh, 6, 3), 4)),
+        ];
+        for (j, q) in q.into_iter().enumerate() {
+            let c = 4 * h + j;
+            let s = scales16(sc[2 * c] as i16, sc[2 * c + 1] as i16);
+            out[c] = chunk(q, piece(&b.qs, c), s);
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dot products.
+
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn vec_dot_q2k(n: usize, w: &[u8], x: &[u8]) -> f32 {
     let (w, x): (&[BlockQ2K], &[BlockQ8K]) = (blocks(w), blocks(x));
@@ -119,18 +243,7 @@ pub(super) fn vec_dot_q2k(n: usize, w: &[u8], x: &[u8]) -> f32 {
         let (d, dmin) = scales_d_dmin(b.d(), a.d, a.dmin);
         let mins = _mm256_madd_epi16(groups16(a.scales.map(|s| s >> 4), false), bsums16(b));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mins), acc);
-        let mut sumi = _mm256_setzero_si256();
-        for h in 0..2 {
-            let q = load32(piece(&a.qs, h));
-            for j in 0..4 {
-                let c = 4 * h + j;
-                let s = scales16(
-                    (a.scales[2 * c] & 0xF) as i16,
-                    (a.scales[2 * c + 1] & 0xF) as i16,
-                );
-                sumi = _mm256_add_epi32(sumi, chunk(bits(q, 2 * j, 3), piece(&b.qs, c), s));
-            }
-        }
+        let sumi = sum_chunks(&chunks_q2k(a, b));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_f32(acc)
@@ -143,50 +256,10 @@ pub(super) fn vec_dot_q3k(n: usize, w: &[u8], x: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (a, b) in w.iter().zip(x) {
         let d = b.d() * f16s(a.d);
-        let sc = q3k_scales(&a.scales);
-        let hm = load32(&a.hmask);
-        let mut sumi = _mm256_setzero_si256();
-        for h in 0..2 {
-            let q = load32(piece(&a.qs, h));
-            for j in 0..4 {
-                let c = 4 * h + j;
-                let y = load32i(piece(&b.qs, c));
-                // q = low2 - 4 where the hmask bit is clear: two u8 x i8 products, subtracted
-                // in i16 (exact), as llama.cpp does.
-                let low = _mm256_maddubs_epi16(bits(q, 2 * j, 3), y);
-                let clear = _mm256_andnot_si256(hm, _mm256_set1_epi8(1 << c));
-                let four = _mm256_slli_epi16(bits(clear, c, 1), 2);
-                let p = _mm256_sub_epi16(low, _mm256_maddubs_epi16(four, y));
-                let s = scales16(sc[2 * c] as i16, sc[2 * c + 1] as i16);
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
-            }
-        }
+        let sumi = sum_chunks(&chunks_q3k(a, b));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_f32(acc)
-}
-
-/// The `sumi` lanes of a Q4_K/Q5_K block (chunk c = sub-block c, one scale).
-#[inline]
-#[target_feature(enable = "avx2")]
-fn sumi_k4(sc: &[u8; 8], qs: &[u8; 128], qh: Option<&[u8; 32]>, b: &BlockQ8K) -> __m256i {
-    let low4 = _mm256_set1_epi8(0x0F);
-    let hv = qh.map(|h| load32(h));
-    let mut sumi = _mm256_setzero_si256();
-    for k in 0..4 {
-        let q = load32(piece(qs, k));
-        let mut lo = _mm256_and_si256(q, low4);
-        let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
-        if let Some(hv) = hv {
-            lo = _mm256_or_si256(lo, _mm256_slli_epi16(bits(hv, 2 * k, 1), 4));
-            hi = _mm256_or_si256(hi, _mm256_slli_epi16(bits(hv, 2 * k + 1, 1), 4));
-        }
-        let s0 = _mm256_set1_epi16(sc[2 * k] as i16);
-        let s1 = _mm256_set1_epi16(sc[2 * k + 1] as i16);
-        sumi = _mm256_add_epi32(sumi, chunk(lo, piece(&b.qs, 2 * k), s0));
-        sumi = _mm256_add_epi32(sumi, chunk(hi, piece(&b.qs, 2 * k + 1), s1));
-    }
-    sumi
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -200,7 +273,7 @@ pub(super) fn vec_dot_q4k(n: usize, w: &[u8], x: &[u8]) -> f32 {
         let (sc, mn) = scales_mins_k4(&a.scales);
         let mins = _mm_cvtepi32_ps(min_lanes_k4(&mn, b));
         acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), mins, acc_m);
-        let sumi = sumi_k4(&sc, &a.qs, None, b);
+        let sumi = sum_chunks(&chunks_k4(&sc, &a.qs, None, b));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     finish_q4k(acc, acc_m)
@@ -224,7 +297,7 @@ pub(super) fn vec_dot_q5k(n: usize, w: &[u8], x: &[u8]) -> f32 {
         let (d, dmin) = scales_d_dmin(b.d(), a.d, a.dmin);
         let (sc, mn) = scales_mins_k4(&a.scales);
         summs = dmin.mul_add(hsum_i32x4(min_lanes_k4(&mn, b)) as f32, summs);
-        let sumi = sumi_k4(&sc, &a.qs, Some(&a.qh), b);
+        let sumi = sum_chunks(&chunks_k4(&sc, &a.qs, Some(&a.qh), b));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_f32(acc) + summs
@@ -242,36 +315,11 @@ pub(super) fn offset_lanes_q6k(scales: &[i8; 16], b: &BlockQ8K) -> __m256i {
 pub(super) fn vec_dot_q6k(n: usize, w: &[u8], x: &[u8]) -> f32 {
     let (w, x): (&[BlockQ6K], &[BlockQ8K]) = (blocks(w), blocks(x));
     debug_assert!(w.len() == x.len() && w.len() * QK_K == n);
-    let low4 = _mm256_set1_epi8(0x0F);
     let mut acc = _mm256_setzero_ps();
     for (a, b) in w.iter().zip(x) {
         let d = b.d() * f16s(a.d);
-        let sc = &a.scales;
-        let mut sumi = _mm256_setzero_si256();
-        for h in 0..2 {
-            let ql0 = load32(piece(&a.ql, 2 * h));
-            let ql1 = load32(piece(&a.ql, 2 * h + 1));
-            let qh = load32(piece(&a.qh, h));
-            // q in 0..64 for elements 128h + 32j + l, j = 0..4 (see BlockQ6K).
-            let q = [
-                _mm256_or_si256(
-                    _mm256_and_si256(ql0, low4),
-                    _mm256_slli_epi16(bits(qh, 0, 3), 4),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(ql1, low4),
-                    _mm256_slli_epi16(bits(qh, 2, 3), 4),
-                ),
-                _mm256_or_si256(bits(ql0, 4, 0x0F), _mm256_slli_epi16(bits(qh, 4, 3), 4)),
-                _mm256_or_si256(bits(ql1, 4, 0x0F), _mm256_slli_epi16(bits(qh, 6, 3), 4)),
-            ];
-            for (j, q) in q.into_iter().enumerate() {
-                let c = 4 * h + j;
-                let s = scales16(sc[2 * c] as i16, sc[2 * c + 1] as i16);
-                sumi = _mm256_add_epi32(sumi, chunk(q, piece(&b.qs, c), s));
-            }
-        }
-        let sumi = _mm256_sub_epi32(sumi, offset_lanes_q6k(sc, b));
+        let sumi = sum_chunks(&chunks_q6k(a, b));
+        let sumi = _mm256_sub_epi32(sumi, offset_lanes_q6k(&a.scales, b));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_f32(acc)

@@ -24,6 +24,10 @@
 //!   scalar model of the x86 code.
 //! - The scalar table keeps ggml's generic reference dots ([`quant::vec_dot_ref`]), which
 //!   differ from the SIMD ones only in float rounding order (integer sums are exact).
+//! - Where llama.cpp computes a product by another route than `ggml_vec_dot_*` (repacked
+//!   Q4_K, the tiled k-quant matmul for batches of 8+ tokens), [`Kernels::dot_fn`] gives its
+//!   arithmetic for the [`DotPath`] that [`DotPath::for_token`] picks (`paths.rs`); these
+//!   are bit-identical in every table, the scalar one included.
 //!
 //! Quantized activations lie in -127..=127 for every finite block of normal magnitude, which
 //! the sign trick of the 8-bit products relies on; blocks with NaN, infinities or only
@@ -42,6 +46,9 @@ mod avx2;
 mod avx2_kquants;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod paths;
+
+pub use paths::DotPath;
 
 /// `(n, weight row bytes, activation row bytes) -> dot product`.
 pub type VecDotFn = fn(usize, &[u8], &[u8]) -> f32;
@@ -68,6 +75,9 @@ pub struct Kernels {
     isa: &'static str,
     dot: [VecDotFn; N_TYPES],
     quant: [QuantizeFn; N_TYPES],
+    /// Dot products of llama.cpp's other matmul paths ([`DotPath`]), by path slot; the
+    /// plain `dot` where a path does not apply to a type.
+    paths: [[VecDotFn; N_TYPES]; 3],
 }
 
 impl std::fmt::Debug for Kernels {
@@ -100,6 +110,7 @@ impl Kernels {
                 isa: "scalar",
                 dot: [no_dot; N_TYPES],
                 quant: [scalar_quant!(F32); N_TYPES],
+                paths: [[no_dot; N_TYPES]; 3],
             };
             let dots: [(DType, VecDotFn); 13] = [
                 (DType::F32, scalar_dot!(F32)),
@@ -119,6 +130,8 @@ impl Kernels {
             for (t, f) in dots {
                 k.dot[slot(t)] = f;
             }
+            k.paths = [k.dot; 3];
+            paths::install_scalar(&mut k);
             let quants: [(DType, QuantizeFn); 15] = [
                 (DType::F32, scalar_quant!(F32)),
                 (DType::F16, scalar_quant!(F16)),
@@ -158,6 +171,7 @@ impl Kernels {
                     k.isa = "avx2";
                     avx2::install(&mut k);
                     avx2_kquants::install(&mut k);
+                    paths::avx2::install(&mut k);
                     k
                 })
             })
@@ -215,6 +229,17 @@ impl Kernels {
         (self.dot[slot(t)])(n, w, x)
     }
 
+    /// The dot product llama.cpp computes for `path` on weight type `t` (the plain
+    /// [`Kernels::vec_dot`] kernel where the path does not apply to `t`). Same arguments
+    /// and contract as `vec_dot`; pick the path with [`DotPath::for_token`].
+    #[inline]
+    pub fn dot_fn(&self, path: DotPath, t: DType) -> VecDotFn {
+        match path.slot() {
+            Some(p) => self.paths[p][slot(t)],
+            None => self.dot[slot(t)],
+        }
+    }
+
     /// Quantizes activations `src` into format `t` (normally a `vec_dot_type()`: Q8_0, Q8_1,
     /// Q8_K, F16, BF16 or F32), byte-identical in every table. Q8_0 and Q8_1 use llama.cpp's
     /// x86 run-time quantizer ([`quant::legacy::quantize_q8_0_act`]); every other type is
@@ -229,6 +254,13 @@ impl Kernels {
     #[allow(dead_code)]
     fn set_dot(&mut self, t: DType, f: VecDotFn) {
         self.dot[slot(t)] = f;
+    }
+
+    /// Replaces the dot product of `t` on a batch path (used by the ISA modules).
+    fn set_path_dot(&mut self, path: DotPath, t: DType, f: VecDotFn) {
+        if let Some(p) = path.slot() {
+            self.paths[p][slot(t)] = f;
+        }
     }
 
     /// Replaces the quantizer of `t` (used by the ISA modules).
