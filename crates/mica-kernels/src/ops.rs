@@ -378,7 +378,7 @@ pub mod f16v {
         })
     }
 
-    /// Σ a[i]·b[i] with ggml's AVX-512 summation structure (see the module doc).
+    /// `Σ a[i]·b[i]` with ggml's AVX-512 summation structure (see the module doc).
     #[inline]
     pub fn dot(a: &[f16], b: &[f16]) -> f32 {
         (table().dot)(a, b)
