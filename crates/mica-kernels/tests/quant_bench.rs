@@ -11,7 +11,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use mica_kernels::DType;
-use mica_kernels::simd::Kernels;
+use mica_kernels::simd::{DotPath, Kernels};
 use quant_common::*;
 
 const N: usize = 4096;
@@ -54,6 +54,31 @@ fn bench_vec_dot_and_quantize() {
                 k.isa(),
                 s * 1e9 / ROWS as f64
             );
+        }
+        println!("{line}");
+    }
+    // llama.cpp's batch paths (repacked Q4_K, tiled k-quants).
+    for (path, t) in [
+        (DotPath::RepackGemv, DType::Q4_K),
+        (DotPath::RepackGemm, DType::Q4_K),
+        (DotPath::Tiled, DType::Q4_K),
+        (DotPath::Tiled, DType::Q6_K),
+    ] {
+        let rb = t.row_bytes(N).unwrap();
+        let w = weight_row(t, ROWS * N / t.block_size(), WeightKind::Quantized, &mut r);
+        let xq = quantize_act(t, &activations(N, ActKind::Normal, &mut r));
+        let mut line = format!("{t:>5} {path:?}:");
+        for k in &tables {
+            let f = k.dot_fn(path, t);
+            let s = time(|| {
+                let mut acc = 0.0f32;
+                for row in w.chunks_exact(rb) {
+                    acc += f(N, black_box(row), black_box(&xq));
+                }
+                black_box(acc);
+            });
+            let gbs = (w.len() as f64) / s / 1e9;
+            line += &format!("  {} {gbs:6.2} GB/s", k.isa());
         }
         println!("{line}");
     }

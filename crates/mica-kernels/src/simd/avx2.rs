@@ -86,13 +86,54 @@ fn loadf(x: &[f32; 8]) -> __m256 {
     unsafe { _mm256_loadu_ps(x.as_ptr()) }
 }
 
-/// One f16 (little-endian bytes) to f32, exact.
+// Scales are converted eight blocks at a time ([`scales8`]), never one per block with a
+// scalar `vcvtph2ps`: LLVM turns that zero-extending insert into a `vpinsrw` merging into a
+// free register, which inside a dot product is the FMA accumulator, chaining every block's
+// scale conversion to the previous block's FMA (2x slower).
+
+/// Eight f16 values to f32 lanes (exact).
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-pub(super) fn f16s(h: [u8; 2]) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(
-        _mm_cvtsi32_si128(u16::from_le_bytes(h) as i32),
-    ))
+pub(super) fn f16x8(h: [u16; 8]) -> __m256 {
+    // Built by inserts rather than a store and reload, which would stall store forwarding.
+    let v = _mm_set_epi16(
+        h[7] as i16,
+        h[6] as i16,
+        h[5] as i16,
+        h[4] as i16,
+        h[3] as i16,
+        h[2] as i16,
+        h[1] as i16,
+        h[0] as i16,
+    );
+    _mm256_cvtph_ps(v)
+}
+
+/// Eight f16 fields of a group of blocks (zero for missing blocks).
+#[inline(always)]
+pub(super) fn gather_f16<B>(bs: &[B], f: impl Fn(&B) -> [u8; 2]) -> [u16; 8] {
+    let mut out = [0u16; 8];
+    for (o, b) in out.iter_mut().zip(bs) {
+        *o = u16::from_le_bytes(f(b));
+    }
+    out
+}
+
+/// The f16 field `f` of up to eight blocks as f32 (zero past the end), converted together.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) fn scales8<B>(bs: &[B], f: impl Fn(&B) -> [u8; 2]) -> [f32; 8] {
+    lanes_f32(f16x8(gather_f16(bs, f)))
+}
+
+/// Stores eight f32 lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn lanes_f32(v: __m256) -> [f32; 8] {
+    let mut out = [0f32; 8];
+    // SAFETY: 8 writable floats; unaligned store.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), v) };
+    out
 }
 
 /// 32 nibbles: byte j holds the low nibble of `qs[j]` for j < 16, the high nibble of
@@ -167,30 +208,41 @@ pub(super) fn hsum_f32(v: __m256) -> f32 {
 // f32 (GCC contracts `summs += m * s`); the result is `hsum_f32(acc)` (+ `summs`).
 
 /// Generates a legacy dot product. `$lanes` gives the eight i32 lanes of one block pair
-/// `($a, $b)`; `offset` says whether the format has the `m * s` term.
+/// `($a, $b)`; `offset` says whether the format has the `m * s` term. Scales are converted
+/// eight blocks at a time (products `d_w * d_x` rounded per block, as in llama.cpp); the
+/// per-block FMAs into `acc` stay in block order.
 macro_rules! legacy_dot {
     ($(#[$doc:meta])* $name:ident, $features:literal, $W:ty, $X:ty,
      |$a:ident, $b:ident| $lanes:expr, offset: $offset:ident) => {
         $(#[$doc])*
         #[target_feature(enable = $features)]
         pub(super) fn $name(n: usize, w: &[u8], x: &[u8]) -> f32 {
+            use $crate::simd::avx2::{f16x8, gather_f16, lanes_f32};
             let (w, x): (&[$W], &[$X]) = (blocks(w), blocks(x));
             debug_assert!(w.len() == x.len() && w.len() * QK == n);
             let mut acc = _mm256_setzero_ps();
             #[allow(unused_mut)] // Only the formats with an offset term update it.
             let mut summs = 0.0f32;
-            for ($a, $b) in w.iter().zip(x) {
-                let d = _mm256_set1_ps(f16s($a.d) * f16s($b.d));
-                acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps($lanes), acc);
-                legacy_dot!(@offset $offset, summs, $a, $b);
+            for (ws, xs) in w.chunks(8).zip(x.chunks(8)) {
+                let dw = f16x8(gather_f16(ws, |b| b.d));
+                let dx = f16x8(gather_f16(xs, |b| b.d));
+                let d = lanes_f32(_mm256_mul_ps(dw, dx));
+                for (k, ($a, $b)) in ws.iter().zip(xs).enumerate() {
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(d[k]), _mm256_cvtepi32_ps($lanes), acc);
+                }
+                legacy_dot!(@offset $offset, summs, ws, xs);
             }
             legacy_dot!(@result $offset, acc, summs)
         }
     };
-    (@offset yes, $summs:ident, $a:ident, $b:ident) => {
-        $summs = f16s($a.m).mul_add(f16s($b.s), $summs);
+    (@offset yes, $summs:ident, $ws:ident, $xs:ident) => {
+        let m = lanes_f32(f16x8(gather_f16($ws, |b| b.m)));
+        let s = lanes_f32(f16x8(gather_f16($xs, |b| b.s)));
+        for k in 0..$ws.len() {
+            $summs = m[k].mul_add(s[k], $summs);
+        }
     };
-    (@offset no, $summs:ident, $a:ident, $b:ident) => {};
+    (@offset no, $summs:ident, $ws:ident, $xs:ident) => {};
     (@result yes, $acc:ident, $summs:ident) => {
         $crate::simd::avx2::hsum_f32($acc) + $summs
     };

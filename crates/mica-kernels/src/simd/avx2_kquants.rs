@@ -24,7 +24,7 @@
 use std::arch::x86_64::*;
 
 use super::Kernels;
-use super::avx2::{entry, f16s, hsum_f32, load32, load32i, piece};
+use super::avx2::{entry, hsum_f32, load32, load32i, piece, scales8};
 use crate::DType;
 use crate::quant::blocks::{
     BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K, blocks, q3k_scales,
@@ -80,13 +80,6 @@ pub(super) fn groups16(s: [u8; 16], signed: bool) -> __m256i {
     } else {
         _mm256_cvtepu8_epi16(v)
     }
-}
-
-/// `(d_x · d_w, -d_x · dmin_w)` as llama.cpp forms them.
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-pub(super) fn scales_d_dmin(dx: f32, d: [u8; 2], dmin: [u8; 2]) -> (f32, f32) {
-    (dx * f16s(d), -dx * f16s(dmin))
 }
 
 /// `hsum_f32(acc) + ((m0 + m2) + (m1 + m3))`: the end of the Q4_K dot product.
@@ -239,12 +232,16 @@ pub(super) fn vec_dot_q2k(n: usize, w: &[u8], x: &[u8]) -> f32 {
     let (w, x): (&[BlockQ2K], &[BlockQ8K]) = (blocks(w), blocks(x));
     debug_assert!(w.len() == x.len() && w.len() * QK_K == n);
     let mut acc = _mm256_setzero_ps();
-    for (a, b) in w.iter().zip(x) {
-        let (d, dmin) = scales_d_dmin(b.d(), a.d, a.dmin);
-        let mins = _mm256_madd_epi16(groups16(a.scales.map(|s| s >> 4), false), bsums16(b));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mins), acc);
-        let sumi = sum_chunks(&chunks_q2k(a, b));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    for (ws, xs) in w.chunks(8).zip(x.chunks(8)) {
+        let dw = scales8(ws, |a| a.d);
+        let dmw = scales8(ws, |a| a.dmin);
+        for (k, (a, b)) in ws.iter().zip(xs).enumerate() {
+            let (d, dmin) = (b.d() * dw[k], -b.d() * dmw[k]);
+            let mins = _mm256_madd_epi16(groups16(a.scales.map(|s| s >> 4), false), bsums16(b));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mins), acc);
+            let sumi = sum_chunks(&chunks_q2k(a, b));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        }
     }
     hsum_f32(acc)
 }
@@ -254,10 +251,13 @@ pub(super) fn vec_dot_q3k(n: usize, w: &[u8], x: &[u8]) -> f32 {
     let (w, x): (&[BlockQ3K], &[BlockQ8K]) = (blocks(w), blocks(x));
     debug_assert!(w.len() == x.len() && w.len() * QK_K == n);
     let mut acc = _mm256_setzero_ps();
-    for (a, b) in w.iter().zip(x) {
-        let d = b.d() * f16s(a.d);
-        let sumi = sum_chunks(&chunks_q3k(a, b));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    for (ws, xs) in w.chunks(8).zip(x.chunks(8)) {
+        let dw = scales8(ws, |a| a.d);
+        for (k, (a, b)) in ws.iter().zip(xs).enumerate() {
+            let d = b.d() * dw[k];
+            let sumi = sum_chunks(&chunks_q3k(a, b));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        }
     }
     hsum_f32(acc)
 }
@@ -268,13 +268,17 @@ pub(super) fn vec_dot_q4k(n: usize, w: &[u8], x: &[u8]) -> f32 {
     debug_assert!(w.len() == x.len() && w.len() * QK_K == n);
     let mut acc = _mm256_setzero_ps();
     let mut acc_m = _mm_setzero_ps();
-    for (a, b) in w.iter().zip(x) {
-        let (d, dmin) = scales_d_dmin(b.d(), a.d, a.dmin);
-        let (sc, mn) = scales_mins_k4(&a.scales);
-        let mins = _mm_cvtepi32_ps(min_lanes_k4(&mn, b));
-        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), mins, acc_m);
-        let sumi = sum_chunks(&chunks_k4(&sc, &a.qs, None, b));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    for (ws, xs) in w.chunks(8).zip(x.chunks(8)) {
+        let dw = scales8(ws, |a| a.d);
+        let dmw = scales8(ws, |a| a.dmin);
+        for (k, (a, b)) in ws.iter().zip(xs).enumerate() {
+            let (d, dmin) = (b.d() * dw[k], -b.d() * dmw[k]);
+            let (sc, mn) = scales_mins_k4(&a.scales);
+            let mins = _mm_cvtepi32_ps(min_lanes_k4(&mn, b));
+            acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), mins, acc_m);
+            let sumi = sum_chunks(&chunks_k4(&sc, &a.qs, None, b));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        }
     }
     finish_q4k(acc, acc_m)
 }
@@ -293,12 +297,16 @@ pub(super) fn vec_dot_q5k(n: usize, w: &[u8], x: &[u8]) -> f32 {
     debug_assert!(w.len() == x.len() && w.len() * QK_K == n);
     let mut acc = _mm256_setzero_ps();
     let mut summs = 0.0f32;
-    for (a, b) in w.iter().zip(x) {
-        let (d, dmin) = scales_d_dmin(b.d(), a.d, a.dmin);
-        let (sc, mn) = scales_mins_k4(&a.scales);
-        summs = dmin.mul_add(hsum_i32x4(min_lanes_k4(&mn, b)) as f32, summs);
-        let sumi = sum_chunks(&chunks_k4(&sc, &a.qs, Some(&a.qh), b));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    for (ws, xs) in w.chunks(8).zip(x.chunks(8)) {
+        let dw = scales8(ws, |a| a.d);
+        let dmw = scales8(ws, |a| a.dmin);
+        for (k, (a, b)) in ws.iter().zip(xs).enumerate() {
+            let (d, dmin) = (b.d() * dw[k], -b.d() * dmw[k]);
+            let (sc, mn) = scales_mins_k4(&a.scales);
+            summs = dmin.mul_add(hsum_i32x4(min_lanes_k4(&mn, b)) as f32, summs);
+            let sumi = sum_chunks(&chunks_k4(&sc, &a.qs, Some(&a.qh), b));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        }
     }
     hsum_f32(acc) + summs
 }
@@ -316,11 +324,14 @@ pub(super) fn vec_dot_q6k(n: usize, w: &[u8], x: &[u8]) -> f32 {
     let (w, x): (&[BlockQ6K], &[BlockQ8K]) = (blocks(w), blocks(x));
     debug_assert!(w.len() == x.len() && w.len() * QK_K == n);
     let mut acc = _mm256_setzero_ps();
-    for (a, b) in w.iter().zip(x) {
-        let d = b.d() * f16s(a.d);
-        let sumi = sum_chunks(&chunks_q6k(a, b));
-        let sumi = _mm256_sub_epi32(sumi, offset_lanes_q6k(&a.scales, b));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    for (ws, xs) in w.chunks(8).zip(x.chunks(8)) {
+        let dw = scales8(ws, |a| a.d);
+        for (k, (a, b)) in ws.iter().zip(xs).enumerate() {
+            let d = b.d() * dw[k];
+            let sumi = sum_chunks(&chunks_q6k(a, b));
+            let sumi = _mm256_sub_epi32(sumi, offset_lanes_q6k(&a.scales, b));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        }
     }
     hsum_f32(acc)
 }

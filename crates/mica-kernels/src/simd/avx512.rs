@@ -15,9 +15,10 @@ use std::arch::x86_64::*;
 
 use super::Kernels;
 use super::avx2::{
-    entry, f16s, hsum_f32, legacy_dot, load32, load32i, nibbles, q4_0_bytes, q5_0_bytes, q5_1_bytes,
+    entry, hsum_f32, legacy_dot, load32, load32i, nibbles, q4_0_bytes, q5_0_bytes, q5_1_bytes,
+    scales8,
 };
-use super::avx2_kquants::{finish_q4k, min_lanes_k4, offset_lanes_q6k, scales_d_dmin};
+use super::avx2_kquants::{finish_q4k, min_lanes_k4, offset_lanes_q6k};
 use crate::DType;
 use crate::quant::blocks::{
     BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, BlockQ8_1, BlockQ8K,
@@ -142,21 +143,25 @@ pub(super) fn vec_dot_q4k(n: usize, w: &[u8], x: &[u8]) -> f32 {
     let split = shifts(0, 4);
     let mut acc = _mm256_setzero_ps();
     let mut acc_m = _mm_setzero_ps();
-    for (a, b) in w.iter().zip(x) {
-        let (d, dmin) = scales_d_dmin(b.d(), a.d, a.dmin);
-        let (sc, mn) = scales_mins_k4(&a.scales);
-        let mins = _mm_cvtepi32_ps(min_lanes_k4(&mn, b));
-        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), mins, acc_m);
-        let mut sumi = _mm512_setzero_si512();
-        for k in 0..4 {
-            // Elements 64k..64k+32 are the low nibbles of qs[32k..], the next 32 the high.
-            let q = twice(load32(a.qs[32 * k..32 * k + 32].try_into().unwrap()));
-            let q = _mm512_and_si512(_mm512_srlv_epi16(q, split), low4);
-            let p = _mm512_maddubs_epi16(q, load64i(&b.qs[64 * k..64 * k + 64]));
-            let s = halves16(sc[2 * k] as i16, sc[2 * k + 1] as i16);
-            sumi = _mm512_dpwssd_epi32(sumi, p, s);
+    for (ws, xs) in w.chunks(8).zip(x.chunks(8)) {
+        let dw = scales8(ws, |a| a.d);
+        let dmw = scales8(ws, |a| a.dmin);
+        for (k, (a, b)) in ws.iter().zip(xs).enumerate() {
+            let (d, dmin) = (b.d() * dw[k], -b.d() * dmw[k]);
+            let (sc, mn) = scales_mins_k4(&a.scales);
+            let mins = _mm_cvtepi32_ps(min_lanes_k4(&mn, b));
+            acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), mins, acc_m);
+            let mut sumi = _mm512_setzero_si512();
+            for k in 0..4 {
+                // Elements 64k..64k+32 are the low nibbles of qs[32k..], the next 32 the high.
+                let q = twice(load32(a.qs[32 * k..32 * k + 32].try_into().unwrap()));
+                let q = _mm512_and_si512(_mm512_srlv_epi16(q, split), low4);
+                let p = _mm512_maddubs_epi16(q, load64i(&b.qs[64 * k..64 * k + 64]));
+                let s = halves16(sc[2 * k] as i16, sc[2 * k + 1] as i16);
+                sumi = _mm512_dpwssd_epi32(sumi, p, s);
+            }
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(fold(sumi)), acc);
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(fold(sumi)), acc);
     }
     finish_q4k(acc, acc_m)
 }
@@ -182,26 +187,29 @@ pub(super) fn vec_dot_q6k(n: usize, w: &[u8], x: &[u8]) -> f32 {
     let two = _mm512_set1_epi8(3);
     let (sh_a, sh_b) = (shifts(0, 2), shifts(4, 6));
     let mut acc = _mm256_setzero_ps();
-    for (a, b) in w.iter().zip(x) {
-        let d = b.d() * f16s(a.d);
-        let mut sumi = _mm512_setzero_si512();
-        for h in 0..2 {
-            // ql[64h..64h+64] = [ql0 | ql1]; qh[32h..] feeds both halves at different shifts.
-            let ql = load64(&a.ql[64 * h..64 * h + 64]);
-            let qh = twice(load32(a.qh[32 * h..32 * h + 32].try_into().unwrap()));
-            let hi_a = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, sh_a), two), 4);
-            let hi_b = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, sh_b), two), 4);
-            // Elements 128h + 0..64, then 128h + 64..128.
-            let q0 = _mm512_or_si512(_mm512_and_si512(ql, low4), hi_a);
-            let q1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4), hi_b);
-            for (j, q) in [q0, q1].into_iter().enumerate() {
-                let e = 128 * h + 64 * j;
-                let p = _mm512_maddubs_epi16(q, load64i(&b.qs[e..e + 64]));
-                sumi = _mm512_dpwssd_epi32(sumi, p, scales4x16(&a.scales[e / 16..e / 16 + 4]));
+    for (ws, xs) in w.chunks(8).zip(x.chunks(8)) {
+        let dw = scales8(ws, |a| a.d);
+        for (k, (a, b)) in ws.iter().zip(xs).enumerate() {
+            let d = b.d() * dw[k];
+            let mut sumi = _mm512_setzero_si512();
+            for h in 0..2 {
+                // ql[64h..64h+64] = [ql0 | ql1]; qh[32h..] feeds both halves at different shifts.
+                let ql = load64(&a.ql[64 * h..64 * h + 64]);
+                let qh = twice(load32(a.qh[32 * h..32 * h + 32].try_into().unwrap()));
+                let hi_a = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, sh_a), two), 4);
+                let hi_b = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, sh_b), two), 4);
+                // Elements 128h + 0..64, then 128h + 64..128.
+                let q0 = _mm512_or_si512(_mm512_and_si512(ql, low4), hi_a);
+                let q1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4), hi_b);
+                for (j, q) in [q0, q1].into_iter().enumerate() {
+                    let e = 128 * h + 64 * j;
+                    let p = _mm512_maddubs_epi16(q, load64i(&b.qs[e..e + 64]));
+                    sumi = _mm512_dpwssd_epi32(sumi, p, scales4x16(&a.scales[e / 16..e / 16 + 4]));
+                }
             }
+            let sumi = _mm256_sub_epi32(fold(sumi), offset_lanes_q6k(&a.scales, b));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
         }
-        let sumi = _mm256_sub_epi32(fold(sumi), offset_lanes_q6k(&a.scales, b));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_f32(acc)
 }
