@@ -7,7 +7,8 @@
 //! block, one FMA per block into eight f32 lanes, the separate min/offset terms, ggml's
 //! horizontal sum), independently of the kernels, and requires every SIMD table to match it
 //! exactly. It also pins the run-time activation quantizer's rounding rules with hand-made
-//! cases.
+//! cases, the batch paths (repacked Q4_K, tiled k-quants), and finally quantizer bytes and
+//! dot products against values printed by llama.cpp itself (generator at the end).
 
 mod quant_common;
 
@@ -514,3 +515,192 @@ fn dot_paths_follow_llama_cpp_dispatch() {
         k.dot_fn(Tiled, DType::Q8_0) as usize
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Pinned to llama.cpp itself: outputs of its CPU backend (commit 0c1e57098, built with
+// `-mavx -mavx2 -mfma -mf16c -mbmi2 -mavx512f -mavx512cd -mavx512vl -mavx512dq -mavx512bw
+// -mavx512vnni -mavx512bf16`, GCC 12, the ISA of the golden machine) for deterministic inputs,
+// printed by the C program at the end of this file: per format and input amplitude, the
+// FNV-1a hash of the run-time quantized activations and the bits of `vec_dot`.
+
+/// `(weight type, amplitude index, FNV-1a 64 of the quantized activations, f32 bits)`.
+const LLAMA_CPP: [(DType, u32, u64, u32); 30] = [
+    (DType::Q4_0, 0, 0xa7ecd49253593336, 0xbf173800), // -0.590698
+    (DType::Q4_0, 1, 0x0c9332694fb427d4, 0xc2f8bb0a), // -124.365
+    (DType::Q4_0, 2, 0xde38cb45bb0fc89b, 0xbcee427f), // -0.0290844
+    (DType::Q4_1, 0, 0xf6d702f19e85a1bb, 0x41089d7e), // 8.53845
+    (DType::Q4_1, 1, 0x5efcfb29099c82fb, 0xc1b6cc3a), // -22.8497
+    (DType::Q4_1, 2, 0x52c0d23b6594ccb1, 0xbcb23fe6), // -0.021759
+    (DType::Q5_0, 0, 0x8dd280ce88be7aef, 0xc1356f12), // -11.3396
+    (DType::Q5_0, 1, 0x6bf1974cf6baf362, 0x43bfe5ad), // 383.794
+    (DType::Q5_0, 2, 0x82569fa56acedd83, 0x3d678c58), // 0.0565303
+    (DType::Q5_1, 0, 0x069c687d60a15432, 0xc0c853bd), // -6.26022
+    (DType::Q5_1, 1, 0x78bd598b9d90c985, 0x42b27074), // 89.2196
+    (DType::Q5_1, 2, 0x5547070e907239a6, 0x3db8b4fb), // 0.0901889
+    (DType::Q8_0, 0, 0x3d09a7228c9fc847, 0xc1d42dd7), // -26.5224
+    (DType::Q8_0, 1, 0xab5a66a4f47b0276, 0x45057ec4), // 2135.92
+    (DType::Q8_0, 2, 0xa12a7b37f717d3ea, 0x3e2d74a6), // 0.16939
+    (DType::Q2_K, 0, 0x6e9653fed1fa2116, 0xc0ebc900), // -7.36829
+    (DType::Q2_K, 1, 0xe898741982a89591, 0xc37ee37d), // -254.889
+    (DType::Q2_K, 2, 0xe1dc0d372df5ed49, 0x3d91f472), // 0.071267
+    (DType::Q3_K, 0, 0x7be6eb24a6d10a2e, 0x410c8fe9), // 8.78513
+    (DType::Q3_K, 1, 0x33e7f27013c19f85, 0x44502b72), // 832.679
+    (DType::Q3_K, 2, 0x234a953d935fc336, 0x3eb8a788), // 0.360653
+    (DType::Q4_K, 0, 0x53db80513651c70d, 0x428f0042), // 71.5005
+    (DType::Q4_K, 1, 0x51e04a8e76a7b6d0, 0xc454f6aa), // -851.854
+    (DType::Q4_K, 2, 0xd72a3befab9a8097, 0xbffdae97), // -1.98189
+    (DType::Q5_K, 0, 0xd80aea7da4a0caed, 0xc34723d1), // -199.14
+    (DType::Q5_K, 1, 0xc88e8328c51aca20, 0x45f60ad2), // 7873.35
+    (DType::Q5_K, 2, 0xfbc4f3317aca0596, 0x40224e67), // 2.53604
+    (DType::Q6_K, 0, 0x7fb4e92af6459186, 0x43ae2077), // 348.254
+    (DType::Q6_K, 1, 0x68934c5f9bd9bd8e, 0xc58369c8), // -4205.22
+    (DType::Q6_K, 2, 0x35bd70545763b7d6, 0x40b96ef3), // 5.79479
+];
+
+/// The C program's xorshift32.
+struct XorShift(u32);
+impl XorShift {
+    fn next(&mut self) -> u32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 17;
+        self.0 ^= self.0 << 5;
+        self.0
+    }
+    /// Uniform in [-1, 1), exact in f32.
+    fn unif(&mut self) -> f32 {
+        (self.next() >> 8) as f32 * (1.0 / 8388608.0) - 1.0
+    }
+    /// A normal f16 in [2^-8, 2^-4), optionally of random sign.
+    fn scale16(&mut self, allow_negative: bool) -> u16 {
+        let mut h = (0x1c00 + self.next() % 0x1000) as u16;
+        if allow_negative && self.next() & 1 == 1 {
+            h |= 0x8000;
+        }
+        h
+    }
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100000001b3)
+    })
+}
+
+#[test]
+fn quantizers_and_dots_equal_llama_cpp_outputs() {
+    const N: usize = 1024;
+    let tables: Vec<&Kernels> = Kernels::all().into_iter().filter_map(|(_, k)| k).collect();
+    for (i, &(t, rep, want_hash, want_bits)) in LLAMA_CPP.iter().enumerate() {
+        let ti = QUANT_TYPES.iter().position(|&q| q == t).unwrap() as u32;
+        assert_eq!(ti as usize, i / 3, "table order");
+        let mut rng = XorShift(0x9e3779b9 ^ (ti * 977 + rep * 131 + 1));
+        let wb = t.row_bytes(N).unwrap();
+        let mut w: Vec<u8> = (0..wb).map(|_| rng.next() as u8).collect();
+        let (a, b) = match t {
+            DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => (0, Some(2)),
+            DType::Q2_K => (80, Some(82)),
+            DType::Q3_K => (108, None),
+            DType::Q6_K => (208, None),
+            _ => (0, None),
+        };
+        for blk in w.chunks_exact_mut(t.type_size()) {
+            blk[a..a + 2].copy_from_slice(&rng.scale16(false).to_le_bytes());
+            if let Some(b) = b {
+                let neg = matches!(t, DType::Q4_1 | DType::Q5_1);
+                blk[b..b + 2].copy_from_slice(&rng.scale16(neg).to_le_bytes());
+            }
+        }
+        let amp = [1.0f32, 37.0, 0.01][rep as usize];
+        let x: Vec<f32> = (0..N).map(|_| rng.unif() * amp).collect();
+        let vt = t.vec_dot_type();
+        for k in &tables {
+            let mut xq = vec![0u8; vt.row_bytes(N).unwrap()];
+            k.quantize_act(vt, &x, &mut xq);
+            assert_eq!(
+                fnv1a(&xq),
+                want_hash,
+                "{} {t} #{rep}: quantized activations",
+                k.isa()
+            );
+            if k.isa() != "scalar" {
+                let got = k.vec_dot(t, N, &w, &xq);
+                assert_eq!(
+                    got.to_bits(),
+                    want_bits,
+                    "{} {t} #{rep}: {got:e} vs llama.cpp {:e}",
+                    k.isa(),
+                    f32::from_bits(want_bits)
+                );
+            }
+        }
+    }
+}
+
+/* The generator (compile against llama.cpp's ggml: gcc -O2 gen.c -I ggml/include
+   -L build/bin -lggml-cpu -lggml-base), whose output is the table above:
+
+// Prints llama.cpp's run-time quantizer bytes (FNV-1a 64) and vec_dot results (f32 bits) for
+// deterministic inputs; see crates/mica-kernels/tests/llama_exact.rs.
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <ctype.h>
+#include "ggml.h"
+#include "ggml-cpu.h"
+
+static uint32_t st;
+static uint32_t next(void) { st ^= st << 13; st ^= st >> 17; st ^= st << 5; return st; }
+// Uniform in [-1, 1), exact in f32.
+static float unif(void) { return (float)(next() >> 8) * (1.0f / 8388608.0f) - 1.0f; }
+static uint64_t fnv(const uint8_t * p, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) { h ^= p[i]; h *= 0x100000001b3ull; }
+    return h;
+}
+// A positive normal f16 in [2^-8, 2^-4), or its negative.
+static uint16_t scale16(int allow_negative) {
+    uint16_t h = (uint16_t)(0x1c00 + (next() % 0x1000));
+    if (allow_negative && (next() & 1)) h |= 0x8000;
+    return h;
+}
+
+int main(void) {
+    ggml_cpu_init();
+    const int types[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0,
+                          GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K };
+    // Byte offsets of each block's f16 fields: (first, second or -1, second may be negative).
+    const int f16a[] = { 0, 0, 0, 0, 0, 80, 108, 0, 0, 208 };
+    const int f16b[] = { -1, 2, -1, 2, -1, 82, -1, 2, 2, -1 };
+    const int n = 1024;
+    static float x[1024];
+    static uint8_t w[4096], xq[4096];
+    for (int ti = 0; ti < 10; ti++) {
+        for (int rep = 0; rep < 3; rep++) {
+            const enum ggml_type t = (enum ggml_type) types[ti];
+            st = 0x9e3779b9u ^ (uint32_t)(ti * 977 + rep * 131 + 1);
+            const size_t wb = ggml_row_size(t, n);
+            for (size_t i = 0; i < wb; i++) w[i] = (uint8_t) next();
+            const size_t bs = ggml_type_size(t);
+            for (size_t b = 0; b < wb / bs; b++) {
+                uint16_t h = scale16(0);
+                memcpy(w + b * bs + f16a[ti], &h, 2);
+                if (f16b[ti] >= 0) { h = scale16(ti == 1 || ti == 3); memcpy(w + b * bs + f16b[ti], &h, 2); }
+            }
+            const float amp = rep == 0 ? 1.0f : rep == 1 ? 37.0f : 0.01f;
+            for (int i = 0; i < n; i++) x[i] = unif() * amp;
+            const struct ggml_type_traits_cpu * tr = ggml_get_type_traits_cpu(t);
+            const enum ggml_type vt = tr->vec_dot_type;
+            ggml_get_type_traits_cpu(vt)->from_float(x, xq, n);
+            float s = 0.0f;
+            tr->vec_dot(n, &s, 0, w, 0, xq, 0, 1);
+            uint32_t bits; memcpy(&bits, &s, 4);
+            char name[8] = {0};
+            for (int i = 0; i < 7 && ggml_type_name(t)[i]; i++) name[i] = (char) toupper(ggml_type_name(t)[i]);
+            printf("    (DType::%s, %d, 0x%016llx, 0x%08x), // %g\n", name, rep,
+                   (unsigned long long) fnv(xq, ggml_row_size(vt, n)), bits, s);
+        }
+    }
+    return 0;
+}
+
+*/
