@@ -7,7 +7,7 @@
 //! hot in cache, so a batch of prompt tokens reads each weight block from memory once.
 
 use crate::pool::{ThreadPool, split_range};
-use crate::simd::{Kernels, kernels};
+use crate::simd::{DotPath, Kernels, kernels};
 use crate::{DType, quant};
 
 /// A row-major matrix of `rows` rows × `cols` elements stored in `dtype`.
@@ -18,6 +18,10 @@ pub struct QMatrix<'a> {
     pub cols: usize,
     /// `rows * dtype.row_bytes(cols)` bytes.
     pub data: &'a [u8],
+    /// Whether llama.cpp would place this matrix in its CPU "extra" buffers (repacked or
+    /// tiled layouts, which change the float arithmetic of the product; see
+    /// [`DotPath`]). False for the token embedding and an output head tied to it.
+    pub extra_paths: bool,
 }
 
 impl<'a> QMatrix<'a> {
@@ -143,8 +147,14 @@ fn tile_loop(
         let r_end = (r + ROW_TILE).min(mine.end);
         for tok in 0..xq.n {
             let x = xq.row(tok);
+            let path = if w.extra_paths {
+                DotPath::for_token(t, w.rows, xq.n, tok)
+            } else {
+                DotPath::VecDot
+            };
+            let dot = k.dot_fn(path, t);
             for rr in r..r_end {
-                let v = k.vec_dot(t, cols, w.row(row0 + rr), x);
+                let v = dot(cols, w.row(row0 + rr), x);
                 // SAFETY: rows `mine` of every token are written by this thread only.
                 unsafe { dst.write(tok * n_out + rr, v) };
             }
@@ -206,6 +216,7 @@ mod tests {
                 rows,
                 cols,
                 data: &wq,
+                extra_paths: false,
             };
             let x: Vec<f32> = (0..n * cols).map(|_| rng.random_range(-2.0..2.0)).collect();
             let mut xq = QActs::new();

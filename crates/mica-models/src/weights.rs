@@ -26,6 +26,8 @@ impl TensorData {
 #[derive(Clone)]
 pub struct Matrix {
     pub name: String,
+    /// See [`QMatrix::extra_paths`].
+    pub extra_paths: bool,
     pub dtype: DType,
     pub rows: usize,
     pub cols: usize,
@@ -39,6 +41,7 @@ impl Matrix {
             rows: self.rows,
             cols: self.cols,
             data: self.data.bytes(),
+            extra_paths: self.extra_paths,
         }
     }
 
@@ -162,6 +165,7 @@ impl WeightLoader {
         let dtype = self.dtype_of(t)?;
         Ok(Matrix {
             name: name.to_string(),
+            extra_paths: name != "token_embd.weight",
             dtype,
             rows,
             cols,

@@ -133,7 +133,8 @@ fn head_f16(kv: &HeadKv, q: &[f32], scale: f32, s: &mut Scratch, out: &mut [f32]
             vs = (score - m).exp();
         }
         f16v::mad(&mut s.acc16, kv.value(j), vs);
-        sum = sum * ms + vs;
+        // ggml computes `S*ms + vs` with one fused multiply-add (GCC contracts it).
+        sum = sum.mul_add(ms, vs);
     }
     let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
     for (o, a) in out.iter_mut().zip(&s.acc16) {
