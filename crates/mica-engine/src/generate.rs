@@ -98,6 +98,9 @@ pub struct Session<'m> {
     seq: SeqId,
     /// Tokens whose keys and values are in the cache, in order.
     cached: Vec<u32>,
+    /// Reused per call: the batch being evaluated and the logits it produced.
+    batch: Batch,
+    logits: Vec<f32>,
 }
 
 impl<'m> Session<'m> {
@@ -110,6 +113,8 @@ impl<'m> Session<'m> {
             ws: Workspace::default(),
             seq: 0,
             cached: Vec::new(),
+            batch: Batch::new(),
+            logits: Vec::new(),
         }
     }
 
@@ -130,22 +135,31 @@ impl<'m> Session<'m> {
     /// Runs `tokens` through the model after what is cached, in chunks, and returns the
     /// logits of every token when `all_logits`, else of the last one (`[n, n_vocab]`).
     pub fn eval(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
-        let mut out = Vec::new();
+        self.eval_into(tokens, all_logits)?;
+        Ok(std::mem::take(&mut self.logits))
+    }
+
+    /// As [`Session::eval`], leaving the logits in `self.logits` (reused between calls, so
+    /// decoding allocates nothing per token).
+    fn eval_into(&mut self, tokens: &[u32], all_logits: bool) -> Result<()> {
+        self.logits.clear();
         let n_chunks = tokens.len().div_ceil(PROMPT_CHUNK);
         for (i, chunk) in tokens.chunks(PROMPT_CHUNK).enumerate() {
             let start = self.kv.seq_len(self.seq);
-            let mut batch = Batch::for_sequence(chunk, start, self.seq, all_logits);
-            if i + 1 < n_chunks && !all_logits {
-                batch.logits.fill(false);
+            let want_last = all_logits || i + 1 == n_chunks;
+            self.batch.clear();
+            for (j, &t) in chunk.iter().enumerate() {
+                let logits = all_logits || (want_last && j + 1 == chunk.len());
+                self.batch.push(t, start + j, self.seq, logits);
             }
             let logits =
                 self.model
                     .model
-                    .forward(&self.pool, &batch, &mut self.kv, &mut self.ws)?;
-            out.extend_from_slice(logits);
+                    .forward(&self.pool, &self.batch, &mut self.kv, &mut self.ws)?;
+            self.logits.extend_from_slice(logits);
             self.cached.extend_from_slice(chunk);
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Generates a continuation of `prompt`. `on_text` receives text as it becomes final
@@ -182,7 +196,7 @@ impl<'m> Session<'m> {
         self.cached.truncate(common);
 
         let t0 = Instant::now();
-        let mut logits = self.eval(&prompt[common..], false)?;
+        self.eval_into(&prompt[common..], false)?;
         let mut timings = Timings {
             prompt_tokens: prompt.len() - common,
             prompt_time: t0.elapsed(),
@@ -200,7 +214,7 @@ impl<'m> Session<'m> {
             if output_ids.len() >= params.max_tokens {
                 break FinishReason::Length;
             }
-            let next = sampler.sample(&logits, &history);
+            let next = sampler.sample(&self.logits, &history);
             output_ids.push(next);
             history.push(next);
             if !params.ignore_eos && tok.is_eog(next) {
@@ -221,7 +235,7 @@ impl<'m> Session<'m> {
             if self.kv.seq_len(self.seq) + 1 > n_ctx {
                 break FinishReason::Context;
             }
-            logits = self.eval(&[next], false)?;
+            self.eval_into(&[next], false)?;
         };
         if !matches!(finish, FinishReason::Stop | FinishReason::Cancelled) {
             let tail = stops.flush(&decoder.finish());

@@ -76,6 +76,8 @@ pub struct Workspace {
     logits: Vec<f32>,
     /// `[rope n_dims]` cos/sin pairs of one position
     cos_sin: Vec<f32>,
+    /// Batch rows that produce logits.
+    out_rows: Vec<usize>,
     acts: ActCache,
 }
 
@@ -115,7 +117,9 @@ impl Model {
             scale: 1.0 / (cfg.head_dim as f32).sqrt(),
         };
         // Rows still carried through the layers; the last layer keeps only output rows.
-        let out_rows: Vec<usize> = (0..n).filter(|&t| batch.logits[t]).collect();
+        let mut out_rows = std::mem::take(&mut ws.out_rows);
+        out_rows.clear();
+        out_rows.extend((0..n).filter(|&t| batch.logits[t]));
         let mut rows = n;
         for (l, layer) in self.layers.iter().enumerate() {
             // Attention sub-block.
@@ -216,6 +220,7 @@ impl Model {
         }
 
         let n_out = out_rows.len();
+        ws.out_rows = out_rows;
         if n_out == 0 {
             return Ok(&ws.logits[..0]);
         }

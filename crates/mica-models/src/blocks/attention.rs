@@ -49,8 +49,8 @@ pub fn attention(
     let tiled = n_tok >= TILED_MIN_TOKENS;
     let items = n_tok * shape.n_head;
     let dst = OutPtr(out.as_mut_ptr());
-    let run = |i: usize, nt: usize| {
-        let mut scratch = Scratch::new(shape.head_dim);
+    let run_items = |i: usize, nt: usize, scratch: &mut Scratch| {
+        scratch.resize(shape.head_dim);
         for item in split_range(items, i, nt, 1) {
             let (t, h) = (item / shape.n_head, item % shape.n_head);
             let g = h / (shape.n_head / shape.n_head_kv);
@@ -69,12 +69,13 @@ pub fn attention(
                 head_dim: shape.head_dim,
             };
             if tiled {
-                head_f32(&kv, qh, shape.scale, &mut scratch, o);
+                head_f32(&kv, qh, shape.scale, scratch, o);
             } else {
-                head_f16(&kv, qh, shape.scale, &mut scratch, o);
+                head_f16(&kv, qh, shape.scale, scratch, o);
             }
         }
     };
+    let run = |i: usize, nt: usize| SCRATCH.with_borrow_mut(|scratch| run_items(i, nt, scratch));
     if items == 1 {
         run(0, 1);
     } else {
@@ -101,6 +102,8 @@ impl HeadKv<'_> {
     }
 }
 
+/// Per-thread buffers of one head's attention, kept between calls (no allocation per step).
+#[derive(Default)]
 struct Scratch {
     q16: Vec<f16>,
     acc16: Vec<f16>,
@@ -108,13 +111,14 @@ struct Scratch {
 }
 
 impl Scratch {
-    fn new(head_dim: usize) -> Scratch {
-        Scratch {
-            q16: vec![f16::ZERO; head_dim],
-            acc16: vec![f16::ZERO; head_dim],
-            scores: Vec::new(),
-        }
+    fn resize(&mut self, head_dim: usize) {
+        self.q16.resize(head_dim, f16::ZERO);
+        self.acc16.resize(head_dim, f16::ZERO);
     }
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
 }
 
 /// The vector path: f16 query, online softmax, f16 accumulator.
