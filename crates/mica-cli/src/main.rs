@@ -1,6 +1,7 @@
 //! `mica`: the command-line front end. Flags are parsed here into resolved settings; the
 //! work happens in the library crates.
 
+mod bench;
 mod download;
 mod inspect;
 mod run;
@@ -26,6 +27,8 @@ enum Command {
     Run(run::RunArgs),
     /// Describe a model file: architecture, sizes, tokenizer, tensors, chat template.
     Inspect(inspect::InspectArgs),
+    /// Measure prompt-processing and generation speed (as llama.cpp's llama-bench).
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -33,6 +36,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Inspect(args) => inspect::inspect(args),
+        Command::Bench(args) => bench::bench(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

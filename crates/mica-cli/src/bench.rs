@@ -1,0 +1,594 @@
+//! `mica bench`: prompt-processing and generation speed, measured the way llama.cpp's
+//! `llama-bench` measures them, so the two tools' numbers can be set side by side.
+//!
+//! Reference: llama.cpp `tools/llama-bench/llama-bench.cpp` (`test_prompt`, `test_gen`, the
+//! markdown and JSON printers). What is mirrored, and why:
+//! - **pp N**: from an empty cache, one forward pass over N arbitrary tokens (BOS first when
+//!   the model adds one, then pseudo-random ids), in micro-batches of [`PROMPT_CHUNK`] tokens
+//!   (llama.cpp's `n_ubatch`), logits for the last token only. Token ids do not change the
+//!   work of a dense model, so random ids time the same kernels as real text.
+//! - **tg N**: from an empty cache, N forward passes of one token each (BOS first, then
+//!   random ids), logits every step. Sampling is not timed (llama-bench does not sample).
+//! - One warm-up run before the timed ones (a whole prompt for pp; one token for tg, as
+//!   llama-bench), then `-r` timed repetitions, each starting from an empty cache.
+//! - Speed per repetition is `n_tokens / seconds`; the table shows the mean ± sample
+//!   standard deviation of those speeds (not the speed of the mean time), as llama-bench.
+//!
+//! Peak resident memory is the process's high-water mark (`VmHWM`), which includes the
+//! pages of the memory-mapped model that were touched.
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use mica_engine::generate::PROMPT_CHUNK;
+use mica_kernels::ThreadPool;
+use mica_models::{Batch, KvCache, LoadedModel, Workspace};
+use serde::Serialize;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Model file (GGUF).
+    #[arg(short = 'm', long = "model")]
+    pub model: PathBuf,
+    /// Prompt lengths to time, comma-separated (0 = no prompt test).
+    #[arg(short = 'p', long = "n-prompt", default_value = "512")]
+    pub n_prompt: String,
+    /// Generation lengths to time, comma-separated (0 = no generation test).
+    #[arg(short = 'n', long = "n-gen", default_value = "128")]
+    pub n_gen: String,
+    /// Thread counts, comma-separated (default: physical cores).
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<String>,
+    /// Timed repetitions of each test (after one warm-up run).
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    pub reps: usize,
+    /// Print a JSON array with one record per test (llama-bench's field names).
+    #[arg(long = "json")]
+    pub json: bool,
+}
+
+/// The flags, resolved and checked.
+struct Plan {
+    model: PathBuf,
+    threads: Vec<usize>,
+    tests: Vec<TestSpec>,
+    reps: usize,
+    json: bool,
+}
+
+/// One test: a prompt of `n_prompt` tokens or a generation of `n_gen` (never both).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct TestSpec {
+    n_prompt: usize,
+    n_gen: usize,
+}
+
+impl TestSpec {
+    /// llama-bench's test name: `pp512`, `tg128`.
+    fn name(self) -> String {
+        if self.n_gen == 0 {
+            format!("pp{}", self.n_prompt)
+        } else {
+            format!("tg{}", self.n_gen)
+        }
+    }
+}
+
+/// Parses a comma-separated list of counts for flag `flag`.
+fn parse_list(flag: &str, what: &str, s: &str) -> Result<Vec<usize>> {
+    let items: Vec<&str> = s.split(',').map(str::trim).collect();
+    if items.iter().all(|i| i.is_empty()) {
+        bail!("{flag} needs at least one {what} (a comma-separated list, e.g. {flag} 128,512)");
+    }
+    items
+        .iter()
+        .map(|i| {
+            i.parse::<usize>()
+                .with_context(|| format!("{flag}: {i:?} is not a {what} (a non-negative integer)"))
+        })
+        .collect()
+}
+
+impl Plan {
+    fn resolve(args: BenchArgs) -> Result<Plan> {
+        let prompts = parse_list("-p", "token count", &args.n_prompt)?;
+        let gens = parse_list("-n", "token count", &args.n_gen)?;
+        let threads = match &args.threads {
+            Some(t) => parse_list("-t", "thread count", t)?,
+            None => vec![mica_kernels::pool::physical_cores()],
+        };
+        if threads.contains(&0) {
+            bail!("-t: thread counts must be at least 1");
+        }
+        if args.reps == 0 {
+            bail!("-r: at least one repetition is needed");
+        }
+        // As llama-bench: a zero length means "no such test".
+        let tests: Vec<TestSpec> = prompts
+            .iter()
+            .filter(|&&n| n > 0)
+            .map(|&n| TestSpec {
+                n_prompt: n,
+                n_gen: 0,
+            })
+            .chain(gens.iter().filter(|&&n| n > 0).map(|&n| TestSpec {
+                n_prompt: 0,
+                n_gen: n,
+            }))
+            .collect();
+        if tests.is_empty() {
+            bail!("nothing to measure: every -p and -n length is 0");
+        }
+        Ok(Plan {
+            model: args.model,
+            threads,
+            tests,
+            reps: args.reps,
+            json: args.json,
+        })
+    }
+}
+
+/// What the table and the records say about the model.
+struct ModelInfo {
+    filename: String,
+    /// llama.cpp's `llama_model_desc` layout: `{arch} {size} {file type}`.
+    desc: String,
+    /// Bytes of all tensors (llama.cpp's `llama_model_size`).
+    size: u64,
+    /// Elements of all tensors (llama.cpp's `llama_model_n_params`).
+    n_params: u64,
+}
+
+impl ModelInfo {
+    fn of(path: &std::path::Path, lm: &LoadedModel) -> ModelInfo {
+        let g = &lm.model.file;
+        let size = g.tensors().iter().map(|t| t.n_bytes).sum();
+        let n_params: u64 = g.tensors().iter().map(|t| t.n_elements()).sum();
+        let label = if n_params < 1_000_000_000 {
+            format!("{:.0}M", n_params as f64 / 1e6)
+        } else {
+            format!("{:.1}B", n_params as f64 / 1e9)
+        };
+        let ftype = g
+            .get_u32("general.file_type")
+            .map_or_else(|| "unknown file type".to_string(), ftype_name);
+        ModelInfo {
+            filename: path.display().to_string(),
+            desc: format!("{} {label} {ftype}", lm.model.config.arch),
+            size,
+            n_params,
+        }
+    }
+}
+
+/// llama.cpp's `llama_ftype_name` for `general.file_type`.
+fn ftype_name(ftype: u32) -> String {
+    let name = match ftype {
+        0 => "all F32",
+        1 => "F16",
+        2 => "Q4_0",
+        3 => "Q4_1",
+        7 => "Q8_0",
+        8 => "Q5_0",
+        9 => "Q5_1",
+        10 => "Q2_K - Medium",
+        11 => "Q3_K - Small",
+        12 => "Q3_K - Medium",
+        13 => "Q3_K - Large",
+        14 => "Q4_K - Small",
+        15 => "Q4_K - Medium",
+        16 => "Q5_K - Small",
+        17 => "Q5_K - Medium",
+        18 => "Q6_K",
+        21 => "Q2_K - Small",
+        32 => "BF16",
+        other => return format!("file type {other}"),
+    };
+    name.to_string()
+}
+
+/// One test's result as llama-bench's JSON printer writes it (same names, types and order),
+/// followed by mica's own fields.
+#[derive(Serialize)]
+struct Record {
+    build_commit: String,
+    build_number: u64,
+    cpu_info: String,
+    gpu_info: String,
+    backends: String,
+    model_filename: String,
+    model_type: String,
+    model_size: u64,
+    model_n_params: u64,
+    n_batch: usize,
+    n_ubatch: usize,
+    n_threads: usize,
+    type_k: String,
+    type_v: String,
+    n_gpu_layers: i64,
+    /// llama.cpp's flash-attention setting as an integer; mica's attention is always the
+    /// online-softmax (flash) kind.
+    flash_attn: i64,
+    n_prompt: usize,
+    n_gen: usize,
+    n_depth: usize,
+    test_time: String,
+    avg_ns: u64,
+    stddev_ns: u64,
+    avg_ts: f64,
+    stddev_ts: f64,
+    samples_ns: Vec<u64>,
+    samples_ts: Vec<f64>,
+    /// The SIMD kernel table in use (`avx512`, `avx2`, `scalar`).
+    isa: String,
+    /// The process's peak resident memory after this test; `null` where unknown.
+    peak_rss_bytes: Option<u64>,
+}
+
+pub fn bench(args: BenchArgs) -> Result<()> {
+    let plan = Plan::resolve(args)?;
+    let lm = LoadedModel::open(&plan.model)?;
+    let info = ModelInfo::of(&plan.model, &lm);
+    let isa = mica_kernels::simd::kernels().isa();
+    let cpu = cpu_info();
+    let mut table = if plan.json {
+        None
+    } else {
+        Some(TablePrinter::start(&info)?)
+    };
+    let mut records = Vec::new();
+    for &n_threads in &plan.threads {
+        let pool = ThreadPool::new(n_threads);
+        for &spec in &plan.tests {
+            let test_time = rfc3339_now();
+            let samples_ns = run_test(&lm, &pool, spec, plan.reps)
+                .with_context(|| format!("{} on {n_threads} threads", spec.name()))?;
+            let rec = record(&info, &cpu, isa, n_threads, spec, test_time, samples_ns);
+            if let Some(t) = table.as_mut() {
+                t.row(&rec, spec)?;
+            }
+            records.push(rec);
+        }
+    }
+    // Write errors (a closed pipe) end the command with an error, never a panic.
+    let mut out = std::io::stdout().lock();
+    if plan.json {
+        serde_json::to_writer_pretty(&mut out, &records)?;
+        writeln!(out)?;
+    } else {
+        let rss = peak_rss_bytes().map_or_else(
+            || "n/a".to_string(),
+            |b| format!("{:.2} MiB", b as f64 / 1024.0 / 1024.0),
+        );
+        writeln!(
+            out,
+            "\nbuild: mica {} ({}) | isa: {isa} | peak RSS: {rss}",
+            env!("CARGO_PKG_VERSION"),
+            build_commit()
+        )?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// Runs one test: a warm-up, then `reps` timed runs from an empty cache. Returns the time
+/// of each run in nanoseconds.
+fn run_test(lm: &LoadedModel, pool: &ThreadPool, spec: TestSpec, reps: usize) -> Result<Vec<u64>> {
+    let model = &lm.model;
+    // A cache just large enough, as llama-bench sizes its context (n_prompt + n_gen).
+    let mut kv = KvCache::new(&model.config, spec.n_prompt + spec.n_gen, 1);
+    let mut ws = Workspace::default();
+    let mut tokens = TokenSource::new(lm);
+    let mut once = |kv: &mut KvCache, ws: &mut Workspace, gen_len: usize| -> Result<()> {
+        kv.clear(0);
+        if spec.n_prompt > 0 {
+            prompt(lm, pool, kv, ws, &mut tokens, spec.n_prompt)
+        } else {
+            generate(lm, pool, kv, ws, &mut tokens, gen_len)
+        }
+    };
+    // Warm-up: touches the weights and grows the buffers (one token for tg, as llama-bench).
+    once(&mut kv, &mut ws, 1)?;
+    let mut samples = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let t0 = Instant::now();
+        once(&mut kv, &mut ws, spec.n_gen)?;
+        samples.push(t0.elapsed().as_nanos() as u64);
+    }
+    Ok(samples)
+}
+
+/// pp: `n` tokens through the model in micro-batches, logits for the last token only.
+fn prompt(
+    lm: &LoadedModel,
+    pool: &ThreadPool,
+    kv: &mut KvCache,
+    ws: &mut Workspace,
+    tokens: &mut TokenSource,
+    n: usize,
+) -> Result<()> {
+    let ids: Vec<u32> = (0..n).map(|i| tokens.next(i == 0)).collect();
+    let mut done = 0;
+    for chunk in ids.chunks(PROMPT_CHUNK) {
+        // Logits for the last token of the whole prompt only.
+        let mut batch = Batch::for_sequence(chunk, done, 0, false);
+        if done + chunk.len() < n {
+            batch.logits.fill(false);
+        }
+        lm.model.forward(pool, &batch, kv, ws)?;
+        done += chunk.len();
+    }
+    Ok(())
+}
+
+/// tg: `n` single-token forward passes, each with logits.
+fn generate(
+    lm: &LoadedModel,
+    pool: &ThreadPool,
+    kv: &mut KvCache,
+    ws: &mut Workspace,
+    tokens: &mut TokenSource,
+    n: usize,
+) -> Result<()> {
+    let mut batch = Batch::new();
+    for pos in 0..n {
+        batch.clear();
+        batch.push(tokens.next(pos == 0), pos, 0, true);
+        lm.model.forward(pool, &batch, kv, ws)?;
+    }
+    Ok(())
+}
+
+/// Token ids as llama-bench picks them: BOS first when the model adds one, otherwise
+/// pseudo-random ids over the vocabulary (xorshift64*, fixed seed: runs repeat exactly).
+struct TokenSource {
+    bos: Option<u32>,
+    n_vocab: u64,
+    state: u64,
+}
+
+impl TokenSource {
+    fn new(lm: &LoadedModel) -> TokenSource {
+        let t = &lm.tokenizer;
+        TokenSource {
+            bos: t.bos().filter(|_| t.add_bos()),
+            n_vocab: t.vocab_size().min(lm.model.config.n_vocab).max(1) as u64,
+            state: 0x9E37_79B9_7F4A_7C15,
+        }
+    }
+
+    fn next(&mut self, first: bool) -> u32 {
+        if first && let Some(b) = self.bos {
+            return b;
+        }
+        self.state ^= self.state >> 12;
+        self.state ^= self.state << 25;
+        self.state ^= self.state >> 27;
+        (self.state.wrapping_mul(0x2545_F491_4F6C_DD1D) % self.n_vocab) as u32
+    }
+}
+
+fn record(
+    info: &ModelInfo,
+    cpu: &str,
+    isa: &str,
+    n_threads: usize,
+    spec: TestSpec,
+    test_time: String,
+    samples_ns: Vec<u64>,
+) -> Record {
+    let n_tokens = (spec.n_prompt + spec.n_gen) as f64;
+    let ns: Vec<f64> = samples_ns.iter().map(|&s| s as f64).collect();
+    let samples_ts: Vec<f64> = ns.iter().map(|&s| 1e9 * n_tokens / s.max(1.0)).collect();
+    Record {
+        build_commit: build_commit().to_string(),
+        build_number: 0,
+        cpu_info: cpu.to_string(),
+        gpu_info: String::new(),
+        backends: "CPU".into(),
+        model_filename: info.filename.clone(),
+        model_type: info.desc.clone(),
+        model_size: info.size,
+        model_n_params: info.n_params,
+        n_batch: PROMPT_CHUNK,
+        n_ubatch: PROMPT_CHUNK,
+        n_threads,
+        type_k: "f16".into(),
+        type_v: "f16".into(),
+        n_gpu_layers: 0,
+        flash_attn: 1,
+        n_prompt: spec.n_prompt,
+        n_gen: spec.n_gen,
+        n_depth: 0,
+        test_time,
+        avg_ns: mean(&ns).round() as u64,
+        stddev_ns: stdev(&ns).round() as u64,
+        avg_ts: mean(&samples_ts),
+        stddev_ts: stdev(&samples_ts),
+        samples_ns,
+        samples_ts,
+        isa: isa.to_string(),
+        peak_rss_bytes: peak_rss_bytes(),
+    }
+}
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.iter().sum::<f64>() / v.len() as f64
+}
+
+/// Sample standard deviation (n - 1), 0 for fewer than two samples, as llama-bench.
+fn stdev(v: &[f64]) -> f64 {
+    if v.len() < 2 {
+        return 0.0;
+    }
+    let m = mean(v);
+    let ss: f64 = v.iter().map(|x| (x - m) * (x - m)).sum();
+    (ss / (v.len() - 1) as f64).sqrt()
+}
+
+/// The commit mica was built from, when the build passed one in `MICA_BUILD_COMMIT`.
+fn build_commit() -> &'static str {
+    option_env!("MICA_BUILD_COMMIT").unwrap_or("unknown")
+}
+
+/// The CPU's model name, as llama.cpp's CPU backend describes itself.
+fn cpu_info() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "CPU".to_string())
+}
+
+/// Peak resident set size of this process (`VmHWM`), where the OS reports it.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Now as RFC 3339 UTC (`2025-01-31T12:00:00Z`), llama-bench's `test_time`.
+fn rfc3339_now() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (y, m, d) = civil_from_days(days as i64);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian date (H. Hinnant's `civil_from_days`).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// llama-bench's markdown table, one row printed as each test finishes.
+struct TablePrinter {
+    model: String,
+    size: String,
+    params: String,
+}
+
+/// Column widths as llama-bench's `get_field_width`: negative is left-aligned.
+const COLUMNS: [(&str, i32); 7] = [
+    ("model", -30),
+    ("size", 10),
+    ("params", 10),
+    ("backend", -10),
+    ("threads", 7),
+    ("test", 15),
+    ("t/s", 20),
+];
+
+impl TablePrinter {
+    fn start(info: &ModelInfo) -> Result<TablePrinter> {
+        let cells: Vec<String> = COLUMNS.iter().map(|c| c.0.to_string()).collect();
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{}", Self::line(&cells))?;
+        let rule: String = COLUMNS
+            .iter()
+            .map(|&(_, w)| {
+                let dashes = "-".repeat(w.unsigned_abs() as usize - 1);
+                format!(" {dashes}{} |", if w > 0 { ':' } else { '-' })
+            })
+            .collect();
+        writeln!(out, "|{rule}")?;
+        out.flush()?;
+        let mib = 1024.0 * 1024.0;
+        Ok(TablePrinter {
+            model: info.desc.clone(),
+            size: if info.size < 1024 * 1024 * 1024 {
+                format!("{:.2} MiB", info.size as f64 / mib)
+            } else {
+                format!("{:.2} GiB", info.size as f64 / mib / 1024.0)
+            },
+            params: if info.n_params < 1_000_000_000 {
+                format!("{:.2} M", info.n_params as f64 / 1e6)
+            } else {
+                format!("{:.2} B", info.n_params as f64 / 1e9)
+            },
+        })
+    }
+
+    fn line(cells: &[String]) -> String {
+        let body: String = COLUMNS
+            .iter()
+            .zip(cells)
+            .map(|(&(_, w), c)| {
+                let width = w.unsigned_abs() as usize;
+                if w < 0 {
+                    format!(" {c:<width$} |")
+                } else {
+                    format!(" {c:>width$} |")
+                }
+            })
+            .collect();
+        format!("|{body}")
+    }
+
+    fn row(&mut self, rec: &Record, spec: TestSpec) -> Result<()> {
+        let cells = [
+            self.model.clone(),
+            self.size.clone(),
+            self.params.clone(),
+            rec.backends.clone(),
+            rec.n_threads.to_string(),
+            spec.name(),
+            format!("{:.2} ± {:.2}", rec.avg_ts, rec.stddev_ts),
+        ];
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{}", Self::line(&cells))?;
+        out.flush()?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(19_723), (2024, 1, 1));
+        assert_eq!(civil_from_days(19_782), (2024, 2, 29));
+    }
+
+    #[test]
+    fn sample_stdev() {
+        assert_eq!(stdev(&[5.0]), 0.0);
+        assert!((stdev(&[1.0, 2.0, 3.0, 4.0]) - 1.290_994_4).abs() < 1e-6);
+    }
+
+    #[test]
+    fn lists() {
+        assert_eq!(parse_list("-p", "n", "128, 512").unwrap(), vec![128, 512]);
+        assert!(parse_list("-p", "n", "").is_err());
+        assert!(parse_list("-p", "n", " , ").is_err());
+        assert!(parse_list("-p", "n", "12x").is_err());
+    }
+}
