@@ -1,13 +1,16 @@
 //! Matrix products of weights (any [`DType`], straight from the file) with activations.
 //!
 //! As in ggml, activations are first quantized into the weight's vec-dot type (Q8_0, Q8_1,
-//! Q8_K, F16...), once per token row, and every output is one [`Kernels::vec_dot`] of a
-//! weight row with an activation row. Rows of the weight are split across the thread pool;
-//! each thread walks its rows in small tiles and runs every token against a tile while it is
-//! hot in cache, so a batch of prompt tokens reads each weight block from memory once.
+//! Q8_K, F16...), once per token row, and every output is the dot product llama.cpp would
+//! compute for it ([`DotPath::for_token`]). The work goes to the table's matrix kernels
+//! ([`Kernels::matmul`](crate::simd::Kernels::matmul), `simd/mat.rs`), which handle many weight rows and tokens per call:
+//! weight rows are split across the thread pool in chunks of whole row groups, each thread
+//! runs its rows against every token (tiled inside the kernel so a batch of prompt tokens
+//! reads each weight block from memory once).
 
 use crate::pool::{ThreadPool, split_range};
-use crate::simd::{DotPath, Kernels, kernels};
+use crate::simd::mat::{act_aux, aux_len};
+use crate::simd::{ActRows, BlockAux, DotPath, MatOut, WeightRows, kernels};
 use crate::{DType, quant};
 
 /// A row-major matrix of `rows` rows × `cols` elements stored in `dtype`.
@@ -40,16 +43,25 @@ impl<'a> QMatrix<'a> {
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         quant::dequantize_row(self.dtype, self.row(r), out);
     }
+
+    /// Rows `range` as the kernels' view.
+    fn rows_view(&self, range: std::ops::Range<usize>) -> WeightRows<'a> {
+        WeightRows::new(self.dtype, self.cols, self.rows, self.data).sub(range)
+    }
 }
 
-/// Activation rows quantized into one format, reused across every matrix that shares it.
+/// Activation rows quantized into one format, reused across every matrix that shares it,
+/// with the per-block data the matrix kernels use ([`BlockAux`]).
 #[derive(Default, Debug)]
 pub struct QActs {
     dtype: Option<DType>,
     cols: usize,
     n: usize,
     row_bytes: usize,
+    /// `[n, row_bytes]`
     data: Vec<u8>,
+    /// `[n, aux_len(dtype, cols)]`
+    aux: Vec<BlockAux>,
 }
 
 impl QActs {
@@ -61,19 +73,22 @@ impl QActs {
     /// over rows. The buffer is reused; no allocation once it is large enough.
     pub fn quantize(&mut self, pool: &ThreadPool, dtype: DType, x: &[f32], n: usize, cols: usize) {
         debug_assert_eq!(x.len(), n * cols);
-        let row_bytes = dtype
-            .row_bytes(cols)
-            .unwrap_or_else(|| panic!("{cols} columns is not a whole number of {dtype} blocks"));
-        self.data.resize(n * row_bytes, 0);
-        self.dtype = Some(dtype);
-        (self.cols, self.n, self.row_bytes) = (cols, n, row_bytes);
+        let row_bytes = self.shape(dtype, n, cols);
+        let aux_row = aux_len(dtype, cols);
         let k = kernels();
         let out = SyncPtr(self.data.as_mut_ptr());
+        let aux = SyncPtr(self.aux.as_mut_ptr());
         let quantize_rows = |rows: std::ops::Range<usize>| {
             for t in rows {
-                // SAFETY: each thread writes a disjoint set of rows of `data`.
-                let dst = unsafe { out.slice(t * row_bytes, row_bytes) };
+                // SAFETY: each thread writes a disjoint set of rows of `data` and `aux`.
+                let (dst, a) = unsafe {
+                    (
+                        out.slice(t * row_bytes, row_bytes),
+                        aux.slice(t * aux_row, aux_row),
+                    )
+                };
                 k.quantize_act(dtype, &x[t * cols..(t + 1) * cols], dst);
+                act_aux(dtype, dst, a);
             }
         };
         if n == 1 {
@@ -81,6 +96,37 @@ impl QActs {
         } else {
             pool.run(|i, nt| quantize_rows(split_range(n, i, nt, 1)));
         }
+    }
+
+    /// Activations already quantized (`data` is `[n, dtype.row_bytes(cols)]`), e.g. for
+    /// tests and benchmarks; computes their block data.
+    pub fn from_quantized(dtype: DType, cols: usize, n: usize, data: &[u8]) -> Self {
+        let mut q = QActs::new();
+        let rb = q.shape(dtype, n, cols);
+        assert_eq!(data.len(), n * rb, "activation bytes");
+        q.data.copy_from_slice(data);
+        let l = aux_len(dtype, cols);
+        for t in 0..n {
+            act_aux(
+                dtype,
+                &q.data[t * rb..(t + 1) * rb],
+                &mut q.aux[t * l..(t + 1) * l],
+            );
+        }
+        q
+    }
+
+    /// Sizes the buffers for `n` rows of `cols` in `dtype`; returns the row size.
+    fn shape(&mut self, dtype: DType, n: usize, cols: usize) -> usize {
+        let row_bytes = dtype
+            .row_bytes(cols)
+            .unwrap_or_else(|| panic!("{cols} columns is not a whole number of {dtype} blocks"));
+        self.data.resize(n * row_bytes, 0);
+        self.aux
+            .resize(n * aux_len(dtype, cols), BlockAux::default());
+        self.dtype = Some(dtype);
+        (self.cols, self.n, self.row_bytes) = (cols, n, row_bytes);
+        row_bytes
     }
 
     pub fn dtype(&self) -> Option<DType> {
@@ -94,10 +140,13 @@ impl QActs {
     pub fn row(&self, t: usize) -> &[u8] {
         &self.data[t * self.row_bytes..(t + 1) * self.row_bytes]
     }
-}
 
-/// Weight rows handled per tile: small enough to stay in L1/L2 while every token runs.
-const ROW_TILE: usize = 16;
+    /// The kernels' view of all rows.
+    pub fn view(&self) -> ActRows<'_> {
+        let dtype = self.dtype.expect("quantized activations");
+        ActRows::new(dtype, self.cols, self.n, &self.data, &self.aux)
+    }
+}
 
 /// `out[t, r] = Σ_c w[r, c] · x[t, c]` for all tokens `t < xq.n()` and rows `r`; `out` is
 /// `[n, w.rows]`, and `xq` must hold the activations quantized to `w.dtype.vec_dot_type()`.
@@ -115,14 +164,28 @@ pub fn matmul_rows(
 ) {
     assert_eq!(xq.dtype, Some(w.dtype.vec_dot_type()), "activation format");
     assert_eq!(xq.cols, w.cols, "activation width");
+    assert!(rows.end <= w.rows, "row range");
     let n = xq.n;
     let n_out = rows.len();
     assert_eq!(out.len(), n * n_out, "output size");
+    if n == 0 || n_out == 0 {
+        return;
+    }
     let k = kernels();
+    let x = xq.view();
     let dst = SyncPtr(out.as_mut_ptr());
     let work = |i: usize, nt: usize| {
-        let mine = split_range(n_out, i, nt, ROW_TILE.min(n_out.div_ceil(nt)).max(1));
-        tile_loop(k, w, xq, dst, rows.start, n_out, mine);
+        let mine = split_range(n_out, i, nt, row_align(n_out, nt));
+        if mine.is_empty() {
+            return;
+        }
+        let wv = w.rows_view(rows.start + mine.start..rows.start + mine.end);
+        // SAFETY: this thread alone writes columns `mine` of every token's output row.
+        let mut o = unsafe { MatOut::from_raw(dst.ptr().add(mine.start), n_out, mine.len(), n) };
+        for_each_path(w, n, |path, toks| {
+            let mut ot = o.offset(toks.start, 0);
+            k.matmul(path, &wv, &x.sub(toks), &mut ot);
+        });
     };
     // A single small product is not worth waking the pool for.
     if n * n_out * w.cols < 64 * 1024 {
@@ -132,34 +195,31 @@ pub fn matmul_rows(
     }
 }
 
-fn tile_loop(
-    k: &Kernels,
-    w: &QMatrix,
-    xq: &QActs,
-    dst: SyncPtr<f32>,
-    row0: usize,
-    n_out: usize,
-    mine: std::ops::Range<usize>,
-) {
-    let (t, cols) = (w.dtype, w.cols);
-    let mut r = mine.start;
-    while r < mine.end {
-        let r_end = (r + ROW_TILE).min(mine.end);
-        for tok in 0..xq.n {
-            let x = xq.row(tok);
-            let path = if w.extra_paths {
-                DotPath::for_token(t, w.rows, xq.n, tok)
-            } else {
-                DotPath::VecDot
-            };
-            let dot = k.dot_fn(path, t);
-            for rr in r..r_end {
-                let v = dot(cols, w.row(row0 + rr), x);
-                // SAFETY: rows `mine` of every token are written by this thread only.
-                unsafe { dst.write(tok * n_out + rr, v) };
-            }
+/// Rows per chunk of the split across threads: whole row groups of the kernels (16 rows)
+/// when every thread still gets several, else 4.
+fn row_align(n_out: usize, nt: usize) -> usize {
+    if n_out >= 64 * nt { 16 } else { 4 }
+}
+
+/// Calls `f(path, tokens)` for each run of consecutive tokens that llama.cpp computes by
+/// the same path (at most two: repacked Q4_K's groups of four, then the rest).
+fn for_each_path(w: &QMatrix, n: usize, mut f: impl FnMut(DotPath, std::ops::Range<usize>)) {
+    let path = |t: usize| {
+        if w.extra_paths {
+            DotPath::for_token(w.dtype, w.rows, n, t)
+        } else {
+            DotPath::VecDot
         }
-        r = r_end;
+    };
+    let mut t0 = 0;
+    while t0 < n {
+        let p = path(t0);
+        let mut t1 = t0 + 1;
+        while t1 < n && path(t1) == p {
+            t1 += 1;
+        }
+        f(p, t0..t1);
+        t0 = t1;
     }
 }
 
@@ -170,9 +230,8 @@ unsafe impl<T> Sync for SyncPtr<T> {}
 unsafe impl<T> Send for SyncPtr<T> {}
 
 impl<T> SyncPtr<T> {
-    /// SAFETY: in bounds, and no other thread accesses element `i` concurrently.
-    unsafe fn write(self, i: usize, v: T) {
-        unsafe { self.0.add(i).write(v) }
+    fn ptr(self) -> *mut T {
+        self.0
     }
 
     /// SAFETY: in bounds, and no other thread accesses the range concurrently.

@@ -46,14 +46,20 @@ mod avx2;
 mod avx2_kquants;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx512_mat;
+pub mod mat;
 mod paths;
 
+pub use mat::{ActRows, BlockAux, MatOut, WeightRows};
 pub use paths::DotPath;
 
 /// `(n, weight row bytes, activation row bytes) -> dot product`.
 pub type VecDotFn = fn(usize, &[u8], &[u8]) -> f32;
 /// `(f32 input, quantized output bytes)`.
 pub type QuantizeFn = fn(&[f32], &mut [u8]);
+/// A matrix kernel: every output of `weight rows × activation rows` (see [`mat`]).
+pub type MatFn = fn(&WeightRows, &ActRows, &mut MatOut);
 
 const N_TYPES: usize = DType::ALL.len();
 
@@ -78,6 +84,9 @@ pub struct Kernels {
     /// Dot products of llama.cpp's other matmul paths ([`DotPath`]), by path slot; the
     /// plain `dot` where a path does not apply to a type.
     paths: [[VecDotFn; N_TYPES]; 3],
+    /// Matrix kernels by path (`VecDot` first, then the [`DotPath`] slots) and type; `None`
+    /// where the table computes the product one `dot_fn` per output.
+    mats: [[Option<MatFn>; N_TYPES]; 4],
 }
 
 impl std::fmt::Debug for Kernels {
@@ -111,6 +120,7 @@ impl Kernels {
                 dot: [no_dot; N_TYPES],
                 quant: [scalar_quant!(F32); N_TYPES],
                 paths: [[no_dot; N_TYPES]; 3],
+                mats: [[None; N_TYPES]; 4],
             };
             let dots: [(DType, VecDotFn); 13] = [
                 (DType::F32, scalar_dot!(F32)),
@@ -192,6 +202,7 @@ impl Kernels {
                     let mut k = base.clone();
                     k.isa = "avx512";
                     avx512::install(&mut k);
+                    avx512_mat::install(&mut k);
                     k
                 })
             })
@@ -240,6 +251,22 @@ impl Kernels {
         }
     }
 
+    /// Every output of a matrix product on `path`: `out(t, r) = dot_fn(path, w.dtype)` of
+    /// weight row `r` and activation row `t`, bit for bit, for all `r < w.rows`,
+    /// `t < x.n` (`x` quantized to `w.dtype.vec_dot_type()`, with its block data). The
+    /// caller picks one path for all the tokens ([`DotPath::for_token`]).
+    #[inline]
+    pub fn matmul(&self, path: DotPath, w: &WeightRows, x: &ActRows, out: &mut MatOut) {
+        let f = self.mats[path.slot().map_or(0, |p| p + 1)][slot(w.dtype)];
+        mat::run(self, f, path, w, x, out)
+    }
+
+    /// Whether this table has a dedicated matrix kernel for `path` and `t` (otherwise
+    /// [`Kernels::matmul`] runs one `dot_fn` per output).
+    pub fn has_matmul(&self, path: DotPath, t: DType) -> bool {
+        self.mats[path.slot().map_or(0, |p| p + 1)][slot(t)].is_some()
+    }
+
     /// Quantizes activations `src` into format `t` (normally a `vec_dot_type()`: Q8_0, Q8_1,
     /// Q8_K, F16, BF16 or F32), byte-identical in every table. Q8_0 and Q8_1 use llama.cpp's
     /// x86 run-time quantizer ([`quant::legacy::quantize_q8_0_act`]); every other type is
@@ -261,6 +288,12 @@ impl Kernels {
         if let Some(p) = path.slot() {
             self.paths[p][slot(t)] = f;
         }
+    }
+
+    /// Installs a matrix kernel for `path` and `t` (used by the ISA modules).
+    #[allow(dead_code)]
+    fn set_mat(&mut self, path: DotPath, t: DType, f: MatFn) {
+        self.mats[path.slot().map_or(0, |p| p + 1)][slot(t)] = Some(f);
     }
 
     /// Replaces the quantizer of `t` (used by the ISA modules).

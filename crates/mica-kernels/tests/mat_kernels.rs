@@ -1,0 +1,164 @@
+//! Every table's matrix kernels ([`Kernels::matmul`]: many weight rows × many tokens per
+//! call) against that table's per-output dot product on the same path, bit for bit.
+//!
+//! The matrix kernels only regroup outputs into registers and tiles; the float sequence of
+//! each output must stay the one `dot_fn(path, type)` computes (which `llama_exact.rs` pins
+//! to llama.cpp). Shapes cover row counts that are not multiples of the kernels' row groups,
+//! token counts around their token groups, odd lengths (1, 3, 17, 33, 127 blocks) and the
+//! edge-value weight and activation kinds of `quant_common`.
+
+mod quant_common;
+
+use mica_kernels::DType;
+use mica_kernels::matmul::QActs;
+use mica_kernels::simd::{DotPath, Kernels, MatOut, WeightRows};
+use quant_common::*;
+
+/// The paths llama.cpp can take for a type (`VecDot` for all).
+fn paths(t: DType) -> Vec<DotPath> {
+    match t {
+        DType::Q4_K => vec![
+            DotPath::VecDot,
+            DotPath::RepackGemv,
+            DotPath::RepackGemm,
+            DotPath::Tiled,
+        ],
+        DType::Q2_K | DType::Q3_K | DType::Q5_K | DType::Q6_K => {
+            vec![DotPath::VecDot, DotPath::Tiled]
+        }
+        _ => vec![DotPath::VecDot],
+    }
+}
+
+/// Builds `rows` weight rows of `nblocks` blocks, mixing the weight kinds row by row.
+fn weights(t: DType, rows: usize, nblocks: usize, seed: usize, r: &mut Rng) -> Vec<u8> {
+    let mut w = Vec::new();
+    for i in 0..rows {
+        // Mostly realistic rows, with every edge kind present in most matrices.
+        let kind = WEIGHT_KINDS[(i + seed) % WEIGHT_KINDS.len()];
+        let n_el = nblocks * t.block_size();
+        let row = if t.is_quantized() {
+            weight_row(t, nblocks, kind, r)
+        } else {
+            weight_row(t, n_el, kind, r)
+        };
+        w.extend_from_slice(&row);
+    }
+    w
+}
+
+fn same(a: f32, b: f32) -> bool {
+    a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan()
+}
+
+/// Checks one (table, type, path, shape) case.
+fn check(k: &Kernels, t: DType, path: DotPath, n: usize, rows: usize, toks: usize, r: &mut Rng) {
+    let nblocks = n / t.block_size();
+    let w = weights(t, rows, nblocks, rows + toks, r);
+    let vt = t.vec_dot_type();
+    let mut xq = Vec::new();
+    for i in 0..toks {
+        let x = activations(n, ACT_KINDS[i % ACT_KINDS.len()], r);
+        let mut q = vec![0u8; vt.row_bytes(n).unwrap()];
+        Kernels::scalar().quantize_act(vt, &x, &mut q);
+        xq.extend_from_slice(&q);
+    }
+    let acts = QActs::from_quantized(vt, n, toks, &xq);
+    let wr = WeightRows::new(t, n, rows, &w);
+    // A wider output matrix than the rows, to check the stride.
+    let stride = rows + 3;
+    let mut out = vec![f32::from_bits(0x7fc0_dead); toks * stride];
+    k.matmul(
+        path,
+        &wr,
+        &acts.view(),
+        &mut MatOut::new(&mut out, stride, rows, toks),
+    );
+    let dot = k.dot_fn(path, t);
+    for tok in 0..toks {
+        for row in 0..rows {
+            let want = dot(n, wr.row(row), acts.row(tok));
+            let got = out[tok * stride + row];
+            assert!(
+                same(got, want),
+                "{} {t} {path:?} n={n} rows={rows} tokens={toks}: out[{tok}, {row}] = {got:e}, dot {want:e}",
+                k.isa()
+            );
+        }
+        for pad in rows..stride {
+            assert_eq!(
+                out[tok * stride + pad].to_bits(),
+                0x7fc0_dead,
+                "wrote past the rows"
+            );
+        }
+    }
+}
+
+#[test]
+fn matrix_kernels_equal_per_output_dots_bit_for_bit() {
+    let mut r = rng(31);
+    let shapes: [(usize, usize); 8] = [
+        (1, 1),
+        (3, 1),
+        (4, 1),
+        (9, 1),
+        (17, 1),
+        (5, 3),
+        (7, 5),
+        (18, 9),
+    ];
+    for (name, k) in Kernels::all() {
+        let Some(k) = k else {
+            println!("SKIPPED: {name} (this CPU lacks it)");
+            continue;
+        };
+        for t in DType::WEIGHT_TYPES {
+            for path in paths(t) {
+                let mut cases = 0;
+                for nblocks in [1usize, 3, 17, 33, 127] {
+                    let n = if t.is_quantized() {
+                        nblocks * t.block_size()
+                    } else {
+                        nblocks * 33
+                    };
+                    for &(rows, toks) in &shapes {
+                        // Long rows only with small shapes: the scalar table is slow.
+                        if nblocks == 127 && rows * toks > 9 {
+                            continue;
+                        }
+                        check(k, t, path, n, rows, toks, &mut r);
+                        cases += 1;
+                    }
+                }
+                let kind = if k.has_matmul(path, t) {
+                    "kernel"
+                } else {
+                    "by dots"
+                };
+                println!(
+                    "{:>6} {t:>4} {path:?} ({kind}): {cases} shapes bit-identical",
+                    k.isa()
+                );
+            }
+        }
+    }
+}
+
+/// Large-ish products that cross the kernels' token tiles (64) and row groups.
+#[test]
+fn matrix_kernels_cover_token_tiles() {
+    let mut r = rng(32);
+    let k = mica_kernels::simd::kernels();
+    for t in [
+        DType::Q4_1,
+        DType::Q8_0,
+        DType::Q5_0,
+        DType::Q4_K,
+        DType::Q6_K,
+    ] {
+        for path in paths(t) {
+            check(k, t, path, 2 * 256, 21, 70, &mut r);
+        }
+    }
+}
