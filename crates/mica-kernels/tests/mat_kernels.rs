@@ -98,12 +98,13 @@ fn check(k: &Kernels, t: DType, path: DotPath, n: usize, rows: usize, toks: usiz
 #[test]
 fn matrix_kernels_equal_per_output_dots_bit_for_bit() {
     let mut r = rng(31);
-    let shapes: [(usize, usize); 8] = [
+    let shapes: [(usize, usize); 9] = [
         (1, 1),
         (3, 1),
         (4, 1),
         (9, 1),
         (17, 1),
+        (6, 2),
         (5, 3),
         (7, 5),
         (18, 9),

@@ -47,6 +47,8 @@ mod avx2_kquants;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
+mod avx512_kmat;
+#[cfg(target_arch = "x86_64")]
 mod avx512_mat;
 pub mod mat;
 mod paths;
@@ -203,6 +205,7 @@ impl Kernels {
                     k.isa = "avx512";
                     avx512::install(&mut k);
                     avx512_mat::install(&mut k);
+                    avx512_kmat::install(&mut k);
                     k
                 })
             })

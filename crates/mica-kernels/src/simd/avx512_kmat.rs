@@ -1,0 +1,632 @@
+//! AVX-512 matrix kernels (see [`super::mat`]) for the k-quants Q4_K and Q6_K on every
+//! llama.cpp path: the repacked-Q4_K gemv/gemm, the tiled batch path, and `vec_dot`.
+//!
+//! A weight super-block is unpacked once per row into four registers of 64 unsigned quants
+//! (element order) and four registers of i16 sub-block scales; each token then costs four
+//! `vpmaddubsw` (u8 × i8 pair sums, exact in i16) and four `vpdpwssd` (× scale, into i32
+//! lanes). The offset of Q6_K's quants (-32) enters through the activations' group sums
+//! (`bsums`), as do Q4_K's mins.
+//!
+//! The batch paths' float arithmetic is scalar per output (`paths.rs`: one or four FMAs per
+//! super-block on the *total* integer sums), so their micro-kernel computes 16 outputs at once
+//! (4 rows × 4 tokens, 8 × 2 or 16 × 1): the i32 lanes of the 16 outputs are reduced together
+//! by a transposing add tree, and the FMAs run with one output per f32 lane, each lane doing
+//! exactly the scalar sequence. `vec_dot` keeps llama.cpp's eight `sumi` lanes per output
+//! (`avx512.rs`), four rows per step.
+
+use std::arch::x86_64::*;
+
+use super::mat::{ActRows, MatOut, WeightRows};
+use super::{DotPath, Kernels};
+use crate::DType;
+use crate::quant::blocks::QK_K;
+
+/// Tokens per cache tile (their activations stay in L2 while the rows run over them).
+const TOK_TILE: usize = 64;
+/// Bytes of a Q8_K block; its f32 scale, quants and group sums.
+const XB: usize = 292;
+const XQ: usize = 4;
+const XBS: usize = 260;
+
+pub(super) fn install(k: &mut Kernels) {
+    // SAFETY (all entries): installed only in the AVX-512 table, after `supported()`.
+    k.set_mat(DotPath::Tiled, DType::Q4_K, |w, x, o| unsafe {
+        batch::<Q4K, Tiled>(w, x, o)
+    });
+    k.set_mat(DotPath::Tiled, DType::Q6_K, |w, x, o| unsafe {
+        batch::<Q6K, Tiled>(w, x, o)
+    });
+    k.set_mat(DotPath::RepackGemv, DType::Q4_K, |w, x, o| unsafe {
+        batch::<Q4K, Gemv>(w, x, o)
+    });
+    k.set_mat(DotPath::RepackGemm, DType::Q4_K, |w, x, o| unsafe {
+        batch::<Q4K, Gemm>(w, x, o)
+    });
+    k.set_mat(DotPath::VecDot, DType::Q4_K, |w, x, o| unsafe {
+        vec_dot::<Q4K>(w, x, o)
+    });
+    k.set_mat(DotPath::VecDot, DType::Q6_K, |w, x, o| unsafe {
+        vec_dot::<Q6K>(w, x, o)
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Formats.
+
+#[inline(always)]
+unsafe fn rd16(p: *const u8) -> u64 {
+    // SAFETY: the caller guarantees two readable bytes.
+    unsafe { p.cast::<u16>().read_unaligned() as u64 }
+}
+
+#[inline(always)]
+unsafe fn rd32(p: *const u8) -> u32 {
+    // SAFETY: the caller guarantees four readable bytes.
+    unsafe { p.cast::<u32>().read_unaligned() }
+}
+
+/// One super-block of one row, unpacked.
+#[derive(Clone, Copy)]
+struct Unpacked {
+    /// Unsigned quants of elements 64k..64k+64.
+    q: [__m512i; 4],
+    /// i16 scale of each i16 lane of `vpmaddubsw(q[k], a)`.
+    sc: [__m512i; 4],
+    /// Per group of 16 elements (i16): the min (formats with mins), or the correction
+    /// `-offset · scale` of unsigned quants (Q6_K), applied as `Σ g[i] · bsum[i]`.
+    groups: __m256i,
+}
+
+/// A k-quant weight format as the kernels see it.
+///
+/// # Safety
+/// `unpack` reads only `BYTES` bytes at `p`.
+unsafe trait KFormat {
+    const BYTES: usize;
+    /// Whether `groups` holds mins (a separate sum) rather than a correction of the main sum.
+    const MIN: bool;
+    /// Byte offsets of the f16 `d` and `dmin` (unused without mins).
+    const D: usize;
+    const DMIN: usize;
+    unsafe fn unpack(p: *const u8) -> Unpacked;
+}
+
+/// `[v | v]`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn twice(v: __m256i) -> __m512i {
+    _mm512_inserti64x4(_mm512_castsi256_si512(v), v, 1)
+}
+
+/// i16 lanes `[s[a] ×16, s[b] ×16]`-style spreads: `idx` picks an i16 of `s` per lane.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn pick16(s: __m128i, idx: [i16; 32]) -> __m512i {
+    // SAFETY: 64 readable bytes.
+    let idx = unsafe { _mm512_loadu_si512(idx.as_ptr().cast()) };
+    _mm512_permutexvar_epi16(idx, _mm512_castsi128_si512(s))
+}
+
+/// Lane indices of the i16 lanes of a 64-element register whose scale changes every `per`
+/// lanes (16 for 32-element sub-blocks, 8 for 16-element groups), starting at `first`.
+const fn scale_idx(first: i16, per: usize) -> [i16; 32] {
+    let mut out = [0i16; 32];
+    let mut i = 0;
+    while i < 32 {
+        out[i] = first + (i / per) as i16;
+        i += 1;
+    }
+    out
+}
+
+struct Q4K;
+// SAFETY: reads 144 bytes: d@0, dmin@2, scales@4 (12), qs@16 (128).
+unsafe impl KFormat for Q4K {
+    const BYTES: usize = 144;
+    const MIN: bool = true;
+    const D: usize = 0;
+    const DMIN: usize = 2;
+    #[inline]
+    #[target_feature(enable = "avx2,avx512f,avx512bw")]
+    unsafe fn unpack(p: *const u8) -> Unpacked {
+        // The six-bit scales and mins, as llama.cpp unpacks them (`kmask1..3`).
+        let (u0, u1, u2) = unsafe { (rd32(p.add(4)), rd32(p.add(8)), rd32(p.add(12))) };
+        let (m1, m2, m3) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
+        let sc = (u0 & m1) as u64 | (((u2 & m2) | (((u0 >> 6) & m3) << 4)) as u64) << 32;
+        let mn = (u1 & m1) as u64 | ((((u2 >> 4) & m2) | (((u1 >> 6) & m3) << 4)) as u64) << 32;
+        let sc16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64));
+        let mn8 = _mm_cvtsi64_si128(mn as i64);
+        let low4 = _mm512_set1_epi8(0x0F);
+        let split = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+        let q = std::array::from_fn(|k| {
+            // SAFETY: qs[32k..32k+32] is inside the block.
+            let v = unsafe { _mm256_loadu_si256(p.add(16 + 32 * k).cast()) };
+            _mm512_and_si512(_mm512_srlv_epi16(twice(v), split), low4)
+        });
+        Unpacked {
+            q,
+            sc: [
+                pick16(sc16, const { scale_idx(0, 16) }),
+                pick16(sc16, const { scale_idx(2, 16) }),
+                pick16(sc16, const { scale_idx(4, 16) }),
+                pick16(sc16, const { scale_idx(6, 16) }),
+            ],
+            // Each min covers two groups of 16.
+            groups: _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8)),
+        }
+    }
+}
+
+struct Q6K;
+// SAFETY: reads 210 bytes: ql@0 (128), qh@128 (64), scales@192 (16), d@208.
+unsafe impl KFormat for Q6K {
+    const BYTES: usize = 210;
+    const MIN: bool = false;
+    const D: usize = 208;
+    const DMIN: usize = 208;
+    #[inline]
+    #[target_feature(enable = "avx2,avx512f,avx512bw")]
+    unsafe fn unpack(p: *const u8) -> Unpacked {
+        let low4 = _mm512_set1_epi8(0x0F);
+        let three = _mm512_set1_epi8(3);
+        let sh = |a: i16, b: i16| _mm512_inserti64x4(_mm512_set1_epi16(a), _mm256_set1_epi16(b), 1);
+        let (sh_a, sh_b) = (sh(0, 2), sh(4, 6));
+        let mut q = [_mm512_setzero_si512(); 4];
+        for h in 0..2 {
+            // SAFETY: ql[64h..64h+64] and qh[32h..32h+32] are inside the block.
+            let (ql, qh) = unsafe {
+                (
+                    _mm512_loadu_si512(p.add(64 * h).cast()),
+                    twice(_mm256_loadu_si256(p.add(128 + 32 * h).cast())),
+                )
+            };
+            let hi_a = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, sh_a), three), 4);
+            let hi_b = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, sh_b), three), 4);
+            q[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, low4), hi_a);
+            q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4), hi_b);
+        }
+        // SAFETY: scales[0..16] is inside the block.
+        let s8 = unsafe { _mm_loadu_si128(p.add(192).cast()) };
+        let s16 = _mm256_cvtepi8_epi16(s8);
+        let lo = _mm256_castsi256_si128(s16);
+        let hi = _mm256_extracti128_si256(s16, 1);
+        Unpacked {
+            q,
+            sc: [
+                pick16(lo, const { scale_idx(0, 8) }),
+                pick16(lo, const { scale_idx(4, 8) }),
+                pick16(hi, const { scale_idx(0, 8) }),
+                pick16(hi, const { scale_idx(4, 8) }),
+            ],
+            // The quants are stored +32: subtract 32 · scale per group.
+            groups: _mm256_mullo_epi16(s16, _mm256_set1_epi16(-32)),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Integer sums.
+
+/// `Σ sc·q·a` of one super-block as 16 i32 lanes (lane i: elements 4i..4i+3 of each
+/// 64-element register, summed over the four).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn lanes16(u: &Unpacked, x: *const u8) -> __m512i {
+    let mut s = _mm512_setzero_si512();
+    for k in 0..4 {
+        // SAFETY: the caller passes a Q8_K block.
+        let a = unsafe { _mm512_loadu_si512(x.add(XQ + 64 * k).cast()) };
+        s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(u.q[k], a), u.sc[k]);
+    }
+    s
+}
+
+/// The eight pair sums `g[2i]·bsum[2i] + g[2i+1]·bsum[2i+1]`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn group_lanes(u: &Unpacked, x: *const u8) -> __m256i {
+    // SAFETY: the caller passes a Q8_K block.
+    let bs = unsafe { _mm256_loadu_si256(x.add(XBS).cast()) };
+    _mm256_madd_epi16(u.groups, bs)
+}
+
+/// 16 → 8 lanes: lane i + lane i + 8.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn fold(v: __m512i) -> __m256i {
+    _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1))
+}
+
+/// Tree level 1 + 2: four vectors → one whose 128-bit chunk j holds, in lane i, the sum of
+/// chunk j of input i.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn quad(v: [__m512i; 4]) -> __m512i {
+    let l1 = |a, b| _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+    let (x, y) = (l1(v[0], v[1]), l1(v[2], v[3]));
+    _mm512_add_epi32(_mm512_unpacklo_epi64(x, y), _mm512_unpackhi_epi64(x, y))
+}
+
+/// Adds 128-bit chunks pairwise: `[a0+a1, a2+a3, b0+b1, b2+b3]`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn pairs(a: __m512i, b: __m512i) -> __m512i {
+    _mm512_add_epi32(
+        _mm512_shuffle_i32x4(a, b, 0x88),
+        _mm512_shuffle_i32x4(a, b, 0xDD),
+    )
+}
+
+/// Lane sums of 16 vectors, lane i = Σ lanes of `v[i]`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn reduce16(v: &[__m512i; 16]) -> __m512i {
+    let b: [__m512i; 4] =
+        std::array::from_fn(|j| quad([v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]]));
+    pairs(pairs(b[0], b[1]), pairs(b[2], b[3]))
+}
+
+/// Two sums of 16 vectors whose chunks 0-1 and 2-3 hold two different quantities:
+/// `(Σ chunks 0-1, Σ chunks 2-3)` per input lane.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn reduce16x2(v: &[__m512i; 16]) -> (__m512i, __m512i) {
+    let b: [__m512i; 4] =
+        std::array::from_fn(|j| quad([v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]]));
+    // [first(0-3), second(0-3), first(4-7), second(4-7)] and the same for 8-15.
+    let (c0, c1) = (pairs(b[0], b[1]), pairs(b[2], b[3]));
+    (
+        _mm512_shuffle_i32x4(c0, c1, 0x88),
+        _mm512_shuffle_i32x4(c0, c1, 0xDD),
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// The batch paths: 16 outputs per micro-kernel, one per f32 lane.
+
+/// The float steps of a batch path, lane-wise (`paths.rs`'s `Acc` for 16 outputs).
+trait BatchPath {
+    /// Whether the path needs the sums per 64 elements (the repacked gemm) or totals.
+    const PARTS: bool;
+    /// One super-block from totals: `isum`, and `imin` for the formats with mins, as f32.
+    fn step(acc: &mut [__m512; 2], isum: __m512, imin: Option<__m512>, d: &Scales);
+    fn result(acc: &[__m512; 2]) -> __m512;
+}
+
+/// Per-lane f32 scales of a super-block.
+struct Scales {
+    dw: __m512,
+    dmin: __m512,
+    dx: __m512,
+}
+
+struct Tiled;
+impl BatchPath for Tiled {
+    const PARTS: bool = false;
+    #[inline(always)]
+    fn step(acc: &mut [__m512; 2], isum: __m512, imin: Option<__m512>, d: &Scales) {
+        // SAFETY: AVX-512F is enabled in every caller (inlined into target_feature code).
+        unsafe {
+            let mut r = _mm512_mul_ps(isum, d.dw);
+            if let Some(imin) = imin {
+                let sign = _mm512_set1_epi32(i32::MIN);
+                let neg = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(d.dmin), sign));
+                r = _mm512_fmadd_ps(neg, imin, r);
+            }
+            acc[0] = _mm512_fmadd_ps(r, d.dx, acc[0]);
+        }
+    }
+    #[inline(always)]
+    fn result(acc: &[__m512; 2]) -> __m512 {
+        acc[0]
+    }
+}
+
+struct Gemv;
+impl BatchPath for Gemv {
+    const PARTS: bool = false;
+    #[inline(always)]
+    fn step(acc: &mut [__m512; 2], isum: __m512, imin: Option<__m512>, d: &Scales) {
+        // SAFETY: as above.
+        unsafe {
+            acc[0] = _mm512_fmadd_ps(isum, _mm512_mul_ps(d.dw, d.dx), acc[0]);
+            if let Some(imin) = imin {
+                acc[1] = _mm512_fmadd_ps(imin, _mm512_mul_ps(d.dmin, d.dx), acc[1]);
+            }
+        }
+    }
+    #[inline(always)]
+    fn result(acc: &[__m512; 2]) -> __m512 {
+        // SAFETY: as above.
+        unsafe { _mm512_sub_ps(acc[0], acc[1]) }
+    }
+}
+
+struct Gemm;
+impl BatchPath for Gemm {
+    const PARTS: bool = true;
+    #[inline(always)]
+    fn step(acc: &mut [__m512; 2], isum: __m512, imin: Option<__m512>, d: &Scales) {
+        // One of the four 64-element parts, in order.
+        Gemv::step(acc, isum, imin, d)
+    }
+    #[inline(always)]
+    fn result(acc: &[__m512; 2]) -> __m512 {
+        Gemv::result(acc)
+    }
+}
+
+/// 16 f16 fields (at `off` of each row's block) to f32, lane i from row `i / per`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,f16c")]
+unsafe fn f16_lanes<const R: usize>(w: &[*const u8; R], off: usize, per: usize) -> __m512 {
+    let mut h = [0u64; 4];
+    for (i, w) in w.iter().enumerate() {
+        // SAFETY: the caller passes block pointers with the field inside.
+        h[i / 4] |= unsafe { rd16(w.add(off)) } << (16 * (i % 4));
+    }
+    let v = _mm256_setr_epi64x(h[0] as i64, h[1] as i64, h[2] as i64, h[3] as i64);
+    let f = _mm512_cvtph_ps(v);
+    if per == 1 {
+        f
+    } else {
+        let idx: [i32; 16] = std::array::from_fn(|i| (i / per) as i32);
+        // SAFETY: 64 readable bytes.
+        _mm512_permutexvar_ps(unsafe { _mm512_loadu_si512(idx.as_ptr().cast()) }, f)
+    }
+}
+
+/// The activation scales of `C` tokens, lane i from token `i % C`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn dx_lanes<const C: usize>(x: &[*const u8; C]) -> __m512 {
+    // SAFETY: Q8_K blocks start with their f32 scale.
+    let d = |c: usize| unsafe { x[c % C].cast::<f32>().read_unaligned() };
+    _mm512_broadcast_f32x4(_mm_setr_ps(d(0), d(1), d(2), d(3)))
+}
+
+/// `R` rows × `C` tokens (`R·C = 16`) over all `nb` super-blocks: the path's result per
+/// output, lane `r·C + c`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tile<F: KFormat, P: BatchPath, const R: usize, const C: usize>(
+    w: [*const u8; R],
+    x: [*const u8; C],
+    nb: usize,
+) -> __m512 {
+    let mut acc = [_mm512_setzero_ps(); 2];
+    for b in 0..nb {
+        // SAFETY: every pointer stays inside its row (checked by the driver).
+        unsafe {
+            let wb = w.map(|p| p.add(b * F::BYTES));
+            let xb = x.map(|p| p.add(b * XB));
+            let d = Scales {
+                dw: f16_lanes(&wb, F::D, C),
+                dmin: if F::MIN {
+                    f16_lanes(&wb, F::DMIN, C)
+                } else {
+                    _mm512_setzero_ps()
+                },
+                dx: dx_lanes(&xb),
+            };
+            if P::PARTS {
+                let (part, min) = parts_tile::<F, R, C>(&wb, &xb);
+                for k in 0..4 {
+                    let min = F::MIN.then(|| _mm512_cvtepi32_ps(min[k]));
+                    P::step(&mut acc, _mm512_cvtepi32_ps(part[k]), min, &d);
+                }
+            } else {
+                let mut v = [_mm512_setzero_si512(); 16];
+                for r in 0..R {
+                    let u = F::unpack(wb[r]);
+                    for c in 0..C {
+                        let s = lanes16(&u, xb[c]);
+                        let g = group_lanes(&u, xb[c]);
+                        v[r * C + c] = if F::MIN {
+                            _mm512_inserti64x4(_mm512_castsi256_si512(fold(s)), g, 1)
+                        } else {
+                            _mm512_add_epi32(s, _mm512_castsi256_si512(g))
+                        };
+                    }
+                }
+                let (isum, imin) = if F::MIN {
+                    reduce16x2(&v)
+                } else {
+                    (reduce16(&v), _mm512_setzero_si512())
+                };
+                let imin = F::MIN.then(|| _mm512_cvtepi32_ps(imin));
+                P::step(&mut acc, _mm512_cvtepi32_ps(isum), imin, &d);
+            }
+        }
+    }
+    P::result(&acc)
+}
+
+/// Per 64-element part k (lane = output): `(Σ sc·q·a, Σ min·bsum)` of one super-block.
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vnni")]
+unsafe fn parts_tile<F: KFormat, const R: usize, const C: usize>(
+    wb: &[*const u8; R],
+    xb: &[*const u8; C],
+) -> ([__m512i; 4], [__m512i; 4]) {
+    let mut p = [_mm512_setzero_si512(); 16];
+    let mut m = [_mm512_setzero_si512(); 16];
+    for r in 0..R {
+        // SAFETY: the caller's pointers hold whole blocks.
+        let u = unsafe { F::unpack(wb[r]) };
+        for c in 0..C {
+            let mut s = [_mm512_setzero_si512(); 4];
+            for (k, s) in s.iter_mut().enumerate() {
+                // SAFETY: as above.
+                let a = unsafe { _mm512_loadu_si512(xb[c].add(XQ + 64 * k).cast()) };
+                *s = _mm512_dpwssd_epi32(*s, _mm512_maddubs_epi16(u.q[k], a), u.sc[k]);
+            }
+            // Chunk k: four partial sums of part k.
+            p[r * C + c] = pairs(pairs(s[0], s[1]), pairs(s[2], s[3]));
+            // Chunk k: [min lane 2k, 0, min lane 2k+1, 0].
+            // SAFETY: as above.
+            m[r * C + c] = _mm512_cvtepu32_epi64(unsafe { group_lanes(&u, xb[c]) });
+        }
+    }
+    (chunk_sums(&p), chunk_sums(&m))
+}
+
+/// For 16 inputs whose chunk k holds four partial sums of quantity k: per k, the vector of
+/// the 16 totals (lane = input).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn chunk_sums(v: &[__m512i; 16]) -> [__m512i; 4] {
+    // b[j] chunk k = quantity k of inputs 4j..4j+4.
+    let b: [__m512i; 4] =
+        std::array::from_fn(|j| quad([v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]]));
+    // 4 × 4 transpose of chunks.
+    let t0 = _mm512_shuffle_i32x4(b[0], b[1], 0x44); // b0c0 b0c1 b1c0 b1c1
+    let t1 = _mm512_shuffle_i32x4(b[0], b[1], 0xEE); // b0c2 b0c3 b1c2 b1c3
+    let t2 = _mm512_shuffle_i32x4(b[2], b[3], 0x44);
+    let t3 = _mm512_shuffle_i32x4(b[2], b[3], 0xEE);
+    [
+        _mm512_shuffle_i32x4(t0, t2, 0x88),
+        _mm512_shuffle_i32x4(t0, t2, 0xDD),
+        _mm512_shuffle_i32x4(t1, t3, 0x88),
+        _mm512_shuffle_i32x4(t1, t3, 0xDD),
+    ]
+}
+
+/// Runs one micro-kernel and stores its valid outputs.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn run_tile<F: KFormat, P: BatchPath, const R: usize, const C: usize>(
+    w: &WeightRows,
+    x: &ActRows,
+    out: &mut MatOut,
+    r0: usize,
+    t0: usize,
+) {
+    let nb = w.n / QK_K;
+    let nr = (w.rows - r0).min(R);
+    let nt = (x.n - t0).min(C);
+    // SAFETY: rows r0..r0+nr and tokens t0..t0+nt exist; missing ones repeat the last.
+    let (wp, xp) = unsafe {
+        (
+            std::array::from_fn(|i| w.data.as_ptr().add((r0 + i.min(nr - 1)) * w.stride)),
+            std::array::from_fn(|c| x.data.as_ptr().add((t0 + c.min(nt - 1)) * nb * XB)),
+        )
+    };
+    // SAFETY: as above.
+    let v = unsafe { tile::<F, P, R, C>(wp, xp, nb) };
+    let mut lanes = [0f32; 16];
+    // SAFETY: 16 writable floats.
+    unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), v) };
+    for r in 0..nr {
+        for c in 0..nt {
+            out.set(t0 + c, r0 + r, lanes[r * C + c]);
+        }
+    }
+}
+
+/// A batch path's matrix kernel: rows in blocks of 16, tokens in tiles of [`TOK_TILE`] and
+/// micro-kernel groups of 4 (4 rows each), 2 (8 rows) or 1 (16 rows).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn batch<F: KFormat, P: BatchPath>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
+    check::<F>(w, x);
+    for t0 in (0..x.n).step_by(TOK_TILE) {
+        let t1 = (t0 + TOK_TILE).min(x.n);
+        for r0 in (0..w.rows).step_by(16) {
+            let r1 = (r0 + 16).min(w.rows);
+            let mut t = t0;
+            // SAFETY (all calls): r < w.rows, t < x.n.
+            unsafe {
+                while t1 - t >= 3 {
+                    for r in (r0..r1).step_by(4) {
+                        run_tile::<F, P, 4, 4>(w, x, out, r, t);
+                    }
+                    t += 4.min(t1 - t);
+                }
+                if t1 - t == 2 {
+                    for r in (r0..r1).step_by(8) {
+                        run_tile::<F, P, 8, 2>(w, x, out, r, t);
+                    }
+                } else if t1 - t == 1 {
+                    run_tile::<F, P, 16, 1>(w, x, out, r0, t);
+                }
+            }
+        }
+    }
+}
+
+/// Checks the sizes every kernel here relies on.
+fn check<F: KFormat>(w: &WeightRows, x: &ActRows) {
+    let nb = w.n / QK_K;
+    assert!(nb * QK_K == w.n && w.rows > 0 && x.dtype == DType::Q8_K);
+    assert!(
+        w.data.len() >= (w.rows - 1) * w.stride + nb * F::BYTES,
+        "weight rows"
+    );
+    assert!(x.data.len() == x.n * nb * XB, "activation rows");
+}
+
+// ---------------------------------------------------------------------------------------------
+// vec_dot: llama.cpp's eight `sumi` lanes per output, four rows per step.
+
+/// Four rows × one token: `hsum_float_8(acc)` (+ the Q4_K min lanes) per row.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn vec_dot_rows<F: KFormat>(w: [*const u8; 4], x: *const u8, nb: usize) -> [f32; 4] {
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut acc_m = [_mm_setzero_ps(); 4];
+    for b in 0..nb {
+        // SAFETY: every pointer stays inside its row (checked by the driver).
+        unsafe {
+            let xb = x.add(b * XB);
+            let dx = xb.cast::<f32>().read_unaligned();
+            for r in 0..4 {
+                let wb = w[r].add(b * F::BYTES);
+                let u = F::unpack(wb);
+                let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(rd16(wb.add(F::D)) as i32)));
+                let d = dx * dw;
+                let s = fold(lanes16(&u, xb));
+                let g = group_lanes(&u, xb);
+                let sumi = if F::MIN {
+                    // acc_m = fma(-d_x·dmin, mins per 64 elements, acc_m).
+                    let dm = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+                        rd16(wb.add(F::DMIN)) as i32
+                    )));
+                    let mins =
+                        _mm_hadd_epi32(_mm256_castsi256_si128(g), _mm256_extracti128_si256(g, 1));
+                    acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(-dx * dm), _mm_cvtepi32_ps(mins), acc_m[r]);
+                    s
+                } else {
+                    _mm256_add_epi32(s, g)
+                };
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
+            }
+        }
+    }
+    std::array::from_fn(|r| {
+        if F::MIN {
+            super::avx2_kquants::finish_q4k(acc[r], acc_m[r])
+        } else {
+            super::avx2::hsum_f32(acc[r])
+        }
+    })
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn vec_dot<F: KFormat>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
+    check::<F>(w, x);
+    let nb = w.n / QK_K;
+    for t in 0..x.n {
+        for r0 in (0..w.rows).step_by(4) {
+            let nr = (w.rows - r0).min(4);
+            // SAFETY: rows r0..r0+nr and token t exist.
+            let res = unsafe {
+                let wp =
+                    std::array::from_fn(|i| w.data.as_ptr().add((r0 + i.min(nr - 1)) * w.stride));
+                vec_dot_rows::<F>(wp, x.data.as_ptr().add(t * nb * XB), nb)
+            };
+            for (i, &v) in res[..nr].iter().enumerate() {
+                out.set(t, r0 + i, v);
+            }
+        }
+    }
+}
