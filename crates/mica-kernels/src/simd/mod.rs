@@ -45,6 +45,8 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_kquants;
 #[cfg(target_arch = "x86_64")]
+mod avx2_mat;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_kmat;
@@ -184,6 +186,7 @@ impl Kernels {
                     avx2::install(&mut k);
                     avx2_kquants::install(&mut k);
                     paths::avx2::install(&mut k);
+                    avx2_mat::install(&mut k);
                     k
                 })
             })

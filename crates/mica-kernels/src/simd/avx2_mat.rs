@@ -1,0 +1,296 @@
+//! AVX2 matrix kernels (see [`super::mat`]): the legacy formats four rows at a time and the
+//! float formats two rows at a time, against one token per step (the rows stay in L1 while
+//! every token of a tile runs over them). The AVX-512 table keeps the float kernels.
+//!
+//! Per output the arithmetic is exactly `avx2.rs`'s: the same per-block lanes
+//! (`mul_sum_i8` / `mul_sum_us8` of the same bytes), `acc = fma(d_w·d_x, lanes, acc)`, the
+//! scalar `summs = fma(m, s, summs)`, `hsum_f32`; for floats the same four accumulators
+//! over 32-element chunks, the 8-element remainder into the first, the scalar tail. What the
+//! rows share is every activation load, and their accumulator chains run side by side.
+
+use std::arch::x86_64::*;
+
+use super::avx2::{
+    hsum_f32, load32i, mul_sum_i8, mul_sum_us8, nibbles, q4_0_bytes, q5_0_bytes, q5_1_bytes,
+};
+use super::mat::{ActRows, MatOut, WeightRows};
+use super::{DotPath, Kernels};
+use crate::DType;
+use crate::quant::blocks::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1, QK};
+
+/// Tokens per cache tile.
+const TOK_TILE: usize = 32;
+
+pub(super) fn install(k: &mut Kernels) {
+    // SAFETY (all entries): installed only in tables whose CPU has AVX2, FMA and F16C.
+    k.set_mat(DotPath::VecDot, DType::Q4_0, |w, x, o| unsafe {
+        legacy::<Q4_0>(w, x, o)
+    });
+    k.set_mat(DotPath::VecDot, DType::Q4_1, |w, x, o| unsafe {
+        legacy::<Q4_1>(w, x, o)
+    });
+    k.set_mat(DotPath::VecDot, DType::Q5_0, |w, x, o| unsafe {
+        legacy::<Q5_0>(w, x, o)
+    });
+    k.set_mat(DotPath::VecDot, DType::Q5_1, |w, x, o| unsafe {
+        legacy::<Q5_1>(w, x, o)
+    });
+    k.set_mat(DotPath::VecDot, DType::Q8_0, |w, x, o| unsafe {
+        legacy::<Q8_0>(w, x, o)
+    });
+    k.set_mat(DotPath::VecDot, DType::F32, |w, x, o| unsafe {
+        float::<F32>(w, x, o)
+    });
+    k.set_mat(DotPath::VecDot, DType::F16, |w, x, o| unsafe {
+        float::<F16>(w, x, o)
+    });
+    k.set_mat(DotPath::VecDot, DType::BF16, |w, x, o| unsafe {
+        float::<BF16>(w, x, o)
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Legacy formats.
+
+/// A legacy format: its block lanes (`avx2.rs`'s) and scale fields.
+///
+/// # Safety
+/// `lanes` reads one weight block at `w` and one activation block at `x`, nothing else.
+unsafe trait Legacy {
+    const BYTES: usize;
+    /// Activation block bytes (Q8_0: 34, Q8_1: 36).
+    const XBYTES: usize;
+    /// Whether the format has the `m·s` term (Q4_1/Q5_1, byte offset 2; activations' `s`
+    /// at byte 2 of Q8_1).
+    const MIN: bool;
+    unsafe fn lanes(w: *const u8, x: *const u8) -> __m256i;
+}
+
+macro_rules! legacy_format {
+    ($name:ident, $W:ty, $X:ty, min: $min:expr, |$a:ident, $b:ident| $lanes:expr) => {
+        struct $name;
+        // SAFETY: `$W` and `$X` are the block types (alignment 1, any bit pattern).
+        unsafe impl Legacy for $name {
+            const BYTES: usize = size_of::<$W>();
+            const XBYTES: usize = size_of::<$X>();
+            const MIN: bool = $min;
+            #[inline]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn lanes(w: *const u8, x: *const u8) -> __m256i {
+                // SAFETY: the caller passes whole blocks.
+                let ($a, $b) = unsafe { (&*w.cast::<$W>(), &*x.cast::<$X>()) };
+                $lanes
+            }
+        }
+    };
+}
+
+legacy_format!(Q4_0, BlockQ4_0, BlockQ8_0, min: false,
+    |a, b| mul_sum_i8(q4_0_bytes(a), load32i(&b.qs)));
+legacy_format!(Q4_1, BlockQ4_1, BlockQ8_1, min: true,
+    |a, b| mul_sum_us8(nibbles(&a.qs), load32i(&b.qs)));
+legacy_format!(Q5_0, BlockQ5_0, BlockQ8_0, min: false,
+    |a, b| mul_sum_i8(q5_0_bytes(a), load32i(&b.qs)));
+legacy_format!(Q5_1, BlockQ5_1, BlockQ8_1, min: true,
+    |a, b| mul_sum_us8(q5_1_bytes(a), load32i(&b.qs)));
+legacy_format!(Q8_0, BlockQ8_0, BlockQ8_0, min: false,
+    |a, b| mul_sum_i8(load32i(&a.qs), load32i(&b.qs)));
+
+#[inline(always)]
+unsafe fn rd16(p: *const u8) -> u64 {
+    // SAFETY: the caller guarantees two readable bytes.
+    unsafe { p.cast::<u16>().read_unaligned() as u64 }
+}
+
+/// The f16 at byte `off` of four blocks as f32 lanes (one vector move, one conversion).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn f16x4(p: &[*const u8; 4], off: usize) -> __m128 {
+    // SAFETY: the caller guarantees the fields are readable.
+    let v = unsafe {
+        rd16(p[0].add(off))
+            | rd16(p[1].add(off)) << 16
+            | rd16(p[2].add(off)) << 32
+            | rd16(p[3].add(off)) << 48
+    };
+    _mm_cvtph_ps(_mm_cvtsi64_si128(v as i64))
+}
+
+/// Four rows × one token over `nb` blocks.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows4<F: Legacy>(w: &[*const u8; 4], x: *const u8, nb: usize) -> [f32; 4] {
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut summs = [0f32; 4];
+    for b in 0..nb {
+        // SAFETY: block b of every row and of the token exists (checked by the driver).
+        unsafe {
+            let wb = w.map(|p| p.add(b * F::BYTES));
+            let xb = x.add(b * F::XBYTES);
+            let dx = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(rd16(xb) as i32)));
+            let mut d = [0f32; 4];
+            _mm_storeu_ps(d.as_mut_ptr(), _mm_mul_ps(f16x4(&wb, 0), _mm_set1_ps(dx)));
+            for r in 0..4 {
+                let l = _mm256_cvtepi32_ps(F::lanes(wb[r], xb));
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d[r]), l, acc[r]);
+            }
+            if F::MIN {
+                let s = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(rd16(xb.add(2)) as i32)));
+                let mut m = [0f32; 4];
+                _mm_storeu_ps(m.as_mut_ptr(), f16x4(&wb, 2));
+                for r in 0..4 {
+                    summs[r] = m[r].mul_add(s, summs[r]);
+                }
+            }
+        }
+    }
+    std::array::from_fn(|r| {
+        let h = hsum_f32(acc[r]);
+        if F::MIN { h + summs[r] } else { h }
+    })
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn legacy<F: Legacy>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
+    let nb = w.n / QK;
+    assert!(nb * QK == w.n && w.rows > 0);
+    assert!(
+        w.data.len() >= (w.rows - 1) * w.stride + nb * F::BYTES,
+        "weight rows"
+    );
+    assert!(x.data.len() == x.n * nb * F::XBYTES, "activation rows");
+    let base = w.data.as_ptr();
+    for t0 in (0..x.n).step_by(TOK_TILE) {
+        for r0 in (0..w.rows).step_by(4) {
+            let nr = (w.rows - r0).min(4);
+            // SAFETY: rows r0..r0+nr exist; missing rows repeat the last one.
+            let rows =
+                std::array::from_fn(|i| unsafe { base.add((r0 + i.min(nr - 1)) * w.stride) });
+            for t in t0..(t0 + TOK_TILE).min(x.n) {
+                // SAFETY: token t exists.
+                let res = unsafe { rows4::<F>(&rows, x.data.as_ptr().add(t * nb * F::XBYTES), nb) };
+                for (i, &v) in res[..nr].iter().enumerate() {
+                    out.set(t, r0 + i, v);
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Float formats (the structure of `avx2.rs`'s `float_dot!`).
+
+/// A float element format.
+///
+/// # Safety
+/// `load8` reads `8 * BYTES` bytes at `p`; `one` reads `BYTES`.
+unsafe trait Float {
+    const BYTES: usize;
+    unsafe fn load8(p: *const u8) -> __m256;
+    fn one(b: &[u8]) -> f32;
+}
+
+struct F32;
+// SAFETY: 32 bytes per eight elements.
+unsafe impl Float for F32 {
+    const BYTES: usize = 4;
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn load8(p: *const u8) -> __m256 {
+        // SAFETY: the caller guarantees 32 readable bytes.
+        unsafe { _mm256_loadu_ps(p.cast()) }
+    }
+    fn one(b: &[u8]) -> f32 {
+        f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+    }
+}
+
+struct F16;
+// SAFETY: 16 bytes per eight elements.
+unsafe impl Float for F16 {
+    const BYTES: usize = 2;
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn load8(p: *const u8) -> __m256 {
+        // SAFETY: the caller guarantees 16 readable bytes.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    }
+    fn one(b: &[u8]) -> f32 {
+        half::f16::from_le_bytes([b[0], b[1]]).to_f32()
+    }
+}
+
+struct BF16;
+// SAFETY: 16 bytes per eight elements.
+unsafe impl Float for BF16 {
+    const BYTES: usize = 2;
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn load8(p: *const u8) -> __m256 {
+        // SAFETY: the caller guarantees 16 readable bytes.
+        let v = unsafe { _mm_loadu_si128(p.cast()) };
+        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16))
+    }
+    fn one(b: &[u8]) -> f32 {
+        crate::quant::floats::bf16_to_f32(u16::from_le_bytes([b[0], b[1]]))
+    }
+}
+
+/// Two rows × one token: `float_dot!`'s sequence per row.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows2<F: Float>(w: [&[u8]; 2], x: &[u8], n: usize) -> [f32; 2] {
+    let eb = F::BYTES;
+    let mut acc = [[_mm256_setzero_ps(); 4]; 2];
+    let n32 = n / 32 * 32;
+    let n8 = n / 8 * 8;
+    // SAFETY (all loads): every row and `x` hold `n` elements (checked by the caller).
+    unsafe {
+        for e in (0..n32).step_by(32) {
+            for k in 0..4 {
+                let xv = F::load8(x.as_ptr().add((e + 8 * k) * eb));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let wv = F::load8(w[r].as_ptr().add((e + 8 * k) * eb));
+                    acc[k] = _mm256_fmadd_ps(wv, xv, acc[k]);
+                }
+            }
+        }
+        for e in (n32..n8).step_by(8) {
+            let xv = F::load8(x.as_ptr().add(e * eb));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                acc[0] = _mm256_fmadd_ps(F::load8(w[r].as_ptr().add(e * eb)), xv, acc[0]);
+            }
+        }
+    }
+    std::array::from_fn(|r| {
+        let a = &acc[r];
+        let s = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
+        let tail = w[r][n8 * eb..n * eb]
+            .chunks_exact(eb)
+            .zip(x[n8 * eb..n * eb].chunks_exact(eb))
+            .fold(0.0f32, |s, (a, b)| s + F::one(a) * F::one(b));
+        hsum_f32(s) + tail
+    })
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn float<F: Float>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
+    let n = w.n;
+    let rb = n * F::BYTES;
+    assert!(x.row_bytes() == rb && w.rows > 0);
+    for t0 in (0..x.n).step_by(TOK_TILE) {
+        for r0 in (0..w.rows).step_by(2) {
+            let nr = (w.rows - r0).min(2);
+            let rows = [w.row(r0), w.row(r0 + nr - 1)];
+            for t in t0..(t0 + TOK_TILE).min(x.n) {
+                let xr = x.row(t);
+                assert!(rows.iter().all(|r| r.len() == rb) && xr.len() == rb);
+                // SAFETY: lengths checked above.
+                let res = unsafe { rows2::<F>(rows, xr, n) };
+                for (i, &v) in res[..nr].iter().enumerate() {
+                    out.set(t, r0 + i, v);
+                }
+            }
+        }
+    }
+}
