@@ -1,5 +1,6 @@
-//! AVX-512 matrix kernels (see [`super::mat`]) for the k-quants Q4_K and Q6_K on every
-//! llama.cpp path: the repacked-Q4_K gemv/gemm, the tiled batch path, and `vec_dot`.
+//! AVX-512 matrix kernels (see [`super::mat`]) for the k-quants on every llama.cpp path:
+//! the repacked-Q4_K gemv/gemm, the tiled batch path (Q2_K..Q6_K), and `vec_dot` (all but
+//! Q3_K, whose llama.cpp lanes fold its offset per element).
 //!
 //! A weight super-block is unpacked once per row into four registers of 64 unsigned quants
 //! (element order) and four registers of i16 sub-block scales; each token then costs four
@@ -48,6 +49,21 @@ pub(super) fn install(k: &mut Kernels) {
     k.set_mat(DotPath::VecDot, DType::Q6_K, |w, x, o| unsafe {
         vec_dot::<Q6K>(w, x, o)
     });
+    k.set_mat(DotPath::VecDot, DType::Q5_K, |w, x, o| unsafe {
+        vec_dot::<Q5K>(w, x, o)
+    });
+    k.set_mat(DotPath::VecDot, DType::Q2_K, |w, x, o| unsafe {
+        vec_dot::<Q2K>(w, x, o)
+    });
+    k.set_mat(DotPath::Tiled, DType::Q5_K, |w, x, o| unsafe {
+        batch::<Q5K, Tiled>(w, x, o)
+    });
+    k.set_mat(DotPath::Tiled, DType::Q2_K, |w, x, o| unsafe {
+        batch::<Q2K, Tiled>(w, x, o)
+    });
+    k.set_mat(DotPath::Tiled, DType::Q3_K, |w, x, o| unsafe {
+        batch::<Q3K, Tiled>(w, x, o)
+    });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -88,7 +104,22 @@ unsafe trait KFormat {
     /// Byte offsets of the f16 `d` and `dmin` (unused without mins).
     const D: usize;
     const DMIN: usize;
+    /// How llama.cpp's `vec_dot` finishes this format (`None`: no `vec_dot` kernel here).
+    const VEC: Option<VecKind>;
     unsafe fn unpack(p: *const u8) -> Unpacked;
+}
+
+/// The min/offset handling of llama.cpp's AVX2 `vec_dot` per format (`avx2_kquants.rs`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum VecKind {
+    /// `acc = fma(-d_x·dmin, lanes(mins·bsums), acc)` before the block's FMA.
+    Q2,
+    /// A four-lane `acc_m = fma(-d_x·dmin, min lanes, acc_m)`.
+    Q4,
+    /// A scalar `summs = fma(-d_x·dmin, Σ mins·bsums, summs)`.
+    Q5,
+    /// `sumi - 32·lanes(scales·bsums)`.
+    Q6,
 }
 
 /// `[v | v]`.
@@ -126,33 +157,169 @@ unsafe impl KFormat for Q4K {
     const MIN: bool = true;
     const D: usize = 0;
     const DMIN: usize = 2;
+    const VEC: Option<VecKind> = Some(VecKind::Q4);
     #[inline]
     #[target_feature(enable = "avx2,avx512f,avx512bw")]
     unsafe fn unpack(p: *const u8) -> Unpacked {
-        // The six-bit scales and mins, as llama.cpp unpacks them (`kmask1..3`).
-        let (u0, u1, u2) = unsafe { (rd32(p.add(4)), rd32(p.add(8)), rd32(p.add(12))) };
-        let (m1, m2, m3) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
-        let sc = (u0 & m1) as u64 | (((u2 & m2) | (((u0 >> 6) & m3) << 4)) as u64) << 32;
-        let mn = (u1 & m1) as u64 | ((((u2 >> 4) & m2) | (((u1 >> 6) & m3) << 4)) as u64) << 32;
-        let sc16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64));
-        let mn8 = _mm_cvtsi64_si128(mn as i64);
-        let low4 = _mm512_set1_epi8(0x0F);
-        let split = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-        let q = std::array::from_fn(|k| {
-            // SAFETY: qs[32k..32k+32] is inside the block.
-            let v = unsafe { _mm256_loadu_si256(p.add(16 + 32 * k).cast()) };
-            _mm512_and_si512(_mm512_srlv_epi16(twice(v), split), low4)
-        });
+        // SAFETY: scales@4 and qs@16 are inside the block.
+        unsafe { unpack_k4(p.add(4), p.add(16), None) }
+    }
+}
+
+struct Q5K;
+// SAFETY: reads 176 bytes: d@0, dmin@2, scales@4 (12), qh@16 (32), qs@48 (128).
+unsafe impl KFormat for Q5K {
+    const BYTES: usize = 176;
+    const MIN: bool = true;
+    const D: usize = 0;
+    const DMIN: usize = 2;
+    const VEC: Option<VecKind> = Some(VecKind::Q5);
+    #[inline]
+    #[target_feature(enable = "avx2,avx512f,avx512bw")]
+    unsafe fn unpack(p: *const u8) -> Unpacked {
+        // SAFETY: scales@4, qh@16 and qs@48 are inside the block.
+        unsafe { unpack_k4(p.add(4), p.add(48), Some(p.add(16))) }
+    }
+}
+
+/// Q4_K/Q5_K: the six-bit scales and mins at `scales` (unpacked as llama.cpp does, with
+/// `kmask1..3`), the nibbles at `qs` and, for Q5_K, the fifth bits at `qh`.
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw")]
+unsafe fn unpack_k4(scales: *const u8, qs: *const u8, qh: Option<*const u8>) -> Unpacked {
+    // SAFETY: the caller passes the fields of one block.
+    let (u0, u1, u2) = unsafe { (rd32(scales), rd32(scales.add(4)), rd32(scales.add(8))) };
+    let (m1, m2, m3) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
+    let sc = (u0 & m1) as u64 | (((u2 & m2) | (((u0 >> 6) & m3) << 4)) as u64) << 32;
+    let mn = (u1 & m1) as u64 | ((((u2 >> 4) & m2) | (((u1 >> 6) & m3) << 4)) as u64) << 32;
+    let sc16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64));
+    let mn8 = _mm_cvtsi64_si128(mn as i64);
+    let low4 = _mm512_set1_epi8(0x0F);
+    let split = halves(0, 4);
+    // SAFETY: 32 bytes of fifth bits.
+    let hv = qh.map(|h| twice(unsafe { _mm256_loadu_si256(h.cast()) }));
+    let q = std::array::from_fn(|k| {
+        // SAFETY: qs[32k..32k+32] is inside the block.
+        let v = unsafe { _mm256_loadu_si256(qs.add(32 * k).cast()) };
+        let q = _mm512_and_si512(_mm512_srlv_epi16(twice(v), split), low4);
+        match hv {
+            // Elements 64k + l: bit 2k of qh[l]; 64k + 32 + l: bit 2k + 1.
+            Some(hv) => {
+                let b = _mm512_srlv_epi16(hv, halves(2 * k as i16, 2 * k as i16 + 1));
+                let b = _mm512_and_si512(b, _mm512_set1_epi8(1));
+                _mm512_or_si512(q, _mm512_slli_epi16(b, 4))
+            }
+            None => q,
+        }
+    });
+    Unpacked {
+        q,
+        sc: [
+            pick16(sc16, const { scale_idx(0, 16) }),
+            pick16(sc16, const { scale_idx(2, 16) }),
+            pick16(sc16, const { scale_idx(4, 16) }),
+            pick16(sc16, const { scale_idx(6, 16) }),
+        ],
+        // Each min covers two groups of 16.
+        groups: _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8)),
+    }
+}
+
+/// i16 lanes: `a` in the first 256 bits, `b` in the rest.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn halves(a: i16, b: i16) -> __m512i {
+    _mm512_inserti64x4(_mm512_set1_epi16(a), _mm256_set1_epi16(b), 1)
+}
+
+/// Scales for 16-element groups (i16, one per group) spread over the four registers.
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw")]
+fn group_scales(s16: __m256i) -> [__m512i; 4] {
+    let lo = _mm256_castsi256_si128(s16);
+    let hi = _mm256_extracti128_si256(s16, 1);
+    [
+        pick16(lo, const { scale_idx(0, 8) }),
+        pick16(lo, const { scale_idx(4, 8) }),
+        pick16(hi, const { scale_idx(0, 8) }),
+        pick16(hi, const { scale_idx(4, 8) }),
+    ]
+}
+
+/// Q2_K/Q3_K: the two low bits of the quants in register k (elements 64k..64k+64):
+/// element `128h + 32j + l` is bits `2j..2j+2` of `qs[32h + l]`.
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw")]
+unsafe fn low2(qs: *const u8) -> [__m512i; 4] {
+    let three = _mm512_set1_epi8(3);
+    std::array::from_fn(|k| {
+        let h = k / 2;
+        let j = 2 * (k % 2) as i16;
+        // SAFETY: qs[32h..32h+32] is inside the block.
+        let v = twice(unsafe { _mm256_loadu_si256(qs.add(32 * h).cast()) });
+        _mm512_and_si512(_mm512_srlv_epi16(v, halves(2 * j, 2 * j + 2)), three)
+    })
+}
+
+struct Q2K;
+// SAFETY: reads 84 bytes: scales@0 (16), qs@16 (64), d@80, dmin@82.
+unsafe impl KFormat for Q2K {
+    const BYTES: usize = 84;
+    const MIN: bool = true;
+    const D: usize = 80;
+    const DMIN: usize = 82;
+    const VEC: Option<VecKind> = Some(VecKind::Q2);
+    #[inline]
+    #[target_feature(enable = "avx2,avx512f,avx512bw")]
+    unsafe fn unpack(p: *const u8) -> Unpacked {
+        // SAFETY: the fields are inside the block.
+        let s = unsafe { _mm_loadu_si128(p.cast()) };
+        let low = _mm_and_si128(s, _mm_set1_epi8(0x0F));
+        let high = _mm_and_si128(_mm_srli_epi16(s, 4), _mm_set1_epi8(0x0F));
+        Unpacked {
+            // SAFETY: as above.
+            q: unsafe { low2(p.add(16)) },
+            sc: group_scales(_mm256_cvtepu8_epi16(low)),
+            groups: _mm256_cvtepu8_epi16(high),
+        }
+    }
+}
+
+struct Q3K;
+// SAFETY: reads 110 bytes: hmask@0 (32), qs@32 (64), scales@96 (12), d@108.
+unsafe impl KFormat for Q3K {
+    const BYTES: usize = 110;
+    const MIN: bool = false;
+    const D: usize = 108;
+    const DMIN: usize = 108;
+    // llama.cpp folds the -4 into its lanes, which the group sums cannot reproduce per lane.
+    const VEC: Option<VecKind> = None;
+    #[inline]
+    #[target_feature(enable = "avx2,avx512f,avx512bw")]
+    unsafe fn unpack(p: *const u8) -> Unpacked {
+        // SAFETY: the fields are inside the block.
+        let (mut q, hm, sc) = unsafe {
+            let sc: [u8; 12] = p.add(96).cast::<[u8; 12]>().read_unaligned();
+            (
+                low2(p.add(32)),
+                twice(_mm256_loadu_si256(p.cast())),
+                crate::quant::blocks::q3k_scales(&sc),
+            )
+        };
+        // u = low2 + 4·hbit (0..8); the quant is u - 4. Element 128h + 32j + l has its
+        // high bit at bit 4h + j of hmask[l].
+        for (k, q) in q.iter_mut().enumerate() {
+            let (h, j) = ((k / 2) as i16, 2 * (k % 2) as i16);
+            let b = _mm512_srlv_epi16(hm, halves(4 * h + j, 4 * h + j + 1));
+            let b = _mm512_and_si512(b, _mm512_set1_epi8(1));
+            *q = _mm512_or_si512(*q, _mm512_slli_epi16(b, 2));
+        }
+        // SAFETY: 16 readable bytes.
+        let s16 = _mm256_cvtepi8_epi16(unsafe { _mm_loadu_si128(sc.as_ptr().cast()) });
         Unpacked {
             q,
-            sc: [
-                pick16(sc16, const { scale_idx(0, 16) }),
-                pick16(sc16, const { scale_idx(2, 16) }),
-                pick16(sc16, const { scale_idx(4, 16) }),
-                pick16(sc16, const { scale_idx(6, 16) }),
-            ],
-            // Each min covers two groups of 16.
-            groups: _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8)),
+            sc: group_scales(s16),
+            groups: _mm256_mullo_epi16(s16, _mm256_set1_epi16(-4)),
         }
     }
 }
@@ -164,6 +331,7 @@ unsafe impl KFormat for Q6K {
     const MIN: bool = false;
     const D: usize = 208;
     const DMIN: usize = 208;
+    const VEC: Option<VecKind> = Some(VecKind::Q6);
     #[inline]
     #[target_feature(enable = "avx2,avx512f,avx512bw")]
     unsafe fn unpack(p: *const u8) -> Unpacked {
@@ -188,16 +356,9 @@ unsafe impl KFormat for Q6K {
         // SAFETY: scales[0..16] is inside the block.
         let s8 = unsafe { _mm_loadu_si128(p.add(192).cast()) };
         let s16 = _mm256_cvtepi8_epi16(s8);
-        let lo = _mm256_castsi256_si128(s16);
-        let hi = _mm256_extracti128_si256(s16, 1);
         Unpacked {
             q,
-            sc: [
-                pick16(lo, const { scale_idx(0, 8) }),
-                pick16(lo, const { scale_idx(4, 8) }),
-                pick16(hi, const { scale_idx(0, 8) }),
-                pick16(hi, const { scale_idx(4, 8) }),
-            ],
+            sc: group_scales(s16),
             // The quants are stored +32: subtract 32 · scale per group.
             groups: _mm256_mullo_epi16(s16, _mm256_set1_epi16(-32)),
         }
@@ -568,12 +729,18 @@ fn check<F: KFormat>(w: &WeightRows, x: &ActRows) {
 // ---------------------------------------------------------------------------------------------
 // vec_dot: llama.cpp's eight `sumi` lanes per output, four rows per step.
 
-/// Four rows × one token: `hsum_float_8(acc)` (+ the Q4_K min lanes) per row.
+/// Four rows × one token: llama.cpp's `vec_dot` per row ([`VecKind`]).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn vec_dot_rows<F: KFormat>(w: [*const u8; 4], x: *const u8, nb: usize) -> [f32; 4] {
+    let kind = F::VEC.expect("a vec_dot kind");
     let mut acc = [_mm256_setzero_ps(); 4];
     let mut acc_m = [_mm_setzero_ps(); 4];
+    let mut summs = [0f32; 4];
+    let f16 = |p: *const u8| {
+        // SAFETY: the caller passes a readable f16 field.
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(unsafe { rd16(p) } as i32)))
+    };
     for b in 0..nb {
         // SAFETY: every pointer stays inside its row (checked by the driver).
         unsafe {
@@ -582,32 +749,43 @@ unsafe fn vec_dot_rows<F: KFormat>(w: [*const u8; 4], x: *const u8, nb: usize) -
             for r in 0..4 {
                 let wb = w[r].add(b * F::BYTES);
                 let u = F::unpack(wb);
-                let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(rd16(wb.add(F::D)) as i32)));
-                let d = dx * dw;
+                let d = dx * f16(wb.add(F::D));
                 let s = fold(lanes16(&u, xb));
                 let g = group_lanes(&u, xb);
-                let sumi = if F::MIN {
-                    // acc_m = fma(-d_x·dmin, mins per 64 elements, acc_m).
-                    let dm = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
-                        rd16(wb.add(F::DMIN)) as i32
-                    )));
-                    let mins =
-                        _mm_hadd_epi32(_mm256_castsi256_si128(g), _mm256_extracti128_si256(g, 1));
-                    acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(-dx * dm), _mm_cvtepi32_ps(mins), acc_m[r]);
-                    s
-                } else {
-                    _mm256_add_epi32(s, g)
+                // -d_x·dmin, as llama.cpp forms it.
+                let dmin = || -dx * f16(wb.add(F::DMIN));
+                let sumi = match kind {
+                    VecKind::Q2 => {
+                        let m = _mm256_cvtepi32_ps(g);
+                        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dmin()), m, acc[r]);
+                        s
+                    }
+                    VecKind::Q4 => {
+                        let lo = _mm256_castsi256_si128(g);
+                        let mins = _mm_hadd_epi32(lo, _mm256_extracti128_si256(g, 1));
+                        let m = _mm_cvtepi32_ps(mins);
+                        acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(dmin()), m, acc_m[r]);
+                        s
+                    }
+                    VecKind::Q5 => {
+                        let t = _mm_add_epi32(
+                            _mm256_castsi256_si128(g),
+                            _mm256_extracti128_si256(g, 1),
+                        );
+                        let t = super::avx2_kquants::hsum_i32x4(t);
+                        summs[r] = dmin().mul_add(t as f32, summs[r]);
+                        s
+                    }
+                    VecKind::Q6 => _mm256_add_epi32(s, g),
                 };
                 acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
             }
         }
     }
-    std::array::from_fn(|r| {
-        if F::MIN {
-            super::avx2_kquants::finish_q4k(acc[r], acc_m[r])
-        } else {
-            super::avx2::hsum_f32(acc[r])
-        }
+    std::array::from_fn(|r| match kind {
+        VecKind::Q4 => super::avx2_kquants::finish_q4k(acc[r], acc_m[r]),
+        VecKind::Q5 => super::avx2::hsum_f32(acc[r]) + summs[r],
+        VecKind::Q2 | VecKind::Q6 => super::avx2::hsum_f32(acc[r]),
     })
 }
 
