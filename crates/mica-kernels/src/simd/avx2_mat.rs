@@ -1,5 +1,6 @@
-//! AVX2 matrix kernels (see [`super::mat`]): the legacy formats four rows at a time and the
-//! float formats two rows at a time, against one token per step (the rows stay in L1 while
+//! AVX2 matrix kernels (see [`super::mat`]): the legacy formats and the k-quants' `vec_dot`s
+//! four rows at a time (the k-quant batch paths are in `paths.rs`) and the float formats two
+//! rows at a time, against one token per step (the rows stay in L1 while
 //! every token of a tile runs over them). The AVX-512 table keeps the float kernels.
 //!
 //! Per output the arithmetic is exactly `avx2.rs`'s: the same per-block lanes
@@ -13,10 +14,18 @@ use std::arch::x86_64::*;
 use super::avx2::{
     hsum_f32, load32i, mul_sum_i8, mul_sum_us8, nibbles, q4_0_bytes, q5_0_bytes, q5_1_bytes,
 };
+use super::avx2_kquants::{
+    bsums16, chunks_k4, chunks_q2k, chunks_q3k, chunks_q6k, finish_q4k, groups16, hsum_i32x4,
+    min_lanes_k4, offset_lanes_q6k, sum_chunks,
+};
 use super::mat::{ActRows, MatOut, WeightRows};
 use super::{DotPath, Kernels};
 use crate::DType;
-use crate::quant::blocks::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1, QK};
+use crate::quant::blocks::{
+    BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K,
+    BlockQ8_0, BlockQ8_1, BlockQ8K, QK, blocks,
+};
+use crate::quant::kquants::scales_mins_k4;
 
 /// Tokens per cache tile.
 const TOK_TILE: usize = 32;
@@ -47,6 +56,7 @@ pub(super) fn install(k: &mut Kernels) {
     k.set_mat(DotPath::VecDot, DType::BF16, |w, x, o| unsafe {
         float::<BF16>(w, x, o)
     });
+    install_kquants(k);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -293,4 +303,157 @@ unsafe fn float<F: Float>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
             }
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// k-quant `vec_dot`s (`avx2_kquants.rs`'s float structure), four rows per step.
+
+/// The float state of one k-quant `vec_dot` output.
+#[derive(Clone, Copy)]
+struct KState {
+    acc: __m256,
+    acc_m: __m128,
+    summs: f32,
+}
+
+/// One k-quant's `vec_dot`, block by block.
+///
+/// # Safety
+/// `block` must be safe to call wherever AVX2, FMA and F16C are available.
+unsafe trait KVec {
+    type B: crate::quant::Block;
+    unsafe fn block(st: &mut KState, a: &Self::B, b: &BlockQ8K);
+    unsafe fn finish(st: &KState) -> f32;
+}
+
+fn f16(h: [u8; 2]) -> f32 {
+    crate::quant::blocks::f16_to_f32(h)
+}
+
+macro_rules! kvec {
+    ($name:ident, $B:ty, |$st:ident, $a:ident, $b:ident| $block:block, |$fs:ident| $finish:expr) => {
+        struct $name;
+        // SAFETY: the bodies use AVX2/FMA/F16C only.
+        unsafe impl KVec for $name {
+            type B = $B;
+            #[inline]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn block($st: &mut KState, $a: &$B, $b: &BlockQ8K) $block
+            #[inline]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn finish($fs: &KState) -> f32 {
+                $finish
+            }
+        }
+    };
+}
+
+kvec!(
+    V2,
+    BlockQ2K,
+    |st, a, b| {
+        let (d, dmin) = (b.d() * f16(a.d), -b.d() * f16(a.dmin));
+        let mins = _mm256_madd_epi16(groups16(a.scales.map(|s| s >> 4), false), bsums16(b));
+        st.acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mins), st.acc);
+        let sumi = sum_chunks(&chunks_q2k(a, b));
+        st.acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), st.acc);
+    },
+    |st| hsum_f32(st.acc)
+);
+
+kvec!(
+    V3,
+    BlockQ3K,
+    |st, a, b| {
+        let d = b.d() * f16(a.d);
+        let sumi = sum_chunks(&chunks_q3k(a, b));
+        st.acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), st.acc);
+    },
+    |st| hsum_f32(st.acc)
+);
+
+kvec!(
+    V4,
+    BlockQ4K,
+    |st, a, b| {
+        let (d, dmin) = (b.d() * f16(a.d), -b.d() * f16(a.dmin));
+        let (sc, mn) = scales_mins_k4(&a.scales);
+        let mins = _mm_cvtepi32_ps(min_lanes_k4(&mn, b));
+        st.acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), mins, st.acc_m);
+        let sumi = sum_chunks(&chunks_k4(&sc, &a.qs, None, b));
+        st.acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), st.acc);
+    },
+    |st| finish_q4k(st.acc, st.acc_m)
+);
+
+kvec!(
+    V5,
+    BlockQ5K,
+    |st, a, b| {
+        let (d, dmin) = (b.d() * f16(a.d), -b.d() * f16(a.dmin));
+        let (sc, mn) = scales_mins_k4(&a.scales);
+        st.summs = dmin.mul_add(hsum_i32x4(min_lanes_k4(&mn, b)) as f32, st.summs);
+        let sumi = sum_chunks(&chunks_k4(&sc, &a.qs, Some(&a.qh), b));
+        st.acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), st.acc);
+    },
+    |st| hsum_f32(st.acc) + st.summs
+);
+
+kvec!(
+    V6,
+    BlockQ6K,
+    |st, a, b| {
+        let d = b.d() * f16(a.d);
+        let sumi = sum_chunks(&chunks_q6k(a, b));
+        let sumi = _mm256_sub_epi32(sumi, offset_lanes_q6k(&a.scales, b));
+        st.acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), st.acc);
+    },
+    |st| hsum_f32(st.acc)
+);
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn kvec<V: KVec>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
+    assert!(w.rows > 0 && x.dtype == DType::Q8_K);
+    for r0 in (0..w.rows).step_by(4) {
+        let nr = (w.rows - r0).min(4);
+        let rows: [&[V::B]; 4] = std::array::from_fn(|i| blocks(w.row(r0 + i.min(nr - 1))));
+        for t in 0..x.n {
+            let xs: &[BlockQ8K] = blocks(x.row(t));
+            let zero = KState {
+                acc: _mm256_setzero_ps(),
+                acc_m: _mm_setzero_ps(),
+                summs: 0.0,
+            };
+            let mut st = [zero; 4];
+            for (i, b) in xs.iter().enumerate() {
+                for (st, row) in st.iter_mut().zip(&rows) {
+                    // SAFETY: the features are enabled here.
+                    unsafe { V::block(st, &row[i], b) };
+                }
+            }
+            for (i, st) in st[..nr].iter().enumerate() {
+                // SAFETY: as above.
+                out.set(t, r0 + i, unsafe { V::finish(st) });
+            }
+        }
+    }
+}
+
+pub(super) fn install_kquants(k: &mut Kernels) {
+    // SAFETY (all entries): installed only in tables with AVX2, FMA and F16C.
+    k.set_mat(DotPath::VecDot, DType::Q2_K, |w, x, o| unsafe {
+        kvec::<V2>(w, x, o)
+    });
+    k.set_mat(DotPath::VecDot, DType::Q3_K, |w, x, o| unsafe {
+        kvec::<V3>(w, x, o)
+    });
+    k.set_mat(DotPath::VecDot, DType::Q4_K, |w, x, o| unsafe {
+        kvec::<V4>(w, x, o)
+    });
+    k.set_mat(DotPath::VecDot, DType::Q5_K, |w, x, o| unsafe {
+        kvec::<V5>(w, x, o)
+    });
+    k.set_mat(DotPath::VecDot, DType::Q6_K, |w, x, o| unsafe {
+        kvec::<V6>(w, x, o)
+    });
 }

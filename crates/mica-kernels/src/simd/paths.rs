@@ -272,6 +272,7 @@ pub(super) mod avx2 {
     use crate::simd::avx2_kquants::{
         Chunks, chunks_k4, chunks_q2k, chunks_q3k, chunks_q6k, min_lanes_k4,
     };
+    use crate::simd::mat::{ActRows, MatOut, WeightRows};
     use std::arch::x86_64::*;
 
     /// `Σ` of chunks 2k and 2k+1 (elements 64k..64k+64).
@@ -357,7 +358,117 @@ pub(super) mod avx2 {
         dmin: Some(f16_to_f32(a.dmin)), "avx2,fma,f16c");
     tiled_fn!(tiled_q6k, BlockQ6K, |a, b| ksums_q6k(a, b), dmin: None, "avx2,fma,f16c");
 
+    // -----------------------------------------------------------------------------------------
+    // Matrix kernels: four rows per step against one token, the per-output arithmetic above.
+
+    /// A k-quant's integer sums and scale fields, for the matrix kernels.
+    ///
+    /// # Safety
+    /// `sums` must be safe to call wherever AVX2 is available.
+    unsafe trait Sums {
+        type B: crate::quant::Block;
+        /// `Some(dmin)` for the formats with mins.
+        fn scales(a: &Self::B) -> (f32, Option<f32>);
+        unsafe fn sums(a: &Self::B, b: &BlockQ8K) -> KSums;
+    }
+
+    macro_rules! sums {
+        ($name:ident, $B:ty, |$a:ident| $scales:expr, $f:ident) => {
+            struct $name;
+            // SAFETY: `$f` needs only AVX2.
+            unsafe impl Sums for $name {
+                type B = $B;
+                #[inline(always)]
+                fn scales($a: &$B) -> (f32, Option<f32>) {
+                    $scales
+                }
+                #[inline]
+                #[target_feature(enable = "avx2")]
+                unsafe fn sums(a: &$B, b: &BlockQ8K) -> KSums {
+                    $f(a, b)
+                }
+            }
+        };
+    }
+    sums!(
+        S2,
+        BlockQ2K,
+        |a| (f16_to_f32(a.d), Some(f16_to_f32(a.dmin))),
+        ksums_q2k
+    );
+    sums!(S3, BlockQ3K, |a| (f16_to_f32(a.d), None), ksums_q3k);
+    sums!(
+        S4,
+        BlockQ4K,
+        |a| (f16_to_f32(a.d), Some(f16_to_f32(a.dmin))),
+        ksums_q4k
+    );
+    sums!(
+        S5,
+        BlockQ5K,
+        |a| (f16_to_f32(a.d), Some(f16_to_f32(a.dmin))),
+        ksums_q5k
+    );
+    sums!(S6, BlockQ6K, |a| (f16_to_f32(a.d), None), ksums_q6k);
+
+    /// `Acc` steps: 0 = repacked gemv, 1 = repacked gemm, 2 = tiled.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn mat<S: Sums, const STEP: u8>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
+        assert!(w.rows > 0 && x.dtype == DType::Q8_K && w.n.is_multiple_of(QK_K));
+        for r0 in (0..w.rows).step_by(4) {
+            let nr = (w.rows - r0).min(4);
+            let rows: [&[S::B]; 4] = std::array::from_fn(|i| blocks(w.row(r0 + i.min(nr - 1))));
+            for t in 0..x.n {
+                let xs: &[BlockQ8K] = blocks(x.row(t));
+                let mut acc: [Acc; 4] = std::array::from_fn(|_| Acc::default());
+                for (i, b) in xs.iter().enumerate() {
+                    for (acc, row) in acc.iter_mut().zip(&rows) {
+                        let a = &row[i];
+                        // SAFETY: AVX2 is enabled here.
+                        let s = unsafe { S::sums(a, b) };
+                        let (dw, dmin) = S::scales(a);
+                        match STEP {
+                            0 => acc.gemv(&s, dw, dmin.unwrap_or(0.0), b.d()),
+                            1 => acc.gemm(&s, dw, dmin.unwrap_or(0.0), b.d()),
+                            _ => acc.tiled(&s, dw, dmin, b.d()),
+                        }
+                    }
+                }
+                for (i, acc) in acc[..nr].iter().enumerate() {
+                    let v = if STEP == 2 {
+                        acc.tiled_result()
+                    } else {
+                        acc.repack_result()
+                    };
+                    out.set(t, r0 + i, v);
+                }
+            }
+        }
+    }
+
     pub(in crate::simd) fn install(k: &mut Kernels) {
+        // SAFETY (the matrix kernels): installed only in tables with AVX2, FMA and F16C.
+        k.set_mat(DotPath::RepackGemv, DType::Q4_K, |w, x, o| unsafe {
+            mat::<S4, 0>(w, x, o)
+        });
+        k.set_mat(DotPath::RepackGemm, DType::Q4_K, |w, x, o| unsafe {
+            mat::<S4, 1>(w, x, o)
+        });
+        k.set_mat(DotPath::Tiled, DType::Q2_K, |w, x, o| unsafe {
+            mat::<S2, 2>(w, x, o)
+        });
+        k.set_mat(DotPath::Tiled, DType::Q3_K, |w, x, o| unsafe {
+            mat::<S3, 2>(w, x, o)
+        });
+        k.set_mat(DotPath::Tiled, DType::Q4_K, |w, x, o| unsafe {
+            mat::<S4, 2>(w, x, o)
+        });
+        k.set_mat(DotPath::Tiled, DType::Q5_K, |w, x, o| unsafe {
+            mat::<S5, 2>(w, x, o)
+        });
+        k.set_mat(DotPath::Tiled, DType::Q6_K, |w, x, o| unsafe {
+            mat::<S6, 2>(w, x, o)
+        });
         k.set_path_dot(DotPath::RepackGemv, DType::Q4_K, entry!(dot gemv_q4k));
         k.set_path_dot(DotPath::RepackGemm, DType::Q4_K, entry!(dot gemm_q4k));
         k.set_path_dot(DotPath::Tiled, DType::Q2_K, entry!(dot tiled_q2k));
