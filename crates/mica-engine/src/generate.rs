@@ -5,6 +5,7 @@
 use crate::error::{EngineError, Result};
 use crate::sampler::{Sampler, SamplingParams};
 use mica_kernels::ThreadPool;
+use mica_models::blocks::attention::AttentionPolicy;
 use mica_models::tokenizer::{DecodeOptions, TokenStreamDecoder};
 use mica_models::{Batch, KvCache, LoadedModel, SeqId, Workspace};
 use std::time::{Duration, Instant};
@@ -124,6 +125,11 @@ impl<'m> Session<'m> {
 
     pub fn pool(&self) -> &ThreadPool {
         &self.pool
+    }
+
+    /// Chooses attention's numeric path (see [`AttentionPolicy`]).
+    pub fn set_attention_policy(&mut self, policy: AttentionPolicy) {
+        self.ws.attention = policy;
     }
 
     /// Forgets the cache.

@@ -6,7 +6,9 @@
 //! f16; so does mica, but summation orders differ). So, per case:
 //! - the prompt tokenizes (or the chat renders and tokenizes) to llama.cpp's ids;
 //! - *teacher-forced*: prompt + llama.cpp's output in one batch; at every position
-//!   llama.cpp's next token is mica's top choice or within [`NEAR_TIE`] nats of it;
+//!   llama.cpp's next token is mica's top choice or within [`NEAR_TIE`] nats of it (the
+//!   batch uses the attention arithmetic llama.cpp used for those positions, see
+//!   `AttentionPolicy::Vector`);
 //! - *free-running*: mica's greedy tokens equal llama.cpp's, unless the first difference is
 //!   a near-tie (its margin is printed);
 //! - the top-5 log-probs at the first 8 positions differ by at most [`MAX_MEAN_LOGPROB_DIFF`]
@@ -18,6 +20,7 @@ use common::*;
 use mica_engine::Session;
 use mica_engine::sampler::{argmax, log_softmax};
 use mica_models::LoadedModel;
+use mica_models::blocks::attention::AttentionPolicy;
 use mica_models::chat::ChatMessage;
 use serde_json::Value;
 
@@ -82,6 +85,10 @@ fn margin(logits: &[f32], want: u32) -> f32 {
 
 fn teacher_forced(lm: &LoadedModel, model: &str, case: &Case) {
     let mut s = Session::new(lm, 2048, threads());
+    // llama.cpp produced every reference position while decoding (prompts are under 64
+    // tokens, then one token at a time), i.e. with its vector attention path; give the one
+    // batch the same attention arithmetic so positions are compared like for like.
+    s.set_attention_policy(AttentionPolicy::Vector);
     let all: Vec<u32> = case
         .prompt_ids
         .iter()

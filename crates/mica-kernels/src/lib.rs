@@ -3,6 +3,7 @@
 //! versions chosen at run time), element-wise ops (norms, RoPE, softmax), and the compute
 //! thread pool. This crate knows nothing about models or files.
 
+pub mod attention;
 pub mod dtype;
 pub mod matmul;
 pub mod ops;

@@ -103,7 +103,9 @@ pub mod silu {
     /// product is exact in f64).
     #[inline(always)]
     pub(super) fn scalef(j: f32, n: f32) -> f32 {
-        (j as f64 * 2f64.powi(n as i32)) as f32
+        // 2^n built from its exponent bits (callers keep |n| ≤ 192, well inside f64's range).
+        let pow2 = f64::from_bits(((n as i64 + 1023) as u64) << 52);
+        (j as f64 * pow2) as f32
     }
 
     /// One lane of AVX-512 `ggml_v_expf`: `(n, j)` with `e^x ≈ 2^n · j`, before scaling.

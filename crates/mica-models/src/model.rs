@@ -6,7 +6,7 @@
 //! the [`KvCache`] under their sequence, and returns logits for the tokens that asked.
 
 use crate::batch::Batch;
-use crate::blocks::attention::{AttnShape, attention};
+use crate::blocks::attention::{AttentionPolicy, AttnShape, attention};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
@@ -78,6 +78,8 @@ pub struct Workspace {
     cos_sin: Vec<f32>,
     /// Batch rows that produce logits.
     out_rows: Vec<usize>,
+    /// The attention path to take (llama.cpp's choice by default).
+    pub attention: AttentionPolicy,
     acts: ActCache,
 }
 
@@ -115,6 +117,7 @@ impl Model {
             n_head_kv: cfg.n_head_kv,
             head_dim: cfg.head_dim,
             scale: 1.0 / (cfg.head_dim as f32).sqrt(),
+            policy: ws.attention,
         };
         // Rows still carried through the layers; the last layer keeps only output rows.
         let mut out_rows = std::mem::take(&mut ws.out_rows);

@@ -6,7 +6,9 @@
 //! - *vector* (batches under [`TILED_MIN_TOKENS`] tokens, which includes all of decoding):
 //!   the query is rounded to f16, scores are f16·f16 dots, and the softmax-weighted sum of
 //!   values is accumulated online in f16 (ggml's `VKQ16`).
-//! - *tiled* (longer batches): f32 query, f32 scores and an f32 accumulator.
+//! - *tiled* (longer batches): query tiles of up to 64 rows against key/value tiles of 64
+//!   positions converted to f32 once per tile, with the arithmetic of llama.cpp's tiled
+//!   flash attention ([`mica_kernels::attention`]).
 //!
 //! Reference: "Self-attention Does Not Need O(n²) Memory" (Rabe & Staats) for the online
 //! softmax; ggml-cpu `ggml_compute_forward_flash_attn_ext_f16` for the numerics.
@@ -14,11 +16,26 @@
 use crate::kv_cache::{KvCache, SeqId};
 use half::f16;
 use mica_kernels::ThreadPool;
+use mica_kernels::attention::{KvHead, Q_TILE, TileScratch, attend_tile};
 use mica_kernels::ops::f16v;
 use mica_kernels::pool::split_range;
 
 /// Batches with at least this many tokens use the f32 (tiled) path, as llama.cpp does.
 pub const TILED_MIN_TOKENS: usize = 64;
+
+/// Which numeric path attention takes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AttentionPolicy {
+    /// llama.cpp's rule: the tiled path for batches of [`TILED_MIN_TOKENS`] or more tokens,
+    /// the vector path otherwise. mica then computes what llama.cpp computes for the same
+    /// batches.
+    #[default]
+    Auto,
+    /// Always the vector path: every token gets the arithmetic it would get if the tokens
+    /// arrived one at a time (what llama.cpp computes while decoding). Used to compare a
+    /// teacher-forced batch with a reference generated token by token.
+    Vector,
+}
 
 /// Shape of the attention of one layer.
 #[derive(Clone, Copy, Debug)]
@@ -28,6 +45,7 @@ pub struct AttnShape {
     pub head_dim: usize,
     /// Multiplies q·k (usually 1/sqrt(head_dim)).
     pub scale: f32,
+    pub policy: AttentionPolicy,
 }
 
 /// `out[t]` = attention of query row `q[t]` (`[n_head * head_dim]`) over its sequence.
@@ -46,7 +64,9 @@ pub fn attention(
     let q_dim = shape.n_head * shape.head_dim;
     debug_assert_eq!(q.len(), n_tok * q_dim);
     debug_assert_eq!(out.len(), n_tok * q_dim);
-    let tiled = n_tok >= TILED_MIN_TOKENS;
+    if n_tok >= TILED_MIN_TOKENS && shape.policy == AttentionPolicy::Auto {
+        return attention_tiled(pool, shape, cache, layer, seq, pos, q, out);
+    }
     let items = n_tok * shape.n_head;
     let dst = OutPtr(out.as_mut_ptr());
     let run_items = |i: usize, nt: usize, scratch: &mut Scratch| {
@@ -68,11 +88,7 @@ pub fn attention(
                 offset: g * shape.head_dim,
                 head_dim: shape.head_dim,
             };
-            if tiled {
-                head_f32(&kv, qh, shape.scale, scratch, o);
-            } else {
-                head_f16(&kv, qh, shape.scale, scratch, o);
-            }
+            head_f16(&kv, qh, shape.scale, scratch, o);
         }
     };
     let run = |i: usize, nt: usize| SCRATCH.with_borrow_mut(|scratch| run_items(i, nt, scratch));
@@ -81,6 +97,62 @@ pub fn attention(
     } else {
         pool.run(run);
     }
+}
+
+/// The tiled path: query rows grouped in tiles of up to [`Q_TILE`] consecutive tokens of one
+/// sequence, per head; each tile is one work item for the thread pool.
+fn attention_tiled(
+    pool: &ThreadPool,
+    shape: AttnShape,
+    cache: &KvCache,
+    layer: usize,
+    seq: &[SeqId],
+    pos: &[usize],
+    q: &[f32],
+    out: &mut [f32],
+) {
+    let (hd, q_dim) = (shape.head_dim, shape.n_head * shape.head_dim);
+    // Runs of consecutive tokens of one sequence, cut into tiles: (first token, count).
+    let mut tiles: Vec<(usize, usize)> = Vec::new();
+    let mut t = 0;
+    while t < seq.len() {
+        let mut end = t + 1;
+        while end < seq.len() && seq[end] == seq[t] && end - t < Q_TILE {
+            end += 1;
+        }
+        tiles.push((t, end - t));
+        t = end;
+    }
+    let items = tiles.len() * shape.n_head;
+    let dst = OutPtr(out.as_mut_ptr());
+    pool.run(|i, nt| {
+        TILE_SCRATCH.with_borrow_mut(|(scratch, qbuf, obuf)| {
+            for item in split_range(items, i, nt, 1) {
+                let ((t0, rows), h) = (tiles[item / shape.n_head], item % shape.n_head);
+                let g = h / (shape.n_head / shape.n_head_kv);
+                let s = seq[t0];
+                let n_kv = pos[t0..t0 + rows].iter().max().map_or(0, |p| p + 1);
+                let kv = KvHead {
+                    keys: cache.keys(layer, s, n_kv),
+                    values: cache.values(layer, s, n_kv),
+                    stride: shape.n_head_kv * hd,
+                    offset: g * hd,
+                    head_dim: hd,
+                };
+                qbuf.clear();
+                for r in 0..rows {
+                    qbuf.extend_from_slice(&q[(t0 + r) * q_dim + h * hd..][..hd]);
+                }
+                obuf.resize(rows * hd, 0.0);
+                attend_tile(&kv, qbuf, &pos[t0..t0 + rows], shape.scale, scratch, obuf);
+                for r in 0..rows {
+                    // SAFETY: (tile, head) items write disjoint rows/heads of `out`.
+                    let o = unsafe { dst.slice((t0 + r) * q_dim + h * hd, hd) };
+                    o.copy_from_slice(&obuf[r * hd..(r + 1) * hd]);
+                }
+            }
+        })
+    });
 }
 
 /// One KV head of one sequence: rows of `stride` values, the head at `offset`.
@@ -107,7 +179,6 @@ impl HeadKv<'_> {
 struct Scratch {
     q16: Vec<f16>,
     acc16: Vec<f16>,
-    scores: Vec<f32>,
 }
 
 impl Scratch {
@@ -119,6 +190,9 @@ impl Scratch {
 
 thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+    /// The tile kernel's buffers plus the gathered query rows and the output rows of a tile.
+    static TILE_SCRATCH: std::cell::RefCell<(TileScratch, Vec<f32>, Vec<f32>)> =
+        std::cell::RefCell::new(Default::default());
 }
 
 /// The vector path: f16 query, online softmax, f16 accumulator.
@@ -143,31 +217,6 @@ fn head_f16(kv: &HeadKv, q: &[f32], scale: f32, s: &mut Scratch, out: &mut [f32]
     let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
     for (o, a) in out.iter_mut().zip(&s.acc16) {
         *o = a.to_f32() * inv;
-    }
-}
-
-/// The tiled path's numerics: f32 scores, f32 softmax and accumulator.
-fn head_f32(kv: &HeadKv, q: &[f32], scale: f32, s: &mut Scratch, out: &mut [f32]) {
-    s.scores.clear();
-    let mut m = f32::NEG_INFINITY;
-    for j in 0..kv.n_kv {
-        let score: f32 = q.iter().zip(kv.key(j)).map(|(a, b)| a * b.to_f32()).sum();
-        let score = score * scale;
-        m = m.max(score);
-        s.scores.push(score);
-    }
-    out.fill(0.0);
-    let mut sum = 0f32;
-    for (j, sc) in s.scores.iter().enumerate() {
-        let p = (sc - m).exp();
-        sum += p;
-        for (o, v) in out.iter_mut().zip(kv.value(j)) {
-            *o += p * v.to_f32();
-        }
-    }
-    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-    for o in out.iter_mut() {
-        *o *= inv;
     }
 }
 

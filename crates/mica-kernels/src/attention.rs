@@ -1,0 +1,323 @@
+//! Tiled causal attention for long batches (prompt processing), with the arithmetic of
+//! llama.cpp's CPU `ggml_compute_forward_flash_attn_ext_tiled` (used there for batches of 64
+//! or more query rows), so that mica's prefill matches llama.cpp's bit for bit.
+//!
+//! One call handles a *query tile*: up to [`Q_TILE`] query rows of one head that attend to
+//! the same key/value head of one sequence. Keys and values are walked in tiles of
+//! [`KV_TILE`] cached positions; each key tile is converted to f32 once and reused by every
+//! query row, which is what makes the prefill compute-bound. Per query row and key tile:
+//!
+//! ```text
+//! s[j]   = fma-chain over d of k[j][d]·q[d]  (from 0, d ascending), then s[j] *= scale
+//!          (positions after the row's own are masked to -inf)
+//! M'     = max(M, max_j s[j]);  if M' > M: acc *= e^(M - M'), S *= e^(M - M')
+//! p[j]   = expf16(s[j] - M')   (ggml's vectorized expf, 16 lanes)
+//! S      = f32(f64(S) + Σ_16-lane-groups f64(reduce_add16(p)))
+//! acc[d] = fma-chain over j of v[j][d]·p[j]   (j ascending)
+//! ```
+//! and at the end `out = acc · (1/S)`. Rows whose whole key tile is masked skip it.
+
+use crate::ops::silu::expf_lane;
+use half::f16;
+use std::sync::OnceLock;
+
+/// Query rows per tile (llama.cpp's `GGML_FA_TILE_Q`).
+pub const Q_TILE: usize = 64;
+/// Cached positions per key/value tile (llama.cpp's `GGML_FA_TILE_KV`).
+pub const KV_TILE: usize = 64;
+
+/// The keys and values of one KV head of one sequence, as the cache stores them: rows of
+/// `stride` f16 values, the head's `head_dim` values starting at `offset`.
+#[derive(Clone, Copy)]
+pub struct KvHead<'a> {
+    pub keys: &'a [f16],
+    pub values: &'a [f16],
+    pub stride: usize,
+    pub offset: usize,
+    pub head_dim: usize,
+}
+
+impl KvHead<'_> {
+    fn key(&self, j: usize) -> &[f16] {
+        &self.keys[j * self.stride + self.offset..][..self.head_dim]
+    }
+    fn value(&self, j: usize) -> &[f16] {
+        &self.values[j * self.stride + self.offset..][..self.head_dim]
+    }
+}
+
+/// Reusable buffers of [`attend_tile`] (one per thread).
+#[derive(Default)]
+pub struct TileScratch {
+    /// `[head_dim][KV_TILE]` the key tile, transposed, in f32
+    kt: Vec<f32>,
+    /// `[KV_TILE][head_dim]` the value tile in f32
+    vt: Vec<f32>,
+    /// `[KV_TILE]` scores of one row
+    s: Vec<f32>,
+    /// `[rows][head_dim]` accumulators
+    acc: Vec<f32>,
+    m: Vec<f32>,
+    sum: Vec<f32>,
+}
+
+type TileFn = fn(&KvHead, &[f32], &[usize], f32, &mut TileScratch, &mut [f32]);
+
+fn tile_fn() -> TileFn {
+    static F: OnceLock<TileFn> = OnceLock::new();
+    *F.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma") {
+            return |kv, q, pos, scale, s, out| unsafe { tile_avx512(kv, q, pos, scale, s, out) };
+        }
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            return |kv, q, pos, scale, s, out| unsafe { tile_avx2(kv, q, pos, scale, s, out) };
+        }
+        tile_generic
+    })
+}
+
+/// Attention of `pos.len()` query rows (`q` is `[rows][head_dim]`, row `r` at cache position
+/// `pos[r]`, which must be `< kv` rows available) of one head into `out` (`[rows][head_dim]`).
+pub fn attend_tile(
+    kv: &KvHead,
+    q: &[f32],
+    pos: &[usize],
+    scale: f32,
+    scratch: &mut TileScratch,
+    out: &mut [f32],
+) {
+    debug_assert!(pos.len() <= Q_TILE);
+    debug_assert_eq!(q.len(), pos.len() * kv.head_dim);
+    debug_assert_eq!(out.len(), q.len());
+    tile_fn()(kv, q, pos, scale, scratch, out)
+}
+
+/// The same computation without dispatch (the reference the SIMD build is tested against).
+pub fn attend_tile_ref(
+    kv: &KvHead,
+    q: &[f32],
+    pos: &[usize],
+    scale: f32,
+    scratch: &mut TileScratch,
+    out: &mut [f32],
+) {
+    tile_generic(kv, q, pos, scale, scratch, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn tile_avx2(
+    kv: &KvHead,
+    q: &[f32],
+    pos: &[usize],
+    scale: f32,
+    s: &mut TileScratch,
+    out: &mut [f32],
+) {
+    tile_body(kv, q, pos, scale, s, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn tile_avx512(
+    kv: &KvHead,
+    q: &[f32],
+    pos: &[usize],
+    scale: f32,
+    s: &mut TileScratch,
+    out: &mut [f32],
+) {
+    tile_body(kv, q, pos, scale, s, out)
+}
+
+fn tile_generic(
+    kv: &KvHead,
+    q: &[f32],
+    pos: &[usize],
+    scale: f32,
+    s: &mut TileScratch,
+    out: &mut [f32],
+) {
+    tile_body(kv, q, pos, scale, s, out)
+}
+
+/// `_mm512_reduce_add_ps`'s order: halves added lane-wise, 16 → 8 → 4 → 2 → 1.
+#[inline(always)]
+fn reduce16(v: &[f32]) -> f32 {
+    let t8: [f32; 8] = std::array::from_fn(|l| v[l] + v[l + 8]);
+    let t4: [f32; 4] = std::array::from_fn(|l| t8[l] + t8[l + 4]);
+    (t4[0] + t4[2]) + (t4[1] + t4[3])
+}
+
+/// Written as plain loops over fixed-width lanes; compiled with FMA enabled the inner loops
+/// vectorize, and `mul_add` is a single fused operation either way (as in ggml).
+#[inline(always)]
+fn tile_body(
+    kv: &KvHead,
+    q: &[f32],
+    pos: &[usize],
+    scale: f32,
+    s: &mut TileScratch,
+    out: &mut [f32],
+) {
+    let hd = kv.head_dim;
+    let rows = pos.len();
+    let n_kv = pos.iter().copied().max().map_or(0, |p| p + 1);
+    s.kt.resize(hd * KV_TILE, 0.0);
+    s.vt.resize(KV_TILE * hd, 0.0);
+    s.s.resize(KV_TILE, 0.0);
+    s.acc.clear();
+    s.acc.resize(rows * hd, 0.0);
+    s.m.clear();
+    s.m.resize(rows, f32::NEG_INFINITY);
+    s.sum.clear();
+    s.sum.resize(rows, 0.0);
+
+    let mut ic = 0;
+    while ic < n_kv {
+        let tile = KV_TILE.min(n_kv - ic);
+        // Convert the key tile (transposed) and the value tile to f32 once for all rows.
+        for tk in 0..tile {
+            let k = kv.key(ic + tk);
+            for d in 0..hd {
+                s.kt[d * KV_TILE + tk] = k[d].to_f32();
+            }
+            let v = kv.value(ic + tk);
+            for d in 0..hd {
+                s.vt[tk * hd + d] = v[d].to_f32();
+            }
+        }
+        for r in 0..rows {
+            // Cached positions this row may see in the tile.
+            let visible = (pos[r] + 1).saturating_sub(ic).min(tile);
+            if visible == 0 {
+                continue;
+            }
+            let qr = &q[r * hd..(r + 1) * hd];
+            let sc = &mut s.s[..KV_TILE];
+            sc.fill(0.0);
+            for (d, &qd) in qr.iter().enumerate() {
+                let kd = &s.kt[d * KV_TILE..(d + 1) * KV_TILE];
+                for (a, &k) in sc.iter_mut().zip(kd) {
+                    *a = k.mul_add(qd, *a);
+                }
+            }
+            for a in sc.iter_mut() {
+                *a *= scale;
+            }
+            for a in &mut sc[visible..] {
+                *a = f32::NEG_INFINITY;
+            }
+            let tile_max = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let m_old = s.m[r];
+            let m_new = m_old.max(tile_max);
+            let acc = &mut s.acc[r * hd..(r + 1) * hd];
+            if m_new > m_old {
+                let ms = (m_old - m_new).exp();
+                for a in acc.iter_mut() {
+                    *a *= ms;
+                }
+                s.sum[r] *= ms;
+            }
+            s.m[r] = m_new;
+            let mut total = 0f64;
+            for group in sc.chunks_exact_mut(16) {
+                for a in group.iter_mut() {
+                    *a = expf_lane(*a - m_new);
+                }
+                total += reduce16(group) as f64;
+            }
+            s.sum[r] = (s.sum[r] as f64 + total) as f32;
+            // Masked and padded positions have weight exactly 0 and leave `acc` unchanged.
+            for tk in 0..visible {
+                let p = sc[tk];
+                let v = &s.vt[tk * hd..(tk + 1) * hd];
+                for (a, &vv) in acc.iter_mut().zip(v) {
+                    *a = vv.mul_add(p, *a);
+                }
+            }
+        }
+        ic += tile;
+    }
+    for r in 0..rows {
+        let inv = if s.sum[r] == 0.0 { 0.0 } else { 1.0 / s.sum[r] };
+        for (o, &a) in out[r * hd..(r + 1) * hd]
+            .iter_mut()
+            .zip(&s.acc[r * hd..(r + 1) * hd])
+        {
+            *o = a * inv;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{RngExt, SeedableRng};
+
+    /// Straightforward f64 causal softmax attention, for checking the tile kernel.
+    fn naive(kv: &KvHead, q: &[f32], p: usize, scale: f32) -> Vec<f64> {
+        let hd = kv.head_dim;
+        let scores: Vec<f64> = (0..=p)
+            .map(|j| {
+                let k = kv.key(j);
+                (0..hd).map(|d| q[d] as f64 * k[d].to_f64()).sum::<f64>() * scale as f64
+            })
+            .collect();
+        let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+        let z: f64 = w.iter().sum();
+        (0..hd)
+            .map(|d| (0..=p).map(|j| w[j] * kv.value(j)[d].to_f64()).sum::<f64>() / z)
+            .collect()
+    }
+
+    #[test]
+    fn tile_kernel_is_attention_and_simd_matches_reference_bitwise() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        let (hd, n_kv_heads) = (64, 2);
+        let stride = hd * n_kv_heads;
+        let n = 150;
+        let keys: Vec<f16> = (0..n * stride)
+            .map(|_| f16::from_f32(rng.random_range(-1.0..1.0)))
+            .collect();
+        let values: Vec<f16> = (0..n * stride)
+            .map(|_| f16::from_f32(rng.random_range(-1.0..1.0)))
+            .collect();
+        let kv = KvHead {
+            keys: &keys,
+            values: &values,
+            stride,
+            offset: hd,
+            head_dim: hd,
+        };
+        // A tile of rows at scattered positions, crossing several key tiles.
+        let pos: Vec<usize> = vec![0, 1, 63, 64, 65, 100, 127, 128, 149];
+        let q: Vec<f32> = (0..pos.len() * hd)
+            .map(|_| rng.random_range(-2.0..2.0))
+            .collect();
+        let (mut s1, mut s2) = (TileScratch::default(), TileScratch::default());
+        let mut o1 = vec![0f32; q.len()];
+        let mut o2 = vec![0f32; q.len()];
+        attend_tile(&kv, &q, &pos, 0.125, &mut s1, &mut o1);
+        attend_tile_ref(&kv, &q, &pos, 0.125, &mut s2, &mut o2);
+        assert_eq!(o1, o2, "dispatch vs reference");
+        for (r, &p) in pos.iter().enumerate() {
+            let want = naive(&kv, &q[r * hd..(r + 1) * hd], p, 0.125);
+            for d in 0..hd {
+                let got = o1[r * hd + d] as f64;
+                assert!(
+                    (got - want[d]).abs() < 1e-5,
+                    "row {r} d {d}: {got} vs {}",
+                    want[d]
+                );
+            }
+        }
+        // A row's result does not depend on which other rows share its tile.
+        let mut o3 = vec![0f32; hd];
+        attend_tile(&kv, &q[5 * hd..6 * hd], &pos[5..6], 0.125, &mut s1, &mut o3);
+        assert_eq!(&o3[..], &o1[5 * hd..6 * hd]);
+    }
+}
