@@ -9,6 +9,7 @@ import json
 import sys
 import time
 
+import numpy as np
 from llama_cpp import Llama
 
 
@@ -16,7 +17,7 @@ def main():
     model, threads, n_predict, prompt = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     t0 = time.perf_counter()
     llm = Llama(model_path=model, n_ctx=2048, n_threads=threads, n_threads_batch=threads,
-                n_batch=512, verbose=False, logits_all=False)
+                n_batch=512, verbose=False, logits_all=False, flash_attn=True)
     load_ms = (time.perf_counter() - t0) * 1e3
     ids = llm.tokenize(prompt.encode(), add_bos=True, special=True)
     llm.reset()
@@ -27,7 +28,7 @@ def main():
     t2 = time.perf_counter()
     # As mica: n tokens take n - 1 evaluations (the first comes from the prompt's logits).
     while len(out) < n_predict:
-        tok = int(llm.scores[llm.n_tokens - 1].argmax())
+        tok = int(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).argmax())
         out.append(tok)
         if len(out) < n_predict:
             llm.eval([tok])
