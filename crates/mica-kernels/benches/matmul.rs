@@ -9,8 +9,10 @@
 //!   of weights read. 4096×4096 is past every cache; 576×1536 (SmolLM2's FFN down) and
 //!   896×4864 (Qwen2.5-0.5B's) are real shapes whose weights fit in L2/L3.
 //! - `gemv_2t/...`: the same through a two-thread pool (the split `matmul` does).
-//! - `gemm/TYPE/TOKENS`: a 896×4864 matrix times 128 or 512 tokens (prefill), in FLOP/s
-//!   (2·rows·cols·tokens per run).
+//! - `gemm/TYPE/TOKENS`: a 896×4864 matrix times 128 or 512 tokens (prefill), in FLOP/s:
+//!   criterion's "elem/s" here counts 2·rows·cols·tokens floating-point operations per run.
+//! - `.../packed`: the same product with the load-time repacked copy (`QMatrix::pack`), for
+//!   the types whose kernels have a packed layout.
 //!
 //! Each product takes the path llama.cpp would (`DotPath::for_token`), so its arithmetic is
 //! the one mica runs. Sample counts and times are small to keep the default run short.
@@ -120,12 +122,22 @@ fn gemv(c: &mut Criterion) {
                 cols,
                 data: &data,
                 extra_paths: true,
+                packed: None,
             };
             let x = acts(t, cols, 1, &mut r);
             let mut out = vec![0f32; rows];
             g.throughput(Throughput::Bytes(data.len() as u64));
             let id = BenchmarkId::from_parameter(format!("{rows}x{cols}"));
             g.bench_function(id, |b| b.iter(|| matmul(&one, &w, &x, &mut out)));
+            // The load-time repacked layout, where the kernels have one.
+            if let Some(p) = w.pack() {
+                let wp = QMatrix {
+                    packed: Some(&p),
+                    ..w
+                };
+                let id = BenchmarkId::from_parameter(format!("{rows}x{cols}/packed"));
+                g.bench_function(id, |b| b.iter(|| matmul(&one, &wp, &x, &mut out)));
+            }
             if rows == 896
                 && matches!(
                     t,
@@ -153,6 +165,7 @@ fn gemm(c: &mut Criterion) {
             cols,
             data: &data,
             extra_paths: true,
+            packed: None,
         };
         for n in [128, 512] {
             let x = acts(t, cols, n, &mut r);
@@ -161,6 +174,15 @@ fn gemm(c: &mut Criterion) {
             g.bench_function(BenchmarkId::from_parameter(n), |b| {
                 b.iter(|| matmul(&one, &w, &x, &mut out))
             });
+            if let Some(p) = w.pack() {
+                let wp = QMatrix {
+                    packed: Some(&p),
+                    ..w
+                };
+                g.bench_function(BenchmarkId::from_parameter(format!("{n}/packed")), |b| {
+                    b.iter(|| matmul(&one, &wp, &x, &mut out))
+                });
+            }
         }
         g.finish();
     }

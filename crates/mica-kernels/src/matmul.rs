@@ -25,6 +25,9 @@ pub struct QMatrix<'a> {
     /// tiled layouts, which change the float arithmetic of the product; see
     /// [`DotPath`]). False for the token embedding and an output head tied to it.
     pub extra_paths: bool,
+    /// Optional load-time repacked copy of `data` ([`QMatrix::pack`]), used by the products
+    /// instead of `data` when present (same results, bit for bit).
+    pub packed: Option<&'a [u8]>,
 }
 
 impl<'a> QMatrix<'a> {
@@ -44,9 +47,22 @@ impl<'a> QMatrix<'a> {
         quant::dequantize_row(self.dtype, self.row(r), out);
     }
 
-    /// Rows `range` as the kernels' view.
+    /// A repacked copy of the weights for this CPU's kernels (four rows interleaved block by
+    /// block: one load per block for four rows), or `None` where the kernels have no packed
+    /// layout for this type. Costs as much memory as `data` (rows rounded up to 4).
+    pub fn pack(&self) -> Option<Vec<u8>> {
+        kernels().pack(self.dtype, self.cols, self.rows, self.data)
+    }
+
+    /// Rows `range` as the kernels' view (the packed copy when there is one and the range
+    /// starts on a group of four).
     fn rows_view(&self, range: std::ops::Range<usize>) -> WeightRows<'a> {
-        WeightRows::new(self.dtype, self.cols, self.rows, self.data).sub(range)
+        match self.packed {
+            Some(p) if range.start.is_multiple_of(4) => {
+                WeightRows::packed(self.dtype, self.cols, self.rows, p).sub(range)
+            }
+            _ => WeightRows::new(self.dtype, self.cols, self.rows, self.data).sub(range),
+        }
     }
 }
 
@@ -276,6 +292,7 @@ mod tests {
                 cols,
                 data: &wq,
                 extra_paths: false,
+                packed: None,
             };
             let x: Vec<f32> = (0..n * cols).map(|_| rng.random_range(-2.0..2.0)).collect();
             let mut xq = QActs::new();

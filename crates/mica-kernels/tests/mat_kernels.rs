@@ -163,3 +163,81 @@ fn matrix_kernels_cover_token_tiles() {
         }
     }
 }
+
+/// Load-time repacked weights give the same outputs, bit for bit, as the file's layout, in
+/// every table that packs (row counts not a multiple of 4, row ranges, many tokens), and
+/// through `matmul` with a thread pool.
+#[test]
+fn packed_weights_equal_row_major_bit_for_bit() {
+    use mica_kernels::ThreadPool;
+    use mica_kernels::matmul::{QMatrix, matmul_rows};
+    let mut r = rng(33);
+    let pool = ThreadPool::new(3);
+    for (name, k) in Kernels::all() {
+        let Some(k) = k else { continue };
+        for t in DType::WEIGHT_TYPES {
+            let n = 7 * t.block_size();
+            let Some(_) = k.pack(t, n, 1, &weights(t, 1, 7, 0, &mut r)) else {
+                continue;
+            };
+            for (rows, toks) in [(1, 1), (6, 1), (13, 5), (37, 9)] {
+                let w = weights(t, rows, 7, rows, &mut r);
+                let packed = k.pack(t, n, rows, &w).unwrap();
+                let vt = t.vec_dot_type();
+                let mut xq = Vec::new();
+                for i in 0..toks {
+                    let x = activations(n, ACT_KINDS[i % ACT_KINDS.len()], &mut r);
+                    let mut q = vec![0u8; vt.row_bytes(n).unwrap()];
+                    k.quantize_act(vt, &x, &mut q);
+                    xq.extend_from_slice(&q);
+                }
+                let acts = QActs::from_quantized(vt, n, toks, &xq);
+                let mut want = vec![0f32; rows * toks];
+                let mut got = vec![1f32; rows * toks];
+                let plain = WeightRows::new(t, n, rows, &w);
+                let pk = WeightRows::packed(t, n, rows, &packed);
+                let path = DotPath::VecDot;
+                k.matmul(
+                    path,
+                    &plain,
+                    &acts.view(),
+                    &mut MatOut::new(&mut want, rows, rows, toks),
+                );
+                k.matmul(
+                    path,
+                    &pk,
+                    &acts.view(),
+                    &mut MatOut::new(&mut got, rows, rows, toks),
+                );
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        same(*g, *w),
+                        "{name} {t} rows={rows} tokens={toks} out {i}: {g:e} vs {w:e}"
+                    );
+                }
+                // Through matmul_rows on the process's table, rows split across threads.
+                if k.isa() == mica_kernels::simd::kernels().isa() && rows >= 8 {
+                    let m = QMatrix {
+                        dtype: t,
+                        rows,
+                        cols: n,
+                        data: &w,
+                        extra_paths: true,
+                        packed: Some(&packed),
+                    };
+                    for range in [0..rows, 4..rows - 1, 1..rows] {
+                        let mut part = vec![0f32; toks * range.len()];
+                        matmul_rows(&pool, &m, &acts, &mut part, range.clone());
+                        for tok in 0..toks {
+                            for (j, row) in range.clone().enumerate() {
+                                let (g, w) = (part[tok * range.len() + j], want[tok * rows + row]);
+                                assert!(same(g, w), "{t} matmul_rows {range:?}: {g:e} vs {w:e}");
+                            }
+                        }
+                    }
+                }
+            }
+            println!("{name:>6} {t:>4}: packed = row-major");
+        }
+    }
+}

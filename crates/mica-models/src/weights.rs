@@ -32,6 +32,9 @@ pub struct Matrix {
     pub rows: usize,
     pub cols: usize,
     data: TensorData,
+    /// Optional repacked copy for the kernels ([`Matrix::repack`]); the file's bytes stay
+    /// untouched.
+    packed: Option<Arc<[u8]>>,
 }
 
 impl Matrix {
@@ -42,7 +45,16 @@ impl Matrix {
             cols: self.cols,
             data: self.data.bytes(),
             extra_paths: self.extra_paths,
+            packed: self.packed.as_deref(),
         }
+    }
+
+    /// Makes a repacked copy of the weights in this CPU's packed layout, where the kernels
+    /// have one ([`QMatrix::pack`]); products stay bit-identical. Returns the bytes the copy
+    /// takes (0 when the type has no packed layout).
+    pub fn repack(&mut self) -> usize {
+        self.packed = self.view().pack().map(Arc::from);
+        self.packed.as_ref().map_or(0, |p| p.len())
     }
 
     /// Bytes the weights occupy.
@@ -174,6 +186,7 @@ impl WeightLoader {
                 start: t.offset as usize,
                 len: t.n_bytes as usize,
             },
+            packed: None,
         })
     }
 

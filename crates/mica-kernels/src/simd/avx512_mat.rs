@@ -29,22 +29,25 @@ use crate::quant::blocks::QK;
 const TOK_TILE: usize = 64;
 
 pub(super) fn install(k: &mut Kernels) {
-    // SAFETY (all entries): installed only in the AVX-512 table, after `supported()`.
-    k.set_mat(DotPath::VecDot, DType::Q4_0, |w, x, o| unsafe {
-        legacy::<Q4_0>(w, x, o)
-    });
-    k.set_mat(DotPath::VecDot, DType::Q4_1, |w, x, o| unsafe {
-        legacy::<Q4_1>(w, x, o)
-    });
-    k.set_mat(DotPath::VecDot, DType::Q5_0, |w, x, o| unsafe {
-        legacy::<Q5_0>(w, x, o)
-    });
-    k.set_mat(DotPath::VecDot, DType::Q5_1, |w, x, o| unsafe {
-        legacy::<Q5_1>(w, x, o)
-    });
-    k.set_mat(DotPath::VecDot, DType::Q8_0, |w, x, o| unsafe {
-        legacy::<Q8_0>(w, x, o)
-    });
+    macro_rules! both {
+        ($t:ident, $F:ty) => {
+            // SAFETY: installed only in the AVX-512 table, after `supported()`.
+            k.set_mat(DotPath::VecDot, DType::$t, |w, x, o| unsafe {
+                legacy::<$F, false>(w, x, o)
+            });
+            k.set_packed(
+                DType::$t,
+                pack::<$F>,
+                // SAFETY: as above.
+                |w, x, o| unsafe { legacy::<$F, true>(w, x, o) },
+            );
+        };
+    }
+    both!(Q4_0, Q4_0);
+    both!(Q4_1, Q4_1);
+    both!(Q5_0, Q5_0);
+    both!(Q5_1, Q5_1);
+    both!(Q8_0, Q8_0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -145,6 +148,11 @@ unsafe trait Legacy {
     const MIN: bool;
     /// Layout: two rows per register (Q8_0) instead of four.
     const WIDE: bool;
+    /// Byte offsets in a block of the quants, the min (`MIN` formats) and the fifth bits
+    /// (Q5_0/Q5_1), for packing.
+    const QS: usize;
+    const M: usize;
+    const QH: Option<usize>;
     /// The unsigned quant bytes of one block of four rows (see the module doc for the
     /// layout).
     unsafe fn quants(p: &Rows4) -> (__m512i, __m512i);
@@ -154,6 +162,7 @@ unsafe trait Legacy {
 
 macro_rules! legacy_format {
     ($name:ident, $bytes:expr, shift: $shift:expr, min: $min:expr, wide: $wide:expr,
+     fields: ($qs:expr, $m:expr, $qh:expr),
      |$p:ident| quants $quants:block, scales $scales:block) => {
         struct $name;
         // SAFETY: every read below is inside the block.
@@ -162,6 +171,9 @@ macro_rules! legacy_format {
             const SHIFT: Option<u32> = $shift;
             const MIN: bool = $min;
             const WIDE: bool = $wide;
+            const QS: usize = $qs;
+            const M: usize = $m;
+            const QH: Option<usize> = $qh;
             #[inline]
             #[target_feature(enable = "avx2,avx512f,avx512bw")]
             unsafe fn quants($p: &Rows4) -> (__m512i, __m512i) {
@@ -177,27 +189,27 @@ macro_rules! legacy_format {
 }
 
 // Q4_0: d@0, qs@2.
-legacy_format!(Q4_0, 18, shift: Some(3), min: false, wide: false,
+legacy_format!(Q4_0, 18, shift: Some(3), min: false, wide: false, fields: (2, 0, None),
     |p| quants { nibbles4(chunks4(p, 2)) }, scales { (f16x4(p, 0), _mm_setzero_ps()) });
 // Q4_1: d@0, m@2, qs@4.
-legacy_format!(Q4_1, 20, shift: None, min: true, wide: false,
+legacy_format!(Q4_1, 20, shift: None, min: true, wide: false, fields: (4, 2, None),
     |p| quants { nibbles4(chunks4(p, 4)) }, scales { (f16x4(p, 0), f16x4(p, 2)) });
 // Q5_0: d@0, qh@2, qs@6.
-legacy_format!(Q5_0, 22, shift: Some(4), min: false, wide: false,
+legacy_format!(Q5_0, 22, shift: Some(4), min: false, wide: false, fields: (6, 0, Some(2)),
     |p| quants {
         let (lo, hi) = nibbles4(chunks4(p, 6));
         fifth_bits(p, 2, lo, hi)
     },
     scales { (f16x4(p, 0), _mm_setzero_ps()) });
 // Q5_1: d@0, m@2, qh@4, qs@8.
-legacy_format!(Q5_1, 24, shift: None, min: true, wide: false,
+legacy_format!(Q5_1, 24, shift: None, min: true, wide: false, fields: (8, 2, Some(4)),
     |p| quants {
         let (lo, hi) = nibbles4(chunks4(p, 8));
         fifth_bits(p, 4, lo, hi)
     },
     scales { (f16x4(p, 0), f16x4(p, 2)) });
 // Q8_0: d@0, qs@2; quants + 128 as unsigned bytes.
-legacy_format!(Q8_0, 34, shift: Some(7), min: false, wide: true,
+legacy_format!(Q8_0, 34, shift: Some(7), min: false, wide: true, fields: (2, 0, None),
     |p| quants {
         let ld = |q: *const u8| _mm256_loadu_si256(q.add(2).cast());
         let flip = _mm512_set1_epi8(-128);
@@ -244,7 +256,7 @@ fn spread(v: __m128, wide: bool) -> (__m512, __m512) {
 /// Returns the four results of each token.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tile<F: Legacy, const C: usize>(
+unsafe fn tile<F: Legacy, const PACKED: bool, const C: usize>(
     w: &Rows4,
     nb: usize,
     x: [*const u8; C],
@@ -258,9 +270,13 @@ unsafe fn tile<F: Legacy, const C: usize>(
     for b in 0..nb {
         // SAFETY: block b < nb of every row and token (checked by the driver).
         unsafe {
-            let wb = w.map(|p| p.add(b * F::BYTES));
-            let (q0, q1) = F::quants(&wb);
-            let (d4, m4) = F::scales(&wb);
+            let ((q0, q1), (d4, m4)) = if PACKED {
+                let p = w[0].add(b * 4 * F::BYTES);
+                (packed_quants::<F>(p), packed_scales::<F>(p))
+            } else {
+                let wb = w.map(|p| p.add(b * F::BYTES));
+                (F::quants(&wb), F::scales(&wb))
+            };
             let (dw0, dw1) = spread(d4, F::WIDE);
             for c in 0..C {
                 let aux = &*a[c].add(b);
@@ -319,7 +335,7 @@ unsafe fn tile<F: Legacy, const C: usize>(
 /// Runs [`tile`] for `C` tokens from `t` and stores the valid rows.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tokens<F: Legacy, const C: usize>(
+unsafe fn tokens<F: Legacy, const PACKED: bool, const C: usize>(
     w: &Rows4,
     nb: usize,
     x: &ActRows,
@@ -339,7 +355,7 @@ unsafe fn tokens<F: Legacy, const C: usize>(
         )
     };
     // SAFETY: as above; the weight pointers are checked by the driver.
-    let res = unsafe { tile::<F, C>(w, nb, xp, xb, xq, ap) };
+    let res = unsafe { tile::<F, PACKED, C>(w, nb, xp, xb, xq, ap) };
     for (c, v) in res.iter().enumerate() {
         let mut lanes = [0f32; 4];
         // SAFETY: four writable floats.
@@ -351,14 +367,22 @@ unsafe fn tokens<F: Legacy, const C: usize>(
 }
 
 /// The matrix kernel of a legacy format: row groups of four, tokens in tiles of
-/// [`TOK_TILE`] and micro-kernel groups of four.
+/// [`TOK_TILE`] and micro-kernel groups of four. Rows are either the file's (`w.stride`
+/// bytes apart) or, `PACKED`, groups of four interleaved by [`pack`] (`w.stride` bytes per
+/// group).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn legacy<F: Legacy>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
+unsafe fn legacy<F: Legacy, const PACKED: bool>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
     let nb = w.n / QK;
-    assert!(nb * QK == w.n && w.rows > 0);
+    assert!(nb * QK == w.n && w.rows > 0 && w.packed == PACKED);
+    let need = if PACKED {
+        w.rows.div_ceil(4) * w.stride
+    } else {
+        (w.rows - 1) * w.stride + nb * F::BYTES
+    };
+    assert!(w.data.len() >= need, "weight rows");
     assert!(
-        w.data.len() >= (w.rows - 1) * w.stride + nb * F::BYTES,
-        "weight rows"
+        !PACKED || w.stride == nb * 4 * F::BYTES,
+        "packed group size"
     );
     assert!(x.data.len() == x.n * nb * x.dtype.type_size() && x.aux.len() == x.n * nb);
     let base = w.data.as_ptr();
@@ -366,23 +390,127 @@ unsafe fn legacy<F: Legacy>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
         let t1 = (t0 + TOK_TILE).min(x.n);
         for r0 in (0..w.rows).step_by(4) {
             let nr = (w.rows - r0).min(4);
-            // SAFETY: rows r0..r0+nr exist; missing rows repeat the last one.
-            let rows: Rows4 =
-                std::array::from_fn(|i| unsafe { base.add((r0 + i.min(nr - 1)) * w.stride) });
+            // SAFETY: rows r0..r0+nr exist; missing rows repeat the last one (packed: the
+            // group's base, its padding rows repeat the last row too).
+            let rows: Rows4 = std::array::from_fn(|i| unsafe {
+                if PACKED {
+                    base.add(r0 / 4 * w.stride)
+                } else {
+                    base.add((r0 + i.min(nr - 1)) * w.stride)
+                }
+            });
             let mut t = t0;
             // SAFETY (all calls): tokens t..t+C < t1 <= x.n.
             unsafe {
                 while t + 4 <= t1 {
-                    tokens::<F, 4>(&rows, nb, x, t, out, r0, nr);
+                    tokens::<F, PACKED, 4>(&rows, nb, x, t, out, r0, nr);
                     t += 4;
                 }
                 match t1 - t {
-                    3 => tokens::<F, 3>(&rows, nb, x, t, out, r0, nr),
-                    2 => tokens::<F, 2>(&rows, nb, x, t, out, r0, nr),
-                    1 => tokens::<F, 1>(&rows, nb, x, t, out, r0, nr),
+                    3 => tokens::<F, PACKED, 3>(&rows, nb, x, t, out, r0, nr),
+                    2 => tokens::<F, PACKED, 2>(&rows, nb, x, t, out, r0, nr),
+                    1 => tokens::<F, PACKED, 1>(&rows, nb, x, t, out, r0, nr),
                     _ => {}
                 }
             }
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The packed layout: four rows interleaved block by block, so that one load gives the quants
+// of four rows and one conversion their scales (llama.cpp repacks Q4_0 into a similar
+// `block_q4_0x8`). Per group of four rows and block: the quants of the four rows (16 bytes
+// each, Q8_0: 32), then the four f16 `d`, the four f16 `m` (Q4_1, Q5_1), and the fifth bits
+// as the two 64-bit masks [`fifth_bits`] builds (Q5_0, Q5_1): exactly four blocks' bytes.
+
+/// Bytes of the four rows' quants in a packed group block.
+const fn packed_qs<F: Legacy>() -> usize {
+    if F::WIDE { 128 } else { 64 }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw")]
+unsafe fn packed_quants<F: Legacy>(p: *const u8) -> (__m512i, __m512i) {
+    // SAFETY: the caller passes a packed group block.
+    unsafe {
+        if F::WIDE {
+            let flip = _mm512_set1_epi8(-128);
+            (
+                _mm512_xor_si512(_mm512_loadu_si512(p.cast()), flip),
+                _mm512_xor_si512(_mm512_loadu_si512(p.add(64).cast()), flip),
+            )
+        } else {
+            let (lo, hi) = nibbles4(_mm512_loadu_si512(p.cast()));
+            if F::QH.is_some() {
+                let k = p.add(packed_qs::<F>() + if F::MIN { 16 } else { 8 });
+                let (k_lo, k_hi) = (
+                    k.cast::<u64>().read_unaligned(),
+                    k.add(8).cast::<u64>().read_unaligned(),
+                );
+                let sixteen = _mm512_set1_epi8(16);
+                (
+                    _mm512_mask_add_epi8(lo, k_lo, lo, sixteen),
+                    _mm512_mask_add_epi8(hi, k_hi, hi, sixteen),
+                )
+            } else {
+                (lo, hi)
+            }
+        }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn packed_scales<F: Legacy>(p: *const u8) -> (__m128, __m128) {
+    let q = packed_qs::<F>();
+    // SAFETY: the caller passes a packed group block.
+    unsafe {
+        let d = _mm_cvtph_ps(_mm_loadl_epi64(p.add(q).cast()));
+        let m = if F::MIN {
+            _mm_cvtph_ps(_mm_loadl_epi64(p.add(q + 8).cast()))
+        } else {
+            _mm_setzero_ps()
+        };
+        (d, m)
+    }
+}
+
+/// Packs `rows` rows of `n` elements (`data`, the file's layout) into groups of four (the
+/// last group repeats the last row); each group takes `n / 32 * 4 * BYTES` bytes.
+fn pack<F: Legacy>(n: usize, rows: usize, data: &[u8]) -> Vec<u8> {
+    let nb = n / QK;
+    let rb = nb * F::BYTES;
+    assert!(nb * QK == n && rows > 0 && data.len() >= rows * rb);
+    let gb = 4 * F::BYTES;
+    let qs_len = if F::WIDE { 32 } else { 16 };
+    let q = packed_qs::<F>();
+    let mut out = vec![0u8; rows.div_ceil(4) * nb * gb];
+    for (g, group) in out.chunks_exact_mut(nb * gb).enumerate() {
+        for (b, o) in group.chunks_exact_mut(gb).enumerate() {
+            let src: [&[u8]; 4] = std::array::from_fn(|i| {
+                let r = (4 * g + i).min(rows - 1);
+                &data[r * rb + b * F::BYTES..][..F::BYTES]
+            });
+            let (mut k_lo, mut k_hi) = (0u64, 0u64);
+            for (i, s) in src.iter().enumerate() {
+                o[i * qs_len..(i + 1) * qs_len].copy_from_slice(&s[F::QS..F::QS + qs_len]);
+                o[q + 2 * i..q + 2 * i + 2].copy_from_slice(&s[0..2]);
+                if F::MIN {
+                    o[q + 8 + 2 * i..q + 10 + 2 * i].copy_from_slice(&s[F::M..F::M + 2]);
+                }
+                if let Some(qh) = F::QH {
+                    let h = u32::from_le_bytes(s[qh..qh + 4].try_into().unwrap()) as u64;
+                    k_lo |= (h & 0xFFFF) << (16 * i);
+                    k_hi |= (h >> 16) << (16 * i);
+                }
+            }
+            if F::QH.is_some() {
+                let k = q + if F::MIN { 16 } else { 8 };
+                o[k..k + 8].copy_from_slice(&k_lo.to_le_bytes());
+                o[k + 8..k + 16].copy_from_slice(&k_hi.to_le_bytes());
+            }
+        }
+    }
+    out
 }

@@ -25,7 +25,9 @@ use super::{DotPath, Kernels, MatFn};
 use crate::DType;
 use crate::quant::blocks::{BlockQ8_0, BlockQ8_1, QK, blocks, f16_to_f32};
 
-/// `rows` weight rows of `n` elements, row `r` at `data[r * stride..][..row bytes]`.
+/// `rows` weight rows of `n` elements: row `r` at `data[r * stride..][..row bytes]`, or,
+/// `packed`, groups of four rows interleaved by [`Kernels::pack`] (`stride` bytes per
+/// group).
 #[derive(Clone, Copy, Debug)]
 pub struct WeightRows<'a> {
     pub dtype: DType,
@@ -33,6 +35,7 @@ pub struct WeightRows<'a> {
     pub rows: usize,
     pub stride: usize,
     pub data: &'a [u8],
+    pub packed: bool,
 }
 
 impl<'a> WeightRows<'a> {
@@ -47,20 +50,48 @@ impl<'a> WeightRows<'a> {
             rows,
             stride,
             data,
+            packed: false,
         }
     }
 
-    /// The bytes of row `r`.
+    /// Rows packed by [`Kernels::pack`] (`data` is its output for these `rows`).
+    pub fn packed(dtype: DType, n: usize, rows: usize, data: &'a [u8]) -> Self {
+        let stride = 4 * dtype.row_bytes(n).expect("whole blocks");
+        assert!(
+            data.len() >= rows.div_ceil(4) * stride,
+            "packed rows out of bounds"
+        );
+        WeightRows {
+            dtype,
+            n,
+            rows,
+            stride,
+            data,
+            packed: true,
+        }
+    }
+
+    /// The bytes of row `r` (rows in the file's layout only).
     #[inline]
     pub fn row(&self, r: usize) -> &'a [u8] {
+        assert!(!self.packed, "row of packed weights");
         let rb = self.dtype.row_bytes(self.n).unwrap_or(0);
         &self.data[r * self.stride..r * self.stride + rb]
     }
 
-    /// Rows `range` of these rows.
+    /// Rows `range` of these rows (packed: `range.start` a multiple of four).
     pub fn sub(&self, range: std::ops::Range<usize>) -> Self {
         assert!(range.end <= self.rows);
-        let data = &self.data[(range.start * self.stride).min(self.data.len())..];
+        let start = if self.packed {
+            assert!(
+                range.start.is_multiple_of(4),
+                "packed rows split inside a group"
+            );
+            range.start / 4 * self.stride
+        } else {
+            range.start * self.stride
+        };
+        let data = &self.data[start.min(self.data.len())..];
         WeightRows {
             rows: range.len(),
             data,
@@ -286,6 +317,9 @@ pub(super) fn run(
     }
     match f {
         Some(f) => f(w, x, out),
-        None => by_dots(k, path, w, x, out),
+        None => {
+            assert!(!w.packed, "packed weights need their kernel");
+            by_dots(k, path, w, x, out)
+        }
     }
 }

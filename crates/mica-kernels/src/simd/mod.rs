@@ -64,6 +64,8 @@ pub type VecDotFn = fn(usize, &[u8], &[u8]) -> f32;
 pub type QuantizeFn = fn(&[f32], &mut [u8]);
 /// A matrix kernel: every output of `weight rows × activation rows` (see [`mat`]).
 pub type MatFn = fn(&WeightRows, &ActRows, &mut MatOut);
+/// `(n, rows, row-major weights) -> packed weights` (see [`Kernels::pack`]).
+pub type PackFn = fn(usize, usize, &[u8]) -> Vec<u8>;
 
 const N_TYPES: usize = DType::ALL.len();
 
@@ -91,6 +93,8 @@ pub struct Kernels {
     /// Matrix kernels by path (`VecDot` first, then the [`DotPath`] slots) and type; `None`
     /// where the table computes the product one `dot_fn` per output.
     mats: [[Option<MatFn>; N_TYPES]; 4],
+    /// Load-time repacking of weights and the matrix kernel for the packed layout, by type.
+    packed: [Option<(PackFn, MatFn)>; N_TYPES],
 }
 
 impl std::fmt::Debug for Kernels {
@@ -125,6 +129,7 @@ impl Kernels {
                 quant: [scalar_quant!(F32); N_TYPES],
                 paths: [[no_dot; N_TYPES]; 3],
                 mats: [[None; N_TYPES]; 4],
+                packed: [None; N_TYPES],
             };
             let dots: [(DType, VecDotFn); 13] = [
                 (DType::F32, scalar_dot!(F32)),
@@ -261,10 +266,29 @@ impl Kernels {
     /// weight row `r` and activation row `t`, bit for bit, for all `r < w.rows`,
     /// `t < x.n` (`x` quantized to `w.dtype.vec_dot_type()`, with its block data). The
     /// caller picks one path for all the tokens ([`DotPath::for_token`]).
+    /// Packed weights ([`Kernels::pack`]) go to the packed kernel (their types' only path is
+    /// `VecDot`).
     #[inline]
     pub fn matmul(&self, path: DotPath, w: &WeightRows, x: &ActRows, out: &mut MatOut) {
-        let f = self.mats[path.slot().map_or(0, |p| p + 1)][slot(w.dtype)];
+        let f = if w.packed {
+            assert_eq!(path, DotPath::VecDot, "packed weights");
+            self.packed[slot(w.dtype)].map(|p| p.1)
+        } else {
+            self.mats[path.slot().map_or(0, |p| p + 1)][slot(w.dtype)]
+        };
         mat::run(self, f, path, w, x, out)
+    }
+
+    /// Load-time repacking: `rows` rows of `n` elements of type `t` (`data`, row-major as in
+    /// the file) rearranged for this table's packed kernel (four rows interleaved block by
+    /// block), or `None` where the table has none for `t`. Products with the packed copy
+    /// ([`WeightRows::packed`]) are bit-identical to products with `data`; the copy takes
+    /// `rows` rounded up to 4 rows' bytes.
+    pub fn pack(&self, t: DType, n: usize, rows: usize, data: &[u8]) -> Option<Vec<u8>> {
+        if rows == 0 {
+            return None;
+        }
+        self.packed[slot(t)].map(|p| (p.0)(n, rows, data))
     }
 
     /// Whether this table has a dedicated matrix kernel for `path` and `t` (otherwise
@@ -300,6 +324,12 @@ impl Kernels {
     #[allow(dead_code)]
     fn set_mat(&mut self, path: DotPath, t: DType, f: MatFn) {
         self.mats[path.slot().map_or(0, |p| p + 1)][slot(t)] = Some(f);
+    }
+
+    /// Installs a packing function and its matrix kernel for `t` (used by the ISA modules).
+    #[allow(dead_code)]
+    fn set_packed(&mut self, t: DType, pack: PackFn, f: MatFn) {
+        self.packed[slot(t)] = Some((pack, f));
     }
 
     /// Replaces the quantizer of `t` (used by the ISA modules).
