@@ -29,6 +29,13 @@
 //!   arithmetic for the [`DotPath`] that [`DotPath::for_token`] picks (`paths.rs`); these
 //!   are bit-identical in every table, the scalar one included.
 //!
+//! Matrix kernels ([`Kernels::matmul`], `mat.rs`) compute whole `tokens × rows` tiles per
+//! call with the same per-output arithmetic as `dot_fn`: `avx512_mat.rs` (legacy formats,
+//! four rows × up to four tokens, with an optional load-time packed layout,
+//! [`Kernels::pack`]), `avx512_kmat.rs` (k-quants, 16 outputs per micro-kernel),
+//! `avx2_mat.rs` and `paths.rs` (AVX2, four rows per step); the scalar table, and any
+//! (type, path) without a kernel, runs one `dot_fn` per output.
+//!
 //! Quantized activations lie in -127..=127 for every finite block of normal magnitude, which
 //! the sign trick of the 8-bit products relies on; blocks with NaN, infinities or only
 //! subnormal values get -128 quants exactly as in llama.cpp (and a NaN, infinite or zero
