@@ -6,8 +6,10 @@
 //! - `bandwidth/{1,2}t`: reading a 256 MiB buffer (one or two threads): the hardware limit
 //!   a decode step streams its weights at.
 //! - `gemv/TYPE/ROWSxCOLS`: one token through a weight matrix on one thread (decode), in GB/s
-//!   of weights read. 4096×4096 is past every cache; 576×1536 (SmolLM2's FFN down) and
-//!   896×4864 (Qwen2.5-0.5B's) are real shapes whose weights fit in L2/L3.
+//!   of weights read. 4096×4096 (9-64 MiB) is past L2; 576×1536 (SmolLM2's FFN down) and
+//!   896×4864 (Qwen2.5-0.5B's) are real shapes. Benchmark loops re-read the same matrix, so
+//!   whatever fits in the last-level cache is read from it: compare against `bandwidth`
+//!   (256 MiB) for the DRAM limit a whole model streams at.
 //! - `gemv_2t/...`: the same through a two-thread pool (the split `matmul` does).
 //! - `gemm/TYPE/TOKENS`: a 896×4864 matrix times 128 or 512 tokens (prefill), in FLOP/s:
 //!   criterion's "elem/s" here counts 2·rows·cols·tokens floating-point operations per run.
