@@ -8,6 +8,8 @@
 //! - `avx2`: AVX2 + FMA + F16C (`avx2.rs`, `avx2_kquants.rs`).
 //! - `avx512`: AVX-512 F/BW/VL + VNNI (`avx512.rs`), overriding the hottest AVX2 kernels
 //!   and falling back to them for the rest.
+//! - `neon` (aarch64): the quantized dot products with the same float structure as the x86
+//!   tables (`neon.rs`); matrix kernels run one dot per output there.
 //!
 //! Numerics: mica has to reproduce llama.cpp's greedy tokens, and small models are chaotic
 //! enough that a handful of differently rounded activations changes them. So the run-time
@@ -60,6 +62,8 @@ mod avx512_kmat;
 #[cfg(target_arch = "x86_64")]
 mod avx512_mat;
 pub mod mat;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 mod paths;
 
 pub use mat::{ActRows, BlockAux, MatOut, WeightRows};
@@ -230,16 +234,33 @@ impl Kernels {
         None
     }
 
+    /// The NEON table (every aarch64 CPU: NEON is part of the baseline).
+    pub fn neon() -> Option<&'static Kernels> {
+        #[cfg(target_arch = "aarch64")]
+        {
+            static T: OnceLock<Kernels> = OnceLock::new();
+            Some(T.get_or_init(|| {
+                let mut k = Kernels::scalar().clone();
+                k.isa = "neon";
+                neon::install(&mut k);
+                k
+            }))
+        }
+        #[cfg(not(target_arch = "aarch64"))]
+        None
+    }
+
     /// Every table mica has, by ISA name, with `None` where this CPU lacks the ISA.
     pub fn all() -> Vec<(&'static str, Option<&'static Kernels>)> {
         vec![
             ("scalar", Some(Kernels::scalar())),
             ("avx2", Kernels::avx2()),
             ("avx512", Kernels::avx512()),
+            ("neon", Kernels::neon()),
         ]
     }
 
-    /// Name of the instruction set of this table ("scalar", "avx2", "avx512").
+    /// Name of the instruction set of this table ("scalar", "avx2", "avx512", "neon").
     pub fn isa(&self) -> &'static str {
         self.isa
     }
@@ -352,6 +373,7 @@ pub fn kernels() -> &'static Kernels {
     BEST.get_or_init(|| {
         Kernels::avx512()
             .or_else(Kernels::avx2)
+            .or_else(Kernels::neon)
             .unwrap_or_else(Kernels::scalar)
     })
 }
