@@ -29,9 +29,9 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// Model file (GGUF).
+    /// Model: a GGUF file or a store name (see `mica list`).
     #[arg(short = 'm', long = "model")]
-    pub model: PathBuf,
+    pub model: String,
     /// Prompt lengths to time, comma-separated (0 = no prompt test).
     #[arg(short = 'p', long = "n-prompt", default_value = "512")]
     pub n_prompt: String,
@@ -122,7 +122,7 @@ impl Plan {
             bail!("nothing to measure: every -p and -n length is 0");
         }
         Ok(Plan {
-            model: args.model,
+            model: crate::store::resolve_model(Some(&args.model), args.json)?,
             threads,
             tests,
             reps: args.reps,
@@ -165,7 +165,7 @@ impl ModelInfo {
 }
 
 /// llama.cpp's `llama_ftype_name` for `general.file_type`.
-fn ftype_name(ftype: u32) -> String {
+pub fn ftype_name(ftype: u32) -> String {
     let name = match ftype {
         0 => "all F32",
         1 => "F16",

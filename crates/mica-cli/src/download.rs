@@ -121,16 +121,22 @@ impl ModelSpec {
     }
 }
 
+/// mica's own directory: `$MICA_HOME` when set, else `<user cache dir>/mica` (e.g.
+/// `~/.cache/mica` on Linux). Models live in its `models/`, the chat history next to it.
+pub fn home_dir() -> Result<PathBuf> {
+    if let Some(home) = std::env::var_os(HOME_ENV).filter(|h| !h.is_empty()) {
+        return Ok(PathBuf::from(home));
+    }
+    match dirs::cache_dir() {
+        Some(cache) => Ok(cache.join("mica")),
+        None => bail!("cannot find a user cache directory; set {HOME_ENV} or pass -m FILE"),
+    }
+}
+
 /// The directory models are cached in: `$MICA_HOME/models` when `MICA_HOME` is set,
 /// else `<user cache dir>/mica/models` (e.g. `~/.cache/mica/models` on Linux).
 pub fn models_dir() -> Result<PathBuf> {
-    if let Some(home) = std::env::var_os(HOME_ENV).filter(|h| !h.is_empty()) {
-        return Ok(PathBuf::from(home).join("models"));
-    }
-    match dirs::cache_dir() {
-        Some(cache) => Ok(cache.join("mica").join("models")),
-        None => bail!("cannot find a user cache directory; set {HOME_ENV} or pass -m FILE"),
-    }
+    Ok(home_dir()?.join("models"))
 }
 
 /// Returns the path of `spec` in [`models_dir`], downloading it first if it is not there
@@ -512,7 +518,7 @@ fn find_python_with_pip() -> Result<String> {
 // Helpers
 
 /// Copies `reader` to `writer`, feeding every byte to sha256 and advancing `bar`.
-fn copy_hashing(
+pub(crate) fn copy_hashing(
     mut reader: impl Read,
     mut writer: impl Write,
     bar: &ProgressBar,
@@ -536,7 +542,7 @@ fn copy_hashing(
     Ok((total, hasher.finalize().into()))
 }
 
-fn check_sha256(digest: &[u8; 32], expected: &str, what: &str) -> Result<()> {
+pub(crate) fn check_sha256(digest: &[u8; 32], expected: &str, what: &str) -> Result<()> {
     let got = hex(digest);
     if !got.eq_ignore_ascii_case(expected.trim()) {
         bail!(
@@ -547,12 +553,12 @@ fn check_sha256(digest: &[u8; 32], expected: &str, what: &str) -> Result<()> {
     Ok(())
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A byte-count progress bar on stderr (drawn only when stderr is a terminal).
-fn progress_bar(len: Option<u64>, msg: &'static str, quiet: bool) -> ProgressBar {
+pub(crate) fn progress_bar(len: Option<u64>, msg: &'static str, quiet: bool) -> ProgressBar {
     if quiet {
         return ProgressBar::hidden();
     }
@@ -577,7 +583,7 @@ fn progress_bar(len: Option<u64>, msg: &'static str, quiet: bool) -> ProgressBar
 /// connect and per-read waits (a stalled transfer fails instead of hanging), and TLS roots
 /// from the system bundle so that corporate or sandbox CAs trusted by the OS (and by pip)
 /// are trusted here too.
-fn agent() -> ureq::Agent {
+pub(crate) fn agent() -> ureq::Agent {
     let tls = ureq::tls::TlsConfig::builder()
         .root_certs(root_certs())
         .build();
@@ -622,7 +628,7 @@ fn root_certs() -> ureq::tls::RootCerts {
 
 /// Takes an exclusive lock on `dir/.<file_name>.lock`, waiting (with a note) while another
 /// process holds it. Filesystems without locking support are used unlocked.
-fn lock_dir(dir: &Path, file_name: &str, quiet: bool) -> Result<Option<File>> {
+pub(crate) fn lock_dir(dir: &Path, file_name: &str, quiet: bool) -> Result<Option<File>> {
     let path = dir.join(format!(".{file_name}.lock"));
     let file = OpenOptions::new()
         .create(true)
@@ -648,7 +654,7 @@ fn lock_dir(dir: &Path, file_name: &str, quiet: bool) -> Result<Option<File>> {
 
 /// `dir/.<dest file name><suffix>`: hidden, next to `dest` so the final rename stays on one
 /// filesystem.
-fn partial_path(dest: &Path, suffix: &str) -> Result<PathBuf> {
+pub(crate) fn partial_path(dest: &Path, suffix: &str) -> Result<PathBuf> {
     let name = dest
         .file_name()
         .and_then(|n| n.to_str())
@@ -656,12 +662,12 @@ fn partial_path(dest: &Path, suffix: &str) -> Result<PathBuf> {
     Ok(dest.with_file_name(format!(".{name}{suffix}")))
 }
 
-fn strip_fragment(url: &str) -> &str {
+pub(crate) fn strip_fragment(url: &str) -> &str {
     url.split_once('#').map_or(url, |(base, _)| base)
 }
 
 /// Decodes `%XX` escapes in the path of a `file://` URL.
-fn percent_decode(s: &str) -> String {
+pub(crate) fn percent_decode(s: &str) -> String {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -688,23 +694,23 @@ fn last_line(text: &str) -> &str {
 }
 
 /// A temporary file removed on drop unless [`TempFile::persist`]ed.
-struct TempFile {
+pub(crate) struct TempFile {
     path: PathBuf,
     keep: bool,
 }
 
 impl TempFile {
-    fn new(path: PathBuf) -> TempFile {
+    pub(crate) fn new(path: PathBuf) -> TempFile {
         TempFile { path, keep: false }
     }
 
-    fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// Renames the file to `dest` (atomic on one filesystem) and syncs the directory so the
     /// rename itself survives a crash.
-    fn persist(mut self, dest: &Path) -> Result<()> {
+    pub(crate) fn persist(mut self, dest: &Path) -> Result<()> {
         fs::rename(&self.path, dest).with_context(|| {
             format!(
                 "cannot rename {} to {}",

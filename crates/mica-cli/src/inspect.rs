@@ -5,12 +5,12 @@ use clap::Args;
 use mica_formats::{GgufFile, MetaValue};
 use mica_models::LoadedModel;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 #[derive(Args, Debug)]
 pub struct InspectArgs {
-    /// Model file (GGUF).
-    pub file: PathBuf,
+    /// Model: a GGUF file or a store name (see `mica list`).
+    #[arg(value_name = "MODEL")]
+    pub model: String,
     /// Also list every metadata key.
     #[arg(long)]
     pub metadata: bool,
@@ -20,8 +20,9 @@ pub struct InspectArgs {
 }
 
 pub fn inspect(args: InspectArgs) -> Result<()> {
-    let g = GgufFile::open(&args.file)?;
-    println!("file:          {}", args.file.display());
+    let file = crate::store::resolve_model(Some(&args.model), false)?;
+    let g = GgufFile::open(&file)?;
+    println!("file:          {}", file.display());
     println!(
         "format:        GGUF v{} ({} metadata keys, {} tensors, alignment {})",
         g.version(),
@@ -38,7 +39,7 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
 
     // Build the model to show resolved hyper-parameters; a file mica cannot run still gets
     // described from its raw metadata.
-    match LoadedModel::open(&args.file) {
+    match LoadedModel::open(&file) {
         Ok(lm) => {
             let c = &lm.model.config;
             let params: u64 = g.tensors().iter().map(|t| t.n_elements()).sum();

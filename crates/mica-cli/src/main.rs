@@ -2,9 +2,11 @@
 //! work happens in the library crates.
 
 mod bench;
+mod chat;
 mod download;
 mod inspect;
 mod run;
+mod store;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -14,7 +16,7 @@ use std::process::ExitCode;
     name = "mica",
     version,
     about = "Local LLM inference: run GGUF models on the CPU",
-    long_about = "Local LLM inference: run GGUF models on the CPU.\n\nWithout -m, `mica run` uses a small default model (SmolLM2-135M-Instruct), downloaded on first use."
+    long_about = "Local LLM inference: run GGUF models on the CPU.\n\nModels live in a local store ($MICA_HOME/models, default under the user cache directory): `mica pull NAME` fetches one, `mica list` shows them, and every -m takes a store name or a file. Without -m, `mica run` uses a small default model (SmolLM2-135M-Instruct), downloaded on first use."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -25,6 +27,15 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt, streamed to stdout.
     Run(run::RunArgs),
+    /// Chat with a model in the terminal (or with piped input).
+    Chat(chat::ChatArgs),
+    /// Fetch a model into the store: a catalog name, or hf:ORG/REPO[:FILE].
+    Pull(store::PullArgs),
+    /// List the models in the store (or, with --catalog, the ones `mica pull` knows).
+    #[command(alias = "ls")]
+    List(store::ListArgs),
+    /// Remove models from the store.
+    Rm(store::RmArgs),
     /// Describe a model file: architecture, sizes, tokenizer, tensors, chat template.
     Inspect(inspect::InspectArgs),
     /// Measure prompt-processing and generation speed (as llama.cpp's llama-bench).
@@ -35,6 +46,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run::run(args),
+        Command::Chat(args) => chat::chat(args),
+        Command::Pull(args) => store::pull_cmd(args),
+        Command::List(args) => store::list_cmd(args),
+        Command::Rm(args) => store::rm_cmd(args),
         Command::Inspect(args) => inspect::inspect(args),
         Command::Bench(args) => bench::bench(args),
     };

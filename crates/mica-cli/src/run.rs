@@ -11,9 +11,10 @@ use std::time::Instant;
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// Model file (GGUF). Without it, the default model is used (downloaded on first use).
+    /// Model: a GGUF file or a store name (see `mica list`). Without it, the default model
+    /// is used (downloaded on first use).
     #[arg(short = 'm', long = "model")]
-    pub model: Option<PathBuf>,
+    pub model: Option<String>,
     /// Prompt text. Special tokens written in it (e.g. <|im_start|>) are parsed as such.
     #[arg(short = 'p', long = "prompt", conflicts_with = "file")]
     pub prompt: Option<String>,
@@ -74,14 +75,6 @@ pub struct RunArgs {
     pub no_parse_special: bool,
 }
 
-/// The model to use: the given path, or the default model (fetched if needed).
-pub fn resolve_model(model: Option<PathBuf>, quiet: bool) -> Result<PathBuf> {
-    match model {
-        Some(p) => Ok(p),
-        None => crate::download::ensure_model(&crate::download::DEFAULT_MODEL, quiet),
-    }
-}
-
 pub fn run(args: RunArgs) -> Result<()> {
     let prompt_text = match (&args.prompt, &args.file) {
         (Some(p), _) => p.clone(),
@@ -89,7 +82,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             .with_context(|| format!("reading the prompt from {}", f.display()))?,
         (None, None) => bail!("no prompt: pass -p TEXT or -f FILE"),
     };
-    let path = resolve_model(args.model.clone(), args.json)?;
+    let path = crate::store::resolve_model(args.model.as_deref(), args.json)?;
     let t0 = Instant::now();
     let lm = LoadedModel::open(&path)?;
     let load_time = t0.elapsed();
@@ -192,7 +185,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     Ok(())
 }
 
-fn random_seed() -> u64 {
+pub fn random_seed() -> u64 {
     use std::hash::{BuildHasher, RandomState};
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -1,0 +1,209 @@
+//! `mica chat`: an interactive conversation with a model in the terminal.
+//!
+//! [`input`] reads messages (line editor and history on a terminal, plain lines from a
+//! pipe), [`commands`] parses the slash commands, [`conversation`] holds the messages and
+//! renders them with the model's template, and [`repl`] runs the loop: answer, stream,
+//! report. This module resolves the flags, picks the model (from `-m`, or from the store),
+//! and reloads when `/model` switches models, keeping the conversation and settings.
+
+mod commands;
+mod conversation;
+mod input;
+mod repl;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+use clap::Args;
+use mica_engine::Session;
+use mica_models::LoadedModel;
+
+use crate::download;
+use crate::store;
+use commands::Settings;
+use conversation::Conversation;
+use input::{Input, Read};
+use repl::{Chat, Outcome, Stats};
+
+#[derive(Args, Debug)]
+pub struct ChatArgs {
+    /// Model: a store name (see `mica list`) or a GGUF file. Without it, pick one from the
+    /// store (the default model when the store is empty).
+    #[arg(short = 'm', long = "model")]
+    pub model: Option<String>,
+    /// System prompt.
+    #[arg(long = "system")]
+    pub system: Option<String>,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long = "temp", default_value_t = 0.8)]
+    pub temp: f32,
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: usize,
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Most tokens per answer.
+    #[arg(short = 'n', long = "tokens", default_value_t = 1024)]
+    pub tokens: usize,
+    /// Fixed sampling seed (default: a new random one per answer).
+    #[arg(short = 's', long = "seed")]
+    pub seed: Option<u64>,
+    /// Compute threads (default: physical cores).
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+    /// Context size in tokens (default: the model's, at most 4096).
+    #[arg(short = 'c', long = "ctx-size")]
+    pub ctx_size: Option<usize>,
+}
+
+pub fn chat(args: ChatArgs) -> Result<()> {
+    let settings = Settings {
+        temp: args.temp,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repeat_penalty: args.repeat_penalty,
+        max_tokens: args.tokens,
+        seed: args.seed,
+    };
+    settings
+        .params(0)
+        .sampling
+        .validate()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    if args.tokens == 0 || args.ctx_size == Some(0) || args.threads == Some(0) {
+        bail!("--tokens, --ctx-size and --threads must be positive");
+    }
+    repl::install_ctrl_c();
+    let history = download::home_dir().ok().map(|h| h.join("chat_history"));
+    let mut input = Input::new(history);
+    let (path, name) = match &args.model {
+        Some(m) => (store::resolve_model(Some(m), false)?, m.clone()),
+        None => pick_model(&mut input)?,
+    };
+    let mut state = State {
+        settings,
+        conv: Conversation {
+            system: args.system.clone().unwrap_or_default(),
+            turns: Vec::new(),
+        },
+        stats: Stats::default(),
+    };
+    let mut current = (load(&path)?, path, name);
+    loop {
+        let (lm, path, name) = &current;
+        let outcome = session_loop(lm, path, name, &args, &mut state, &mut input);
+        match outcome {
+            Outcome::Quit => return Ok(()),
+            Outcome::Switch(new_path, new_name) => match load(&new_path) {
+                Ok(lm) => current = (lm, new_path, new_name),
+                Err(e) => eprintln!("error: {e:#}; staying with {name}"),
+            },
+        }
+    }
+}
+
+/// What survives a model switch.
+struct State {
+    settings: Settings,
+    conv: Conversation,
+    stats: Stats,
+}
+
+/// One model's chat: prints the banner and runs the loop with a fresh session.
+fn session_loop(
+    lm: &LoadedModel,
+    path: &Path,
+    name: &str,
+    args: &ChatArgs,
+    state: &mut State,
+    input: &mut Input,
+) -> Outcome {
+    let n_ctx = args
+        .ctx_size
+        .unwrap_or(lm.model.config.n_ctx_train.min(4096))
+        .max(1);
+    let threads = args
+        .threads
+        .unwrap_or_else(mica_kernels::pool::physical_cores);
+    if lm.template.is_fallback() {
+        eprintln!("note: {name} has no chat template; using ChatML");
+    }
+    eprintln!(
+        "mica chat: {name} · context {n_ctx} tokens · /help for commands, Ctrl-C stops an answer, Ctrl-D leaves"
+    );
+    let mut chat = Chat {
+        lm,
+        session: Session::new(lm, n_ctx, threads),
+        model_name: name,
+        model_path: path,
+        conv: &mut state.conv,
+        settings: &mut state.settings,
+        stats: &mut state.stats,
+        threads,
+    };
+    repl::run(&mut chat, input)
+}
+
+fn load(path: &Path) -> Result<LoadedModel> {
+    let t0 = Instant::now();
+    let lm = LoadedModel::open(path)?;
+    eprintln!(
+        "mica: loaded {} in {:.0} ms",
+        path.display(),
+        t0.elapsed().as_secs_f64() * 1e3
+    );
+    Ok(lm)
+}
+
+/// Without `-m`: the only GGUF model in the store, or one the user picks from a numbered
+/// list (the default model when reading from a pipe), or the default model, fetched, when
+/// the store is empty.
+fn pick_model(input: &mut Input) -> Result<(PathBuf, String)> {
+    let models = download::models_dir()?;
+    let all: Vec<store::list::Installed> = store::list::installed(&models)?
+        .into_iter()
+        .filter(|m| m.kind == store::list::Kind::Gguf)
+        .collect();
+    let default_name = store::catalog::find("smollm2-135m-instruct").map_or("default", |e| e.name);
+    match all.len() {
+        0 => {
+            eprintln!("mica: the store is empty; using the default model ({default_name})");
+            let path = download::ensure_model(&download::DEFAULT_MODEL, false)?;
+            Ok((path, default_name.to_string()))
+        }
+        1 => Ok((all[0].path.clone(), all[0].name.clone())),
+        _ if !input.interactive() => {
+            let m = all
+                .iter()
+                .find(|m| m.name == default_name)
+                .unwrap_or(&all[0]);
+            eprintln!("mica: using {} (pass -m to choose)", m.name);
+            Ok((m.path.clone(), m.name.clone()))
+        }
+        _ => {
+            eprintln!("models in the store:");
+            for (i, m) in all.iter().enumerate() {
+                eprintln!("  {}. {} ({})", i + 1, m.name, indicatif::HumanBytes(m.size));
+            }
+            loop {
+                match input.line(&format!("pick a model [1-{}, Enter = 1]: ", all.len())) {
+                    Read::Text(t) if t.trim().is_empty() => {
+                        return Ok((all[0].path.clone(), all[0].name.clone()));
+                    }
+                    Read::Text(t) => match t.trim().parse::<usize>() {
+                        Ok(n) if (1..=all.len()).contains(&n) => {
+                            return Ok((all[n - 1].path.clone(), all[n - 1].name.clone()));
+                        }
+                        _ => eprintln!("type a number from 1 to {}", all.len()),
+                    },
+                    Read::Interrupted | Read::Eof => bail!("no model chosen"),
+                }
+            }
+        }
+    }
+}

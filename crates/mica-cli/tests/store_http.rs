@@ -1,0 +1,347 @@
+//! `mica pull`, `mica list` and `mica rm` through the real binary, against a local HTTP
+//! server that lays files out as the model hub does (`/{org}/{repo}/resolve/main/{file}`,
+//! `/api/models/{org}/{repo}` for the file list with LFS sha256s), reached through
+//! `MICA_HF_ENDPOINT`. The server honours `Range` requests, can cut a transfer short once,
+//! and records every request so the tests can see that a pull resumed.
+
+mod common;
+
+use common::*;
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+/// How the server answers a file path.
+#[derive(Clone)]
+enum Route {
+    /// The bytes, honouring `Range`.
+    File(Vec<u8>),
+    /// Like `File`, but the first request gets only this many bytes before the connection
+    /// closes (announcing the whole length).
+    CutOnce(Vec<u8>, usize),
+    /// A JSON document.
+    Json(String),
+}
+
+#[derive(Default)]
+struct State {
+    routes: HashMap<String, Route>,
+    /// (path, Range header) of every request.
+    log: Vec<(String, Option<String>)>,
+}
+
+struct Server {
+    base: String,
+    state: Arc<Mutex<State>>,
+}
+
+impl Server {
+    fn start() -> Server {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let state: Arc<Mutex<State>> = Arc::default();
+        let shared = state.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let _ = serve(stream, &shared);
+            }
+        });
+        Server { base, state }
+    }
+
+    fn route(&self, path: &str, route: Route) {
+        self.state
+            .lock()
+            .unwrap()
+            .routes
+            .insert(path.to_string(), route);
+    }
+
+    /// Serves `files` as repository `repo`, with a file list giving `sha256s` (the real
+    /// ones unless overridden).
+    fn repo(&self, repo: &str, files: &[(&str, Route)], sha_override: Option<&str>) {
+        let mut siblings = Vec::new();
+        for (name, route) in files {
+            let bytes = match route {
+                Route::File(b) | Route::CutOnce(b, _) => b,
+                Route::Json(_) => unreachable!(),
+            };
+            let sha = sha_override.map_or_else(|| sha256_hex(bytes), str::to_string);
+            siblings.push(serde_json::json!({
+                "rfilename": name, "size": bytes.len(),
+                "lfs": {"sha256": sha, "size": bytes.len(), "pointerSize": 134}
+            }));
+            self.route(&format!("/{repo}/resolve/main/{name}"), route.clone());
+        }
+        let json = serde_json::json!({ "id": repo, "siblings": siblings }).to_string();
+        self.route(&format!("/api/models/{repo}?blobs=true"), Route::Json(json));
+    }
+
+    fn log(&self) -> Vec<(String, Option<String>)> {
+        self.state.lock().unwrap().log.clone()
+    }
+}
+
+fn serve(mut stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
+    let mut request = Vec::new();
+    let mut byte = [0u8; 1];
+    while !request.ends_with(b"\r\n\r\n") {
+        if stream.read(&mut byte)? == 0 {
+            return Ok(());
+        }
+        request.push(byte[0]);
+    }
+    let request = String::from_utf8_lossy(&request).into_owned();
+    let path = request.split_whitespace().nth(1).unwrap_or("/").to_string();
+    let range = request.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case("range").then(|| v.trim().to_string())
+    });
+    let route = {
+        let mut st = state.lock().unwrap();
+        st.log.push((path.clone(), range.clone()));
+        let route = st.routes.get(&path).cloned();
+        // A cut happens once; later requests get the whole file.
+        if let Some(Route::CutOnce(bytes, _)) = &route {
+            st.routes.insert(path.clone(), Route::File(bytes.clone()));
+        }
+        route
+    };
+    let head = |status: &str, len: usize, extra: &str| {
+        format!("HTTP/1.1 {status}\r\nContent-Length: {len}\r\n{extra}Connection: close\r\n\r\n")
+    };
+    match route {
+        None => stream.write_all(head("404 Not Found", 0, "").as_bytes())?,
+        Some(Route::Json(body)) => {
+            stream.write_all(head("200 OK", body.len(), "Content-Type: application/json\r\n").as_bytes())?;
+            stream.write_all(body.as_bytes())?;
+        }
+        Some(Route::CutOnce(bytes, n)) => {
+            stream.write_all(head("200 OK", bytes.len(), "").as_bytes())?;
+            stream.write_all(&bytes[..n])?;
+        }
+        Some(Route::File(bytes)) => {
+            let start = range
+                .as_deref()
+                .and_then(|r| r.strip_prefix("bytes="))
+                .and_then(|r| r.strip_suffix('-'))
+                .and_then(|s| s.parse::<usize>().ok());
+            match start {
+                Some(s) if s >= bytes.len() => {
+                    let extra = format!("Content-Range: bytes */{}\r\n", bytes.len());
+                    stream.write_all(head("416 Range Not Satisfiable", 0, &extra).as_bytes())?
+                }
+                Some(s) => {
+                    let extra = format!("Content-Range: bytes {s}-{}/{}\r\n", bytes.len() - 1, bytes.len());
+                    stream.write_all(head("206 Partial Content", bytes.len() - s, &extra).as_bytes())?;
+                    stream.write_all(&bytes[s..])?;
+                }
+                None => {
+                    stream.write_all(head("200 OK", bytes.len(), "").as_bytes())?;
+                    stream.write_all(&bytes)?;
+                }
+            }
+        }
+    }
+    stream.flush()?;
+    stream.shutdown(std::net::Shutdown::Both)
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Runs `mica` with its store at `home` and the hub at `hub`.
+fn mica_at(home: &Path, hub: &str, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_mica"))
+        .args(args)
+        .env("MICA_HOME", home)
+        .env("MICA_HF_ENDPOINT", hub)
+        .env_remove("HF_TOKEN")
+        .output()
+        .expect("running mica");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(!stderr.contains("panicked"), "mica panicked on {args:?}:\n{stderr}");
+    (out.status.success(), stdout, stderr)
+}
+
+/// The last line of stderr, which for a failure is its one `error:` line.
+fn error_line(stderr: &str) -> &str {
+    let line = stderr.lines().last().unwrap_or("");
+    assert!(line.starts_with("error: "), "expected an error line: {stderr}");
+    line
+}
+
+/// File names under `dir`, recursively, relative to it.
+fn tree(dir: &Path) -> Vec<String> {
+    fn walk(base: &Path, dir: &Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(base, &p, out);
+            } else {
+                out.push(p.strip_prefix(base).unwrap().to_string_lossy().into_owned());
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.retain(|n| !n.ends_with(".lock"));
+    out.sort();
+    out
+}
+
+fn tiny_bytes(dir: &Path) -> Vec<u8> {
+    let p = dir.join("src-tiny.gguf");
+    write_tiny(&p, &Tiny::default());
+    std::fs::read(p).unwrap()
+}
+
+#[test]
+fn pull_resumes_after_a_cut_connection_then_list_run_rm() {
+    let server = Server::start();
+    let home = scratch("resume");
+    let tiny = tiny_bytes(&home);
+    let cut = tiny.len() / 3;
+    server.repo("org/tiny-GGUF", &[("tiny-F32.gguf", Route::CutOnce(tiny.clone(), cut))], None);
+
+    let (ok, _, err) = mica_at(&home, &server.base, &["pull", "hf:org/tiny-GGUF:tiny-F32.gguf"]);
+    assert!(!ok);
+    let e = error_line(&err);
+    assert!(e.contains("interrupted") && e.contains("again to resume"), "{e}");
+    let store = home.join("models/hf/org/tiny-GGUF");
+    assert_eq!(tree(&store), ["tiny-F32.gguf.part"], "only the partial download");
+    assert_eq!(std::fs::metadata(store.join("tiny-F32.gguf.part")).unwrap().len(), cut as u64);
+
+    // The same command resumes where the transfer stopped.
+    let (ok, out, err) = mica_at(&home, &server.base, &["pull", "hf:org/tiny-GGUF:tiny-F32.gguf"]);
+    assert!(ok, "{err}");
+    assert!(err.contains("resuming"), "{err}");
+    let dest = store.join("tiny-F32.gguf");
+    assert_eq!(out.trim(), dest.to_str().unwrap());
+    assert_eq!(std::fs::read(&dest).unwrap(), tiny, "resumed file is byte-identical");
+    assert_eq!(tree(&store), ["tiny-F32.gguf"], "no partial file left");
+    let ranges: Vec<_> = server
+        .log()
+        .into_iter()
+        .filter(|(p, _)| p.ends_with("/resolve/main/tiny-F32.gguf"))
+        .map(|(_, r)| r)
+        .collect();
+    assert_eq!(ranges, [None, Some(format!("bytes={cut}-"))]);
+
+    // Listed with its header's architecture; runnable by store name and by file stem.
+    let (ok, out, err) = mica_at(&home, &server.base, &["list"]);
+    assert!(ok, "{err}");
+    let row = out.lines().find(|l| l.starts_with("hf:org/tiny-GGUF:tiny-F32.gguf")).unwrap_or_else(|| panic!("{out}"));
+    assert!(row.contains("gguf") && row.contains("llama"), "{row}");
+    for name in ["hf:org/tiny-GGUF:tiny-F32.gguf", "tiny-F32"] {
+        let (ok, out, err) = mica_at(&home, &server.base, &["run", "-m", name, "-p", "Hi", "-n", "2", "--temp", "0", "--json"]);
+        assert!(ok, "{name}: {err}");
+        assert!(out.contains("\"output_ids\""), "{out}");
+    }
+    // Pulling again finds it in place.
+    let (ok, _, err) = mica_at(&home, &server.base, &["pull", "hf:org/tiny-GGUF:tiny-F32.gguf"]);
+    assert!(ok && err.contains("already in the store"), "{err}");
+
+    let (ok, out, err) = mica_at(&home, &server.base, &["rm", "hf:org/tiny-GGUF:tiny-F32.gguf"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("removed hf:org/tiny-GGUF:tiny-F32.gguf"), "{out}");
+    assert!(!home.join("models/hf/org").exists(), "emptied directories removed");
+    let (ok, out, _) = mica_at(&home, &server.base, &["list"]);
+    assert!(ok && out.contains("no models"), "{out}");
+    let (ok, _, err) = mica_at(&home, &server.base, &["rm", "tiny-F32"]);
+    assert!(!ok);
+    assert!(error_line(&err).contains("no model called"), "{err}");
+}
+
+#[test]
+fn sha256_mismatch_leaves_no_file() {
+    let server = Server::start();
+    let home = scratch("sha");
+    let tiny = tiny_bytes(&home);
+    let wrong = "0".repeat(64);
+    server.repo("org/bad", &[("model.gguf", Route::File(tiny))], Some(&wrong));
+    let (ok, _, err) = mica_at(&home, &server.base, &["pull", "hf:org/bad:model.gguf"]);
+    assert!(!ok);
+    let e = error_line(&err);
+    assert!(e.contains("sha256 mismatch") && e.contains(&wrong), "{e}");
+    assert!(e.contains("deleted"), "{e}");
+    assert_eq!(tree(&home.join("models")), Vec::<String>::new(), "nothing left behind");
+}
+
+#[test]
+fn missing_repo_or_file_is_a_clear_404() {
+    let server = Server::start();
+    let home = scratch("404");
+    // No such repository: the file list is a 404.
+    let (ok, _, err) = mica_at(&home, &server.base, &["pull", "hf:org/nothing"]);
+    assert!(!ok);
+    let e = error_line(&err);
+    assert!(e.contains("hf:org/nothing was not found") && e.contains("404"), "{e}");
+    // A listed file the server does not have.
+    server.route(
+        "/api/models/org/half?blobs=true",
+        Route::Json(r#"{"siblings":[{"rfilename":"x.gguf","size":10}]}"#.into()),
+    );
+    let (ok, _, err) = mica_at(&home, &server.base, &["pull", "hf:org/half:x.gguf"]);
+    assert!(!ok);
+    let e = error_line(&err);
+    assert!(e.contains("not found") && e.contains("/org/half/resolve/main/x.gguf") && e.contains("404"), "{e}");
+    // A file the list does not have.
+    let (ok, _, err) = mica_at(&home, &server.base, &["pull", "hf:org/half:y.gguf"]);
+    assert!(!ok);
+    assert!(error_line(&err).contains("has no file y.gguf"), "{err}");
+    assert_eq!(tree(&home.join("models")), Vec::<String>::new());
+    // Names that are neither catalog nor hub names.
+    for (name, want) in [("llama3.2", "did you mean llama3.2-1b-instruct"), ("hf:no-slash", "hf:ORG/REPO")] {
+        let (ok, _, err) = mica_at(&home, &server.base, &["pull", name]);
+        assert!(!ok);
+        assert!(error_line(&err).contains(want), "{err}");
+    }
+}
+
+#[test]
+fn pull_without_a_file_picks_the_gguf() {
+    let server = Server::start();
+    let home = scratch("pick");
+    let tiny = tiny_bytes(&home);
+    server.repo(
+        "org/multi",
+        &[("m-Q8_0.gguf", Route::File(vec![1, 2, 3])), ("m-Q4_K_M.gguf", Route::File(tiny.clone()))],
+        None,
+    );
+    let (ok, out, err) = mica_at(&home, &server.base, &["pull", "hf:org/multi"]);
+    assert!(ok, "{err}");
+    assert!(out.trim().ends_with("m-Q4_K_M.gguf"), "{out}");
+    assert_eq!(tree(&home.join("models")), ["hf/org/multi/m-Q4_K_M.gguf"]);
+}
+
+#[test]
+fn catalog_model_already_in_the_store() {
+    let home = scratch("catalog");
+    let models = home.join("models");
+    std::fs::create_dir_all(&models).unwrap();
+    let link: PathBuf = models.join("smollm2-135m-instruct-q4_1.gguf");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(model_path("smollm2-135m-instruct-q4_1"), &link).unwrap();
+    let hub = "http://127.0.0.1:9"; // never contacted
+    let (ok, _, err) = mica_at(&home, hub, &["pull", "smollm2-135m-instruct"]);
+    assert!(ok && err.contains("already in the store"), "{err}");
+    let (ok, out, err) = mica_at(&home, hub, &["list"]);
+    assert!(ok, "{err}");
+    let row = out.lines().find(|l| l.starts_with("smollm2-135m-instruct ")).unwrap_or_else(|| panic!("{out}"));
+    assert!(row.contains("llama") && row.contains("Q4_1") && row.contains("93.81 MiB"), "{row}");
+    let (ok, out, _) = mica_at(&home, hub, &["list", "--catalog"]);
+    assert!(ok);
+    assert!(out.contains("smollm2-135m-instruct *") && out.contains("qwen2.5-coder-0.5b-instruct"), "{out}");
+    let (ok, out, err) = mica_at(&home, hub, &["inspect", "smollm2-135m-instruct"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("architecture:  llama"), "{out}");
+}
