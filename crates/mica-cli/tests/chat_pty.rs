@@ -41,7 +41,9 @@ fn say(p: &mut Session, line: &str, want: &str) -> String {
 fn ask(p: &mut Session, line: &str) -> (String, usize, usize, usize) {
     p.send_line(line).unwrap();
     let caps = p
-        .expect(Regex(r"\[(\d+) tokens, [^|]+\| prompt: (\d+) new \+ (\d+) cached tokens"))
+        .expect(Regex(
+            r"\[(\d+) tokens, [^|]+\| prompt: (\d+) new \+ (\d+) cached tokens",
+        ))
         .unwrap_or_else(|e| panic!("no stats line after {line:?}: {e}"));
     let num = |i: usize| -> usize {
         String::from_utf8_lossy(caps.get(i).unwrap())
@@ -59,8 +61,16 @@ fn two_turns_commands_save_and_load() {
     let mut p = spawn_chat("pty-turns", &["-m", model.to_str().unwrap(), "-t", "2"]);
     p.expect(">>> ").unwrap();
     say(&mut p, "/temp 0", "temperature set to 0 (greedy)");
-    say(&mut p, "/temp hot", "/temp V: a temperature from 0 (greedy) to 5");
-    say(&mut p, "/frobnicate", "unknown command /frobnicate; /help lists the commands");
+    say(
+        &mut p,
+        "/temp hot",
+        "/temp V: a temperature from 0 (greedy) to 5",
+    );
+    say(
+        &mut p,
+        "/frobnicate",
+        "unknown command /frobnicate; /help lists the commands",
+    );
     say(&mut p, "/tokens 64", "at most 64 tokens per answer");
 
     let (a1, gen1, new1, cached1) = ask(&mut p, "My name is Ana. Please remember my name.");
@@ -72,7 +82,11 @@ fn two_turns_commands_save_and_load() {
     // The second prompt is the first prompt, the first answer (whose final end-of-turn
     // token was sampled but never evaluated), and the new message: only the new message's
     // tokens (and that end-of-turn token) are processed.
-    assert_eq!(cached2, new1 + gen1 - 1, "all of turn 1 reused from the KV cache");
+    assert_eq!(
+        cached2,
+        new1 + gen1 - 1,
+        "all of turn 1 reused from the KV cache"
+    );
     assert!(new2 < 25, "only the new message processed: {new2}");
     assert!(a2.contains("Ana"), "the second answer uses the first: {a2}");
 
@@ -90,7 +104,10 @@ fn two_turns_commands_save_and_load() {
     say(&mut p, "/history", "you: What is my name?");
     let saved: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
-    assert_eq!(saved["messages"][0]["content"], "My name is Ana. Please remember my name.");
+    assert_eq!(
+        saved["messages"][0]["content"],
+        "My name is Ana. Please remember my name."
+    );
     assert_eq!(saved["messages"][1]["role"], "assistant");
 
     // After /load the conversation goes on from the loaded turns.
@@ -100,7 +117,8 @@ fn two_turns_commands_save_and_load() {
     say(&mut p, "/config", "system:       You are a pirate.");
     // A changed system prompt changes the start of the prompt: nothing can be reused.
     let (_, _, new4, cached4) = ask(&mut p, "Hello!");
-    assert!(cached4 < 5 && new4 > 20, "{new4} new, {cached4} cached");
+    // (Only the template's opening and "You are a", shared with the default system prompt.)
+    assert!(cached4 < 10 && new4 > 100, "{new4} new, {cached4} cached");
     p.send(ControlCode::EndOfTransmission).unwrap();
     p.expect(Eof).unwrap();
 }
@@ -112,10 +130,20 @@ fn ctrl_c_stops_the_answer_and_the_chat_goes_on() {
     p.expect(">>> ").unwrap();
     say(&mut p, "/temp 0", "temperature set to 0");
     say(&mut p, "/tokens 4000", "at most 4000 tokens per answer");
-    p.send_line("Count from 1 to 1000, one number per line.").unwrap();
+    p.send_line("Count from 1 to 1000, one number per line.")
+        .unwrap();
     std::thread::sleep(Duration::from_secs(3));
     p.send(ControlCode::EndOfText).unwrap();
-    p.expect("[stopped]").unwrap();
+    let caps = p
+        .expect(Regex(r"\[stopped\]|Ctrl-D or /quit leaves|error: [^\r\n]*"))
+        .unwrap();
+    let seen = String::from_utf8_lossy(caps.before());
+    let what = String::from_utf8_lossy(caps.get(0).unwrap());
+    assert_eq!(
+        what, "[stopped]",
+        "Ctrl-C did not stop an answer; the terminal showed:\n{seen}"
+    );
+    assert!(seen.contains('1'), "some of the answer came first: {seen}");
     p.expect(">>> ").unwrap();
     let stats = say(&mut p, "/stats", "stop: cancelled");
     eprintln!("{stats}");
@@ -170,7 +198,11 @@ fn piped_input_multiline_and_model_from_the_store() {
     assert!(out.contains("you: continued \nhere\n"), "{out}");
     assert!(out.contains("last answer: prompt"), "{out}");
     assert!(err.contains("unknown command /bogus"), "{err}");
-    assert_eq!(err.matches(" cached tokens, ").count(), 2, "two answers: {err}");
+    assert_eq!(
+        err.matches(" cached tokens, ").count(),
+        2,
+        "two answers: {err}"
+    );
 }
 
 #[test]
@@ -181,15 +213,38 @@ fn a_full_context_drops_the_oldest_turns() {
     let msg = "Tell me one short fact about the sea, the sky, the mountains and the rivers.\n";
     let (ok, out, err) = chat_piped(
         &home,
-        &["-m", m, "-t", "2", "-c", "192", "-n", "24", "--temp", "0", "--system", "Be brief."],
+        &[
+            "-m",
+            m,
+            "-t",
+            "2",
+            "-c",
+            "192",
+            "-n",
+            "24",
+            "--temp",
+            "0",
+            "--system",
+            "Be brief.",
+        ],
         &format!("{msg}{msg}{msg}{msg}/history\n"),
     );
     assert!(ok, "{err}");
-    assert!(err.contains("[context full: dropped the 2 oldest messages"), "{err}");
-    assert!(out.contains("system: Be brief."), "the system prompt is kept: {out}");
+    assert!(
+        err.contains("[context full: dropped the 2 oldest messages"),
+        "{err}"
+    );
+    assert!(
+        out.contains("system: Be brief."),
+        "the system prompt is kept: {out}"
+    );
     // One message longer than the whole context: one error line, and the chat goes on.
     let long = "word ".repeat(400);
-    let (ok, _, err) = chat_piped(&home, &["-m", m, "-t", "2", "-c", "192"], &format!("{long}\n/quit\n"));
+    let (ok, _, err) = chat_piped(
+        &home,
+        &["-m", m, "-t", "2", "-c", "192"],
+        &format!("{long}\n/quit\n"),
+    );
     assert!(ok, "{err}");
     assert!(err.contains("error: this message needs"), "{err}");
 }

@@ -99,7 +99,8 @@ fn serve(mut stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
     let path = request.split_whitespace().nth(1).unwrap_or("/").to_string();
     let range = request.lines().find_map(|l| {
         let (k, v) = l.split_once(':')?;
-        k.eq_ignore_ascii_case("range").then(|| v.trim().to_string())
+        k.eq_ignore_ascii_case("range")
+            .then(|| v.trim().to_string())
     });
     let route = {
         let mut st = state.lock().unwrap();
@@ -117,7 +118,9 @@ fn serve(mut stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
     match route {
         None => stream.write_all(head("404 Not Found", 0, "").as_bytes())?,
         Some(Route::Json(body)) => {
-            stream.write_all(head("200 OK", body.len(), "Content-Type: application/json\r\n").as_bytes())?;
+            stream.write_all(
+                head("200 OK", body.len(), "Content-Type: application/json\r\n").as_bytes(),
+            )?;
             stream.write_all(body.as_bytes())?;
         }
         Some(Route::CutOnce(bytes, n)) => {
@@ -136,8 +139,14 @@ fn serve(mut stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
                     stream.write_all(head("416 Range Not Satisfiable", 0, &extra).as_bytes())?
                 }
                 Some(s) => {
-                    let extra = format!("Content-Range: bytes {s}-{}/{}\r\n", bytes.len() - 1, bytes.len());
-                    stream.write_all(head("206 Partial Content", bytes.len() - s, &extra).as_bytes())?;
+                    let extra = format!(
+                        "Content-Range: bytes {s}-{}/{}\r\n",
+                        bytes.len() - 1,
+                        bytes.len()
+                    );
+                    stream.write_all(
+                        head("206 Partial Content", bytes.len() - s, &extra).as_bytes(),
+                    )?;
                     stream.write_all(&bytes[s..])?;
                 }
                 None => {
@@ -152,7 +161,10 @@ fn serve(mut stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Runs `mica` with its store at `home` and the hub at `hub`.
@@ -168,14 +180,20 @@ fn mica_at(home: &Path, hub: &str, args: &[&str]) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     );
-    assert!(!stderr.contains("panicked"), "mica panicked on {args:?}:\n{stderr}");
+    assert!(
+        !stderr.contains("panicked"),
+        "mica panicked on {args:?}:\n{stderr}"
+    );
     (out.status.success(), stdout, stderr)
 }
 
 /// The last line of stderr, which for a failure is its one `error:` line.
 fn error_line(stderr: &str) -> &str {
     let line = stderr.lines().last().unwrap_or("");
-    assert!(line.starts_with("error: "), "expected an error line: {stderr}");
+    assert!(
+        line.starts_with("error: "),
+        "expected an error line: {stderr}"
+    );
     line
 }
 
@@ -210,23 +228,51 @@ fn pull_resumes_after_a_cut_connection_then_list_run_rm() {
     let home = scratch("resume");
     let tiny = tiny_bytes(&home);
     let cut = tiny.len() / 3;
-    server.repo("org/tiny-GGUF", &[("tiny-F32.gguf", Route::CutOnce(tiny.clone(), cut))], None);
+    server.repo(
+        "org/tiny-GGUF",
+        &[("tiny-F32.gguf", Route::CutOnce(tiny.clone(), cut))],
+        None,
+    );
 
-    let (ok, _, err) = mica_at(&home, &server.base, &["pull", "hf:org/tiny-GGUF:tiny-F32.gguf"]);
+    let (ok, _, err) = mica_at(
+        &home,
+        &server.base,
+        &["pull", "hf:org/tiny-GGUF:tiny-F32.gguf"],
+    );
     assert!(!ok);
     let e = error_line(&err);
-    assert!(e.contains("interrupted") && e.contains("again to resume"), "{e}");
+    assert!(
+        e.contains("interrupted") && e.contains("again to resume"),
+        "{e}"
+    );
     let store = home.join("models/hf/org/tiny-GGUF");
-    assert_eq!(tree(&store), ["tiny-F32.gguf.part"], "only the partial download");
-    assert_eq!(std::fs::metadata(store.join("tiny-F32.gguf.part")).unwrap().len(), cut as u64);
+    assert_eq!(
+        tree(&store),
+        ["tiny-F32.gguf.part"],
+        "only the partial download"
+    );
+    assert_eq!(
+        std::fs::metadata(store.join("tiny-F32.gguf.part"))
+            .unwrap()
+            .len(),
+        cut as u64
+    );
 
     // The same command resumes where the transfer stopped.
-    let (ok, out, err) = mica_at(&home, &server.base, &["pull", "hf:org/tiny-GGUF:tiny-F32.gguf"]);
+    let (ok, out, err) = mica_at(
+        &home,
+        &server.base,
+        &["pull", "hf:org/tiny-GGUF:tiny-F32.gguf"],
+    );
     assert!(ok, "{err}");
     assert!(err.contains("resuming"), "{err}");
     let dest = store.join("tiny-F32.gguf");
     assert_eq!(out.trim(), dest.to_str().unwrap());
-    assert_eq!(std::fs::read(&dest).unwrap(), tiny, "resumed file is byte-identical");
+    assert_eq!(
+        std::fs::read(&dest).unwrap(),
+        tiny,
+        "resumed file is byte-identical"
+    );
     assert_eq!(tree(&store), ["tiny-F32.gguf"], "no partial file left");
     let ranges: Vec<_> = server
         .log()
@@ -239,21 +285,44 @@ fn pull_resumes_after_a_cut_connection_then_list_run_rm() {
     // Listed with its header's architecture; runnable by store name and by file stem.
     let (ok, out, err) = mica_at(&home, &server.base, &["list"]);
     assert!(ok, "{err}");
-    let row = out.lines().find(|l| l.starts_with("hf:org/tiny-GGUF:tiny-F32.gguf")).unwrap_or_else(|| panic!("{out}"));
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("hf:org/tiny-GGUF:tiny-F32.gguf"))
+        .unwrap_or_else(|| panic!("{out}"));
     assert!(row.contains("gguf") && row.contains("llama"), "{row}");
     for name in ["hf:org/tiny-GGUF:tiny-F32.gguf", "tiny-F32"] {
-        let (ok, out, err) = mica_at(&home, &server.base, &["run", "-m", name, "-p", "Hi", "-n", "2", "--temp", "0", "--json"]);
+        let (ok, out, err) = mica_at(
+            &home,
+            &server.base,
+            &[
+                "run", "-m", name, "-p", "Hi", "-n", "2", "--temp", "0", "--json",
+            ],
+        );
         assert!(ok, "{name}: {err}");
         assert!(out.contains("\"output_ids\""), "{out}");
     }
     // Pulling again finds it in place.
-    let (ok, _, err) = mica_at(&home, &server.base, &["pull", "hf:org/tiny-GGUF:tiny-F32.gguf"]);
+    let (ok, _, err) = mica_at(
+        &home,
+        &server.base,
+        &["pull", "hf:org/tiny-GGUF:tiny-F32.gguf"],
+    );
     assert!(ok && err.contains("already in the store"), "{err}");
 
-    let (ok, out, err) = mica_at(&home, &server.base, &["rm", "hf:org/tiny-GGUF:tiny-F32.gguf"]);
+    let (ok, out, err) = mica_at(
+        &home,
+        &server.base,
+        &["rm", "hf:org/tiny-GGUF:tiny-F32.gguf"],
+    );
     assert!(ok, "{err}");
-    assert!(out.contains("removed hf:org/tiny-GGUF:tiny-F32.gguf"), "{out}");
-    assert!(!home.join("models/hf/org").exists(), "emptied directories removed");
+    assert!(
+        out.contains("removed hf:org/tiny-GGUF:tiny-F32.gguf"),
+        "{out}"
+    );
+    assert!(
+        !home.join("models/hf/org").exists(),
+        "emptied directories removed"
+    );
     let (ok, out, _) = mica_at(&home, &server.base, &["list"]);
     assert!(ok && out.contains("no models"), "{out}");
     let (ok, _, err) = mica_at(&home, &server.base, &["rm", "tiny-F32"]);
@@ -267,13 +336,21 @@ fn sha256_mismatch_leaves_no_file() {
     let home = scratch("sha");
     let tiny = tiny_bytes(&home);
     let wrong = "0".repeat(64);
-    server.repo("org/bad", &[("model.gguf", Route::File(tiny))], Some(&wrong));
+    server.repo(
+        "org/bad",
+        &[("model.gguf", Route::File(tiny))],
+        Some(&wrong),
+    );
     let (ok, _, err) = mica_at(&home, &server.base, &["pull", "hf:org/bad:model.gguf"]);
     assert!(!ok);
     let e = error_line(&err);
     assert!(e.contains("sha256 mismatch") && e.contains(&wrong), "{e}");
     assert!(e.contains("deleted"), "{e}");
-    assert_eq!(tree(&home.join("models")), Vec::<String>::new(), "nothing left behind");
+    assert_eq!(
+        tree(&home.join("models")),
+        Vec::<String>::new(),
+        "nothing left behind"
+    );
 }
 
 #[test]
@@ -284,7 +361,10 @@ fn missing_repo_or_file_is_a_clear_404() {
     let (ok, _, err) = mica_at(&home, &server.base, &["pull", "hf:org/nothing"]);
     assert!(!ok);
     let e = error_line(&err);
-    assert!(e.contains("hf:org/nothing was not found") && e.contains("404"), "{e}");
+    assert!(
+        e.contains("hf:org/nothing was not found") && e.contains("404"),
+        "{e}"
+    );
     // A listed file the server does not have.
     server.route(
         "/api/models/org/half?blobs=true",
@@ -293,14 +373,20 @@ fn missing_repo_or_file_is_a_clear_404() {
     let (ok, _, err) = mica_at(&home, &server.base, &["pull", "hf:org/half:x.gguf"]);
     assert!(!ok);
     let e = error_line(&err);
-    assert!(e.contains("not found") && e.contains("/org/half/resolve/main/x.gguf") && e.contains("404"), "{e}");
+    assert!(
+        e.contains("not found") && e.contains("/org/half/resolve/main/x.gguf") && e.contains("404"),
+        "{e}"
+    );
     // A file the list does not have.
     let (ok, _, err) = mica_at(&home, &server.base, &["pull", "hf:org/half:y.gguf"]);
     assert!(!ok);
     assert!(error_line(&err).contains("has no file y.gguf"), "{err}");
     assert_eq!(tree(&home.join("models")), Vec::<String>::new());
     // Names that are neither catalog nor hub names.
-    for (name, want) in [("llama3.2", "did you mean llama3.2-1b-instruct"), ("hf:no-slash", "hf:ORG/REPO")] {
+    for (name, want) in [
+        ("llama3.2", "did you mean llama3.2-1b-instruct"),
+        ("hf:no-slash", "hf:ORG/REPO"),
+    ] {
         let (ok, _, err) = mica_at(&home, &server.base, &["pull", name]);
         assert!(!ok);
         assert!(error_line(&err).contains(want), "{err}");
@@ -314,7 +400,10 @@ fn pull_without_a_file_picks_the_gguf() {
     let tiny = tiny_bytes(&home);
     server.repo(
         "org/multi",
-        &[("m-Q8_0.gguf", Route::File(vec![1, 2, 3])), ("m-Q4_K_M.gguf", Route::File(tiny.clone()))],
+        &[
+            ("m-Q8_0.gguf", Route::File(vec![1, 2, 3])),
+            ("m-Q4_K_M.gguf", Route::File(tiny.clone())),
+        ],
         None,
     );
     let (ok, out, err) = mica_at(&home, &server.base, &["pull", "hf:org/multi"]);
@@ -336,11 +425,20 @@ fn catalog_model_already_in_the_store() {
     assert!(ok && err.contains("already in the store"), "{err}");
     let (ok, out, err) = mica_at(&home, hub, &["list"]);
     assert!(ok, "{err}");
-    let row = out.lines().find(|l| l.starts_with("smollm2-135m-instruct ")).unwrap_or_else(|| panic!("{out}"));
-    assert!(row.contains("llama") && row.contains("Q4_1") && row.contains("93.81 MiB"), "{row}");
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("smollm2-135m-instruct "))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        row.contains("llama") && row.contains("Q4_1") && row.contains("93.81 MiB"),
+        "{row}"
+    );
     let (ok, out, _) = mica_at(&home, hub, &["list", "--catalog"]);
     assert!(ok);
-    assert!(out.contains("smollm2-135m-instruct *") && out.contains("qwen2.5-coder-0.5b-instruct"), "{out}");
+    assert!(
+        out.contains("smollm2-135m-instruct *") && out.contains("qwen2.5-coder-0.5b-instruct"),
+        "{out}"
+    );
     let (ok, out, err) = mica_at(&home, hub, &["inspect", "smollm2-135m-instruct"]);
     assert!(ok, "{err}");
     assert!(out.contains("architecture:  llama"), "{out}");

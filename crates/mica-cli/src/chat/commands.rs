@@ -108,16 +108,18 @@ pub fn parse(line: &str) -> Result<Command, String> {
                 a.to_string()
             }
         }))),
-        "/temp" => number(arg_opt, "/temp V: a temperature from 0 (greedy) to 5", |v: f32| {
-            (0.0..=5.0).contains(&v)
-        })
+        "/temp" => number(
+            arg_opt,
+            "/temp V: a temperature from 0 (greedy) to 5",
+            |v: f32| (0.0..=5.0).contains(&v),
+        )
         .map(Command::Temp),
-        "/top-p" | "/top_p" | "/topp" => {
-            number(arg_opt, "/top-p V: a probability mass above 0, at most 1", |v: f32| {
-                v > 0.0 && v <= 1.0
-            })
-            .map(Command::TopP)
-        }
+        "/top-p" | "/top_p" | "/topp" => number(
+            arg_opt,
+            "/top-p V: a probability mass above 0, at most 1",
+            |v: f32| v > 0.0 && v <= 1.0,
+        )
+        .map(Command::TopP),
         "/tokens" | "/max-tokens" => number(
             arg_opt,
             "/tokens N: the most tokens per answer, at least 1",
@@ -149,14 +151,11 @@ pub fn parse(line: &str) -> Result<Command, String> {
 }
 
 /// `None` without an argument; the parsed value when it is valid; else the usage hint.
-fn number<T: std::str::FromStr>(
+fn number<T: std::str::FromStr + Copy>(
     arg: Option<&str>,
     usage: &str,
     valid: impl Fn(T) -> bool,
-) -> Result<Option<T>, String>
-where
-    T: Copy,
-{
+) -> Result<Option<T>, String> {
     let Some(a) = arg else { return Ok(None) };
     match a.parse::<T>() {
         Ok(v) if valid(v) => Ok(Some(v)),
@@ -180,17 +179,35 @@ mod tests {
             parse("/system Be  brief."),
             Ok(Command::System(Some("Be  brief.".into())))
         );
-        assert_eq!(parse("/system none"), Ok(Command::System(Some(String::new()))));
-        assert_eq!(parse("/save a b.json"), Ok(Command::Save("a b.json".into())));
+        assert_eq!(
+            parse("/system none"),
+            Ok(Command::System(Some(String::new())))
+        );
+        assert_eq!(
+            parse("/save a b.json"),
+            Ok(Command::Save("a b.json".into()))
+        );
         assert_eq!(parse("/bye"), Ok(Command::Quit));
     }
 
     #[test]
     fn bad_values_give_one_line_hints() {
         for bad in [
-            "/temp hot", "/temp -1", "/temp NaN", "/temp 9", "/top-p 0", "/top-p 1.5",
-            "/tokens 0", "/tokens -3", "/tokens many", "/seed x", "/save", "/load",
-            "/quit now", "/frobnicate", "/",
+            "/temp hot",
+            "/temp -1",
+            "/temp NaN",
+            "/temp 9",
+            "/top-p 0",
+            "/top-p 1.5",
+            "/tokens 0",
+            "/tokens -3",
+            "/tokens many",
+            "/seed x",
+            "/save",
+            "/load",
+            "/quit now",
+            "/frobnicate",
+            "/",
         ] {
             let e = parse(bad).unwrap_err();
             assert!(!e.contains('\n') && !e.is_empty(), "{bad}: {e}");

@@ -63,7 +63,12 @@ impl Conversation {
     /// Makes the conversation fit `n_ctx` with `reserve` tokens left for the answer,
     /// dropping the oldest exchanges. Returns the prompt ids and how many messages were
     /// dropped; fails when even the last message alone does not fit.
-    pub fn fit(&mut self, lm: &LoadedModel, n_ctx: usize, reserve: usize) -> Result<(Vec<u32>, usize)> {
+    pub fn fit(
+        &mut self,
+        lm: &LoadedModel,
+        n_ctx: usize,
+        reserve: usize,
+    ) -> Result<(Vec<u32>, usize)> {
         let mut dropped = 0;
         loop {
             let ids = self.prompt_ids(lm)?;
@@ -139,7 +144,8 @@ impl Conversation {
             .with_context(|| format!("cannot read {}", path.display()))?;
         let value: Value = serde_json::from_str(&text)
             .with_context(|| format!("{} is not JSON", path.display()))?;
-        Conversation::from_json(&value).with_context(|| format!("{} is not a saved chat", path.display()))
+        Conversation::from_json(&value)
+            .with_context(|| format!("{} is not a saved chat", path.display()))
     }
 }
 
@@ -179,7 +185,11 @@ mod tests {
         let openai = json!({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]});
         let o = Conversation::from_json(&openai).unwrap();
         assert_eq!((o.system.as_str(), o.turns.len()), ("s", 1));
-        for bad in [json!(3), json!({"messages": [{"role": "tool", "content": "x"}]}), json!([{"role": "user"}])] {
+        for bad in [
+            json!(3),
+            json!({"messages": [{"role": "tool", "content": "x"}]}),
+            json!([{"role": "user"}]),
+        ] {
             assert!(Conversation::from_json(&bad).is_err(), "{bad}");
         }
     }

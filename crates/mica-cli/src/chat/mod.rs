@@ -188,7 +188,12 @@ fn pick_model(input: &mut Input) -> Result<(PathBuf, String)> {
         _ => {
             eprintln!("models in the store:");
             for (i, m) in all.iter().enumerate() {
-                eprintln!("  {}. {} ({})", i + 1, m.name, indicatif::HumanBytes(m.size));
+                eprintln!(
+                    "  {}. {} ({})",
+                    i + 1,
+                    m.name,
+                    indicatif::HumanBytes(m.size)
+                );
             }
             loop {
                 match input.line(&format!("pick a model [1-{}, Enter = 1]: ", all.len())) {

