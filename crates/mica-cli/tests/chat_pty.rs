@@ -190,8 +190,13 @@ fn piped_input_multiline_and_model_from_the_store() {
     let link = models.join("smollm2-135m-instruct-q4_1.gguf");
     let _ = std::fs::remove_file(&link);
     std::os::unix::fs::symlink(model_path(SMOLLM), &link).unwrap();
-    let input = "/model\n/temp 0\n/tokens 16\n\"\"\"\nline one\nline two\n\"\"\"\ncontinued \\\nhere\n/history\n/stats\n/bogus 1\n";
-    let (ok, out, err) = chat_piped(&home, &["-t", "2"], input);
+    let qwen = model_path("qwen2.5-coder-0.5b-instruct-awq-q4_k_m");
+    let input = format!(
+        "/model\n/temp 0\n/top-p 0.9\n/tokens 16\n\"\"\"\nline one\nline two\n\"\"\"\ncontinued \\\nhere\n/history\n/stats\n/bogus 1\n\
+         /model no-such-model\n/model {}\n/model\n/config\n",
+        qwen.display()
+    );
+    let (ok, out, err) = chat_piped(&home, &["-t", "2"], &input);
     assert!(ok, "{err}");
     assert!(out.contains("smollm2-135m-instruct ("), "{out}");
     assert!(out.contains("you: line one\nline two\n"), "{out}");

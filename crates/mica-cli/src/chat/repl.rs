@@ -117,6 +117,15 @@ pub fn run(chat: &mut Chat, input: &mut Input) -> Outcome {
 impl Chat<'_, '_> {
     /// Answers `text` as the next user message, streaming to stdout.
     fn answer(&mut self, text: String) {
+        // From here on Ctrl-C stops this answer (even one pressed while the prompt is
+        // still being prepared) instead of ending the program.
+        INTERRUPTED.store(false, Ordering::SeqCst);
+        GENERATING.store(true, Ordering::SeqCst);
+        self.answer_inner(text);
+        GENERATING.store(false, Ordering::SeqCst);
+    }
+
+    fn answer_inner(&mut self, text: String) {
         let n_ctx = self.session.n_ctx();
         self.conv.turns.push(ChatMessage::new("user", text));
         let reserve = self.settings.max_tokens.min(n_ctx / 2);
@@ -134,15 +143,12 @@ impl Chat<'_, '_> {
             );
         }
         let params = self.settings.params(crate::run::random_seed());
-        INTERRUPTED.store(false, Ordering::SeqCst);
-        GENERATING.store(true, Ordering::SeqCst);
         let stdout = std::io::stdout();
         let result = self.session.generate(&ids, &params, |piece| {
             let mut out = stdout.lock();
             let written = out.write_all(piece.as_bytes()).and_then(|_| out.flush());
             written.is_ok() && !INTERRUPTED.load(Ordering::SeqCst)
         });
-        GENERATING.store(false, Ordering::SeqCst);
         let generation = match result {
             Ok(g) => g,
             Err(e) => {
