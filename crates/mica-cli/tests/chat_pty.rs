@@ -253,3 +253,24 @@ fn a_full_context_drops_the_oldest_turns() {
     assert!(ok, "{err}");
     assert!(err.contains("error: this message needs"), "{err}");
 }
+
+#[test]
+fn without_m_the_user_picks_from_the_store() {
+    let home = scratch("pty-pick");
+    let models = home.join("models");
+    std::fs::create_dir_all(&models).unwrap();
+    for name in [SMOLLM, "qwen2.5-coder-0.5b-instruct-awq-q4_k_m"] {
+        let link = models.join(format!("{name}.gguf"));
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(model_path(name), &link).unwrap();
+    }
+    let mut p = spawn_chat("pty-pick", &["-t", "2"]);
+    p.expect("1. qwen2.5-coder-0.5b-instruct").unwrap();
+    p.expect("2. smollm2-135m-instruct").unwrap();
+    p.expect("pick a model [1-2, Enter = 1]: ").unwrap();
+    say(&mut p, "7", "type a number from 1 to 2");
+    say(&mut p, "2", "mica chat: smollm2-135m-instruct");
+    p.expect(">>> ").unwrap();
+    p.send(ControlCode::EndOfTransmission).unwrap();
+    p.expect(Eof).unwrap();
+}
