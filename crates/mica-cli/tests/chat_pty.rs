@@ -130,7 +130,10 @@ fn ctrl_c_stops_the_answer_and_the_chat_goes_on() {
     p.expect(">>> ").unwrap();
     say(&mut p, "/temp 0", "temperature set to 0");
     say(&mut p, "/tokens 4000", "at most 4000 tokens per answer");
-    p.send_line("Count from 1 to 1000, one number per line.")
+    // Greedy SmolLM2 answers this with a loop that runs to the token limit (seen with
+    // -t 2: "Eu estes, amo, amo, amo, ..."), so the answer is still going after the pause
+    // however fast the machine is.
+    p.send_line("My name is Ana and I live in Lisbon. Please remember that.")
         .unwrap();
     std::thread::sleep(Duration::from_secs(3));
     p.send(ControlCode::EndOfText).unwrap();
@@ -143,14 +146,23 @@ fn ctrl_c_stops_the_answer_and_the_chat_goes_on() {
         what, "[stopped]",
         "Ctrl-C did not stop an answer; the terminal showed:\n{seen}"
     );
-    assert!(seen.contains('1'), "some of the answer came first: {seen}");
     p.expect(">>> ").unwrap();
     let stats = say(&mut p, "/stats", "stop: cancelled");
-    eprintln!("{stats}");
+    let generated: usize = stats
+        .split(" tokens generated")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{stats}"));
+    assert!(generated > 0 && generated < 4000, "{stats}");
     // Ctrl-C at the prompt does not leave either.
     p.send(ControlCode::EndOfText).unwrap();
     p.expect("(Ctrl-D or /quit leaves)").unwrap();
-    say(&mut p, "/history", "you: Count from 1 to 1000");
+    say(
+        &mut p,
+        "/history",
+        "you: My name is Ana and I live in Lisbon.",
+    );
     p.send_line("/quit").unwrap();
     p.expect(Eof).unwrap();
 }
