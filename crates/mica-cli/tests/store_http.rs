@@ -443,3 +443,22 @@ fn catalog_model_already_in_the_store() {
     assert!(ok, "{err}");
     assert!(out.contains("architecture:  llama"), "{out}");
 }
+
+#[test]
+fn file_names_from_the_hub_cannot_leave_the_store() {
+    let server = Server::start();
+    let home = scratch("escape");
+    server.route(
+        "/api/models/org/evil?blobs=true",
+        Route::Json(r#"{"siblings":[{"rfilename":"../../../escaped.gguf","size":3}]}"#.into()),
+    );
+    server.route(
+        "/org/evil/resolve/main/../../../escaped.gguf",
+        Route::File(vec![1, 2, 3]),
+    );
+    let (ok, _, err) = mica_at(&home, &server.base, &["pull", "hf:org/evil"]);
+    assert!(!ok);
+    assert!(error_line(&err).contains("unsafe name"), "{err}");
+    assert!(!home.join("escaped.gguf").exists());
+    assert_eq!(tree(&home.join("models")), Vec::<String>::new());
+}

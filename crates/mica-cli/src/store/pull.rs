@@ -217,6 +217,19 @@ fn pull_hf(r: &HfRef, models: &Path, hub: &Hub, quiet: bool) -> Result<PathBuf> 
         (None, Err(e)) => return Err(e),
         (None, Ok(list)) => choose_files(&r.repo, list)?,
     };
+    // Names from the file list become paths in the store: nothing may climb out of it.
+    if let Some(f) = files.iter().find(|f| {
+        f.name.starts_with('/')
+            || f.name
+                .split(['/', '\\'])
+                .any(|p| p.is_empty() || p == "." || p == "..")
+    }) {
+        bail!(
+            "hf:{} lists a file with an unsafe name: {:?}",
+            r.repo,
+            f.name
+        );
+    }
     let gguf = files.len() == 1 && files[0].name.ends_with(".gguf");
     let dest_of = |f: &RepoFile| dir.join(&f.name);
     if files.iter().all(|f| {
