@@ -462,3 +462,43 @@ fn file_names_from_the_hub_cannot_leave_the_store() {
     assert!(!home.join("escaped.gguf").exists());
     assert_eq!(tree(&home.join("models")), Vec::<String>::new());
 }
+
+#[test]
+fn a_safetensors_repository_is_pulled_as_a_directory() {
+    let server = Server::start();
+    let home = scratch("safetensors");
+    let config = br#"{"architectures":["LlamaForCausalLM"],"torch_dtype":"bfloat16"}"#.to_vec();
+    server.repo(
+        "org/st",
+        &[
+            ("model.safetensors", Route::File(vec![7; 1000])),
+            ("config.json", Route::File(config)),
+            ("README.md", Route::File(b"hello".to_vec())),
+        ],
+        None,
+    );
+    let (ok, out, err) = mica_at(&home, &server.base, &["pull", "hf:org/st"]);
+    assert!(ok, "{err}");
+    assert!(out.trim().ends_with("hf/org/st"), "{out}");
+    assert_eq!(
+        tree(&home.join("models")),
+        ["hf/org/st/config.json", "hf/org/st/model.safetensors"],
+        "weights and configs, not the README"
+    );
+    let (ok, out, _) = mica_at(&home, &server.base, &["list"]);
+    assert!(ok);
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("hf:org/st "))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        row.contains("safetensors") && row.contains("LlamaForCausalLM") && row.contains("bfloat16"),
+        "{row}"
+    );
+    let (ok, _, err) = mica_at(&home, &server.base, &["run", "-m", "hf:org/st", "-p", "x"]);
+    assert!(!ok);
+    assert!(error_line(&err).contains("safetensors repository"), "{err}");
+    let (ok, _, err) = mica_at(&home, &server.base, &["rm", "hf:org/st"]);
+    assert!(ok, "{err}");
+    assert_eq!(tree(&home.join("models")), Vec::<String>::new());
+}
