@@ -121,6 +121,13 @@ fn two_turns_commands_save_and_load() {
     assert!(cached4 < 10 && new4 > 100, "{new4} new, {cached4} cached");
     p.send(ControlCode::EndOfTransmission).unwrap();
     p.expect(Eof).unwrap();
+    // The line editor's history is kept in MICA_HOME for the next session.
+    let history = std::fs::read_to_string(scratch("pty-turns").join("chat_history")).unwrap();
+    assert!(
+        history.contains("My name is Ana. Please remember my name."),
+        "{history}"
+    );
+    assert!(history.contains("/system You are a pirate."), "{history}");
 }
 
 #[test]
