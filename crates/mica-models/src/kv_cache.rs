@@ -1,10 +1,23 @@
-//! The key/value cache, addressed by sequence (ARCHITECTURE decision 1).
+//! The key/value cache, addressed by sequence (ARCHITECTURE decision 1), stored in pages.
 //!
-//! Each sequence owns, per layer, keys and values for positions `0..len` stored as f16 (as
-//! llama.cpp's default cache does), laid out `[n_ctx][n_head_kv * head_dim]` so one key of
-//! one head is a contiguous run of `head_dim` values. Storage for a sequence is allocated when
-//! it is first used. A paged, shared cache replaces the storage behind this interface later;
-//! the forward pass only asks for a sequence's length, writes new rows and reads old ones.
+//! Keys and values live in a pool of fixed-size *blocks* of [`BLOCK_SIZE`] positions, one
+//! pool per layer, as f16 (llama.cpp's default cache type): `[n_blocks][BLOCK_SIZE][kv_dim]`,
+//! so one key of one head is a contiguous run of `head_dim` values. Each sequence has a
+//! *block table*: position `p` of the sequence lives in block `table[p / BLOCK_SIZE]`, row
+//! `p % BLOCK_SIZE` (vLLM's PagedAttention layout; Kwon et al., 2023).
+//!
+//! Two ways to own the blocks:
+//! - [`KvCache::new`]: the cache hands out blocks itself, in order, as sequences grow (what a
+//!   single [`crate::Batch`] user such as a generation session wants; tables are then
+//!   contiguous runs and attention reads them with no gathering).
+//! - [`KvCache::paged`]: an outside block manager (mica-engine's) decides which blocks a
+//!   sequence uses and shares blocks between sequences with a common prefix; it installs a
+//!   table with [`KvCache::set_table`] before each forward pass and copies blocks for
+//!   copy-on-write with [`KvCache::copy_block`]. The forward pass never allocates then, it
+//!   only checks that each table covers the positions the batch writes.
+//!
+//! The forward pass asks for a sequence's length, writes new rows, and reads old ones through
+//! [`SeqKv`], a view that resolves positions through the block table.
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
@@ -13,31 +26,141 @@ use half::f16;
 /// Identifies a sequence in the cache and in a [`crate::Batch`].
 pub type SeqId = usize;
 
-struct SeqCache {
+/// Positions per block. 16 as in vLLM: small enough that prefix sharing and the last,
+/// partly filled block waste little, large enough that one block of one layer is a few
+/// contiguous KiB (16 × kv_dim f16). The tiled attention path reads key tiles of 64
+/// positions, i.e. exactly four blocks, so a tile never splits a block.
+pub const BLOCK_SIZE: usize = 16;
+const BLOCK_SHIFT: u32 = BLOCK_SIZE.trailing_zeros();
+const _: () = assert!(BLOCK_SIZE.is_power_of_two());
+
+#[derive(Default, Clone)]
+struct SeqTable {
+    /// Positions cached (keys and values written).
     len: usize,
-    /// `[n_layer][n_ctx * kv_dim]`
-    k: Vec<Vec<f16>>,
-    /// `[n_layer][n_ctx * kv_dim]`
-    v: Vec<Vec<f16>>,
+    /// Block ids, one per `BLOCK_SIZE` positions.
+    blocks: Vec<u32>,
 }
 
-/// Per-sequence f16 key/value storage for every layer.
+/// Paged f16 key/value storage for every layer.
 pub struct KvCache {
     n_layer: usize,
     kv_dim: usize,
     n_ctx: usize,
-    seqs: Vec<Option<SeqCache>>,
+    /// `[n_layer][n_blocks * BLOCK_SIZE * kv_dim]` (grown on demand when self-managed)
+    k: Vec<Vec<f16>>,
+    /// `[n_layer][n_blocks * BLOCK_SIZE * kv_dim]`
+    v: Vec<Vec<f16>>,
+    n_blocks: usize,
+    seqs: Vec<SeqTable>,
+    /// Blocks not yet handed out, when the cache manages its blocks itself (`None` when an
+    /// outside manager installs the tables).
+    free: Option<Vec<u32>>,
+}
+
+/// The keys and values of one sequence in one layer, read through its block table.
+#[derive(Clone, Copy)]
+pub struct SeqKv<'a> {
+    /// `[n_blocks * BLOCK_SIZE][kv_dim]` the layer's key pool
+    pub keys: &'a [f16],
+    /// `[n_blocks * BLOCK_SIZE][kv_dim]` the layer's value pool
+    pub values: &'a [f16],
+    /// Block id of each `BLOCK_SIZE` positions of the sequence.
+    pub blocks: &'a [u32],
+    pub kv_dim: usize,
+}
+
+impl<'a> SeqKv<'a> {
+    /// Row index in the pool of position `p`.
+    #[inline(always)]
+    pub fn row(&self, p: usize) -> usize {
+        ((self.blocks[p >> BLOCK_SHIFT] as usize) << BLOCK_SHIFT) | (p & (BLOCK_SIZE - 1))
+    }
+
+    /// Key row (`kv_dim` values, every head) of position `p`.
+    #[inline(always)]
+    pub fn key_row(&self, p: usize) -> &'a [f16] {
+        &self.keys[self.row(p) * self.kv_dim..][..self.kv_dim]
+    }
+
+    /// Value row (`kv_dim` values) of position `p`.
+    #[inline(always)]
+    pub fn value_row(&self, p: usize) -> &'a [f16] {
+        &self.values[self.row(p) * self.kv_dim..][..self.kv_dim]
+    }
+
+    /// Keys and values of positions `0..n` as contiguous `[n][kv_dim]` slices, when the
+    /// blocks holding them are consecutive in the pool (no copy needed).
+    pub fn contiguous(&self, n: usize) -> Option<(&'a [f16], &'a [f16])> {
+        let nb = n.div_ceil(BLOCK_SIZE);
+        let first = *self.blocks.first()? as usize;
+        let consecutive = self.blocks[..nb]
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b as usize == first + i);
+        consecutive.then(|| {
+            let start = first * BLOCK_SIZE * self.kv_dim;
+            let len = n * self.kv_dim;
+            (
+                &self.keys[start..start + len],
+                &self.values[start..start + len],
+            )
+        })
+    }
+
+    /// Copies keys and values of positions `0..n` into `k` and `v` (`[n][kv_dim]` each).
+    pub fn gather(&self, n: usize, k: &mut Vec<f16>, v: &mut Vec<f16>) {
+        k.clear();
+        v.clear();
+        let mut p = 0;
+        while p < n {
+            let run = BLOCK_SIZE.min(n - p);
+            let start = self.row(p) * self.kv_dim;
+            k.extend_from_slice(&self.keys[start..start + run * self.kv_dim]);
+            v.extend_from_slice(&self.values[start..start + run * self.kv_dim]);
+            p += run;
+        }
+    }
 }
 
 impl KvCache {
-    /// A cache for up to `n_seq` sequences of up to `n_ctx` positions each.
+    /// A self-managed cache for up to `n_seq` sequences of up to `n_ctx` positions each.
+    /// Storage grows as sequences use it.
     pub fn new(cfg: &ModelConfig, n_ctx: usize, n_seq: usize) -> KvCache {
+        let n_seq = n_seq.max(1);
+        let n_blocks = n_seq * n_ctx.div_ceil(BLOCK_SIZE);
         KvCache {
             n_layer: cfg.n_layer,
             kv_dim: cfg.kv_dim(),
             n_ctx,
-            seqs: (0..n_seq.max(1)).map(|_| None).collect(),
+            k: vec![Vec::new(); cfg.n_layer],
+            v: vec![Vec::new(); cfg.n_layer],
+            n_blocks,
+            seqs: vec![SeqTable::default(); n_seq],
+            // Handed out lowest id first.
+            free: Some((0..n_blocks as u32).rev().collect()),
         }
+    }
+
+    /// A cache of `n_blocks` blocks whose tables an outside block manager installs, for up
+    /// to `n_seq` sequences of up to `n_ctx` positions. The storage is allocated now.
+    pub fn paged(cfg: &ModelConfig, n_blocks: usize, n_seq: usize, n_ctx: usize) -> KvCache {
+        let size = n_blocks * BLOCK_SIZE * cfg.kv_dim();
+        KvCache {
+            n_layer: cfg.n_layer,
+            kv_dim: cfg.kv_dim(),
+            n_ctx,
+            k: (0..cfg.n_layer).map(|_| vec![f16::ZERO; size]).collect(),
+            v: (0..cfg.n_layer).map(|_| vec![f16::ZERO; size]).collect(),
+            n_blocks,
+            seqs: vec![SeqTable::default(); n_seq.max(1)],
+            free: None,
+        }
+    }
+
+    /// Bytes one block takes across all layers (keys and values).
+    pub fn bytes_per_block(cfg: &ModelConfig) -> usize {
+        2 * cfg.n_layer * BLOCK_SIZE * cfg.kv_dim() * std::mem::size_of::<f16>()
     }
 
     /// Positions each sequence can hold.
@@ -49,23 +172,25 @@ impl KvCache {
         self.seqs.len()
     }
 
-    /// Bytes of storage one sequence takes.
+    /// Blocks in the pool.
+    pub fn n_blocks(&self) -> usize {
+        self.n_blocks
+    }
+
+    /// Bytes of storage one full-length sequence takes.
     pub fn bytes_per_seq(&self) -> usize {
         2 * self.n_layer * self.n_ctx * self.kv_dim * std::mem::size_of::<f16>()
     }
 
     /// Positions cached for `seq` (0 for an unknown or unused sequence).
     pub fn seq_len(&self, seq: SeqId) -> usize {
-        self.seqs
-            .get(seq)
-            .and_then(|s| s.as_ref())
-            .map_or(0, |s| s.len)
+        self.seqs.get(seq).map_or(0, |s| s.len)
     }
 
     /// Forgets positions `len..` of `seq` (keeps the prefix, e.g. a chat history that did
-    /// not change). Storage is kept for reuse.
+    /// not change). Blocks are kept for reuse.
     pub fn truncate(&mut self, seq: SeqId, len: usize) {
-        if let Some(Some(s)) = self.seqs.get_mut(seq) {
+        if let Some(s) = self.seqs.get_mut(seq) {
             s.len = s.len.min(len);
         }
     }
@@ -73,6 +198,44 @@ impl KvCache {
     /// Forgets everything cached for `seq`.
     pub fn clear(&mut self, seq: SeqId) {
         self.truncate(seq, 0);
+    }
+
+    /// Installs the block table of `seq` (outside manager): `blocks` hold positions
+    /// `0..len` already, and room for what the next batch writes.
+    pub fn set_table(&mut self, seq: SeqId, blocks: &[u32], len: usize) -> Result<()> {
+        if let Some(&bad) = blocks.iter().find(|&&b| b as usize >= self.n_blocks) {
+            return Err(ModelError::Batch(format!(
+                "block {bad} is outside the pool of {} blocks",
+                self.n_blocks
+            )));
+        }
+        if len > blocks.len() * BLOCK_SIZE {
+            return Err(ModelError::Batch(format!(
+                "{len} cached positions need more than the {} blocks given",
+                blocks.len()
+            )));
+        }
+        let n_seq = self.seqs.len();
+        let s = self.seqs.get_mut(seq).ok_or_else(|| {
+            ModelError::Batch(format!(
+                "sequence id {seq} is out of range (the cache holds {n_seq} sequences)"
+            ))
+        })?;
+        s.blocks.clear();
+        s.blocks.extend_from_slice(blocks);
+        s.len = len;
+        Ok(())
+    }
+
+    /// Copies block `src` into block `dst` in every layer (copy-on-write of a shared block).
+    pub fn copy_block(&mut self, src: u32, dst: u32) {
+        let n = BLOCK_SIZE * self.kv_dim;
+        let (s, d) = (src as usize * n, dst as usize * n);
+        for pool in self.k.iter_mut().chain(self.v.iter_mut()) {
+            if pool.len() >= s.max(d) + n {
+                pool.copy_within(s..s + n, d);
+            }
+        }
     }
 
     /// Makes room for `seq` to grow to `new_len` positions.
@@ -90,43 +253,96 @@ impl KvCache {
                 n_ctx: self.n_ctx,
             });
         }
-        if self.seqs[seq].is_none() {
-            let size = self.n_ctx * self.kv_dim;
-            self.seqs[seq] = Some(SeqCache {
-                len: 0,
-                k: (0..self.n_layer).map(|_| vec![f16::ZERO; size]).collect(),
-                v: (0..self.n_layer).map(|_| vec![f16::ZERO; size]).collect(),
-            });
+        let need = new_len.div_ceil(BLOCK_SIZE);
+        let have = self.seqs[seq].blocks.len();
+        if have >= need {
+            return Ok(());
+        }
+        let Some(free) = self.free.as_mut() else {
+            return Err(ModelError::Batch(format!(
+                "sequence {seq} has blocks for {} positions but the batch needs {new_len}",
+                have * BLOCK_SIZE
+            )));
+        };
+        if free.len() < need - have {
+            return Err(ModelError::Batch(format!(
+                "the KV cache is out of blocks ({} free, {} needed)",
+                free.len(),
+                need - have
+            )));
+        }
+        let mut top = 0;
+        for _ in have..need {
+            let b = free.pop().expect("counted above");
+            top = top.max(b as usize + 1);
+            self.seqs[seq].blocks.push(b);
+        }
+        let size = top * BLOCK_SIZE * self.kv_dim;
+        for pool in self.k.iter_mut().chain(self.v.iter_mut()) {
+            if pool.len() < size {
+                pool.resize(size, f16::ZERO);
+            }
         }
         Ok(())
     }
 
     /// Sets the length of `seq` after a forward pass wrote its new positions.
     pub(crate) fn set_len(&mut self, seq: SeqId, len: usize) {
-        if let Some(Some(s)) = self.seqs.get_mut(seq) {
+        if let Some(s) = self.seqs.get_mut(seq) {
             s.len = len;
         }
-    }
-
-    fn seq(&self, seq: SeqId) -> &SeqCache {
-        self.seqs[seq].as_ref().expect("reserved before use")
     }
 
     /// Writes the key and value rows (`kv_dim` floats each) of one position, rounding to f16.
     pub(crate) fn write(&mut self, layer: usize, seq: SeqId, pos: usize, k: &[f32], v: &[f32]) {
         let d = self.kv_dim;
-        let s = self.seqs[seq].as_mut().expect("reserved before use");
-        mica_kernels::ops::f32_to_f16(k, &mut s.k[layer][pos * d..(pos + 1) * d]);
-        mica_kernels::ops::f32_to_f16(v, &mut s.v[layer][pos * d..(pos + 1) * d]);
+        let row = self.view(layer, seq).row(pos);
+        mica_kernels::ops::f32_to_f16(k, &mut self.k[layer][row * d..(row + 1) * d]);
+        mica_kernels::ops::f32_to_f16(v, &mut self.v[layer][row * d..(row + 1) * d]);
     }
 
-    /// Keys of positions `0..n` of `seq` in `layer`: `[n][kv_dim]`.
-    pub(crate) fn keys(&self, layer: usize, seq: SeqId, n: usize) -> &[f16] {
-        &self.seq(seq).k[layer][..n * self.kv_dim]
+    /// The keys and values of `seq` in `layer`.
+    pub fn view(&self, layer: usize, seq: SeqId) -> SeqKv<'_> {
+        SeqKv {
+            keys: &self.k[layer],
+            values: &self.v[layer],
+            blocks: &self.seqs[seq].blocks,
+            kv_dim: self.kv_dim,
+        }
     }
+}
 
-    /// Values of positions `0..n` of `seq` in `layer`: `[n][kv_dim]`.
-    pub(crate) fn values(&self, layer: usize, seq: SeqId, n: usize) -> &[f16] {
-        &self.seq(seq).v[layer][..n * self.kv_dim]
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_resolve_through_the_table_and_gather_matches() {
+        let keys: Vec<f16> = (0..4 * BLOCK_SIZE * 2)
+            .map(|i| f16::from_f32(i as f32))
+            .collect();
+        let values = keys.clone();
+        let blocks = [2u32, 0, 3];
+        let kv = SeqKv {
+            keys: &keys,
+            values: &values,
+            blocks: &blocks,
+            kv_dim: 2,
+        };
+        assert_eq!(kv.row(0), 2 * BLOCK_SIZE);
+        assert_eq!(kv.row(BLOCK_SIZE + 1), 1);
+        assert_eq!(kv.row(2 * BLOCK_SIZE + 5), 3 * BLOCK_SIZE + 5);
+        assert!(kv.contiguous(40).is_none());
+        let (mut k, mut v) = (Vec::new(), Vec::new());
+        kv.gather(40, &mut k, &mut v);
+        assert_eq!(k.len(), 80);
+        for p in 0..40 {
+            assert_eq!(&k[p * 2..p * 2 + 2], kv.key_row(p));
+        }
+        let run = [1u32, 2];
+        let kv = SeqKv { blocks: &run, ..kv };
+        let (ck, _) = kv.contiguous(20).unwrap();
+        assert_eq!(ck[0], f16::from_f32((BLOCK_SIZE * 2) as f32));
+        assert_eq!(ck.len(), 40);
     }
 }

@@ -10,10 +10,15 @@
 //!   positions converted to f32 once per tile, with the arithmetic of llama.cpp's tiled
 //!   flash attention ([`mica_kernels::attention`]).
 //!
+//! Keys and values are read through each sequence's block table ([`SeqKv`]): the vector path
+//! resolves every position through it; the tiled path hands the kernel contiguous rows,
+//! gathering a sequence's blocks into a per-thread buffer first unless they are already
+//! consecutive. Either way the values and the order of the arithmetic are unchanged.
+//!
 //! Reference: "Self-attention Does Not Need O(n²) Memory" (Rabe & Staats) for the online
 //! softmax; ggml-cpu `ggml_compute_forward_flash_attn_ext_f16` for the numerics.
 
-use crate::kv_cache::{KvCache, SeqId};
+use crate::kv_cache::{KvCache, SeqId, SeqKv};
 use half::f16;
 use mica_kernels::ThreadPool;
 use mica_kernels::attention::{KvHead, Q_TILE, TileScratch, attend_tile};
@@ -35,6 +40,12 @@ pub enum AttentionPolicy {
     /// arrived one at a time (what llama.cpp computes while decoding). Used to compare a
     /// teacher-forced batch with a reference generated token by token.
     Vector,
+    /// llama.cpp's rule applied to each sequence's run of consecutive tokens on its own: a
+    /// run of [`TILED_MIN_TOKENS`] or more takes the tiled path, a shorter one the vector
+    /// path. A sequence then gets the same arithmetic whatever other sequences share the
+    /// batch (what a continuous-batching server needs for batch-invariant results), and
+    /// the same as llama.cpp when it runs alone.
+    PerSequence,
 }
 
 /// Shape of the attention of one layer.
@@ -64,27 +75,68 @@ pub fn attention(
     let q_dim = shape.n_head * shape.head_dim;
     debug_assert_eq!(q.len(), n_tok * q_dim);
     debug_assert_eq!(out.len(), n_tok * q_dim);
-    if n_tok >= TILED_MIN_TOKENS && shape.policy == AttentionPolicy::Auto {
-        return attention_tiled(pool, shape, cache, layer, seq, pos, q, out);
+    match shape.policy {
+        AttentionPolicy::Auto if n_tok >= TILED_MIN_TOKENS => {
+            attention_tiled(pool, shape, cache, layer, seq, pos, q, out, &[(0, n_tok)])
+        }
+        AttentionPolicy::PerSequence if seq_runs(seq).any(|r| r.1 >= TILED_MIN_TOKENS) => {
+            // Long runs tiled, the rest (decoding sequences, short chunks) by the vector path.
+            let (long, short): (Vec<_>, Vec<_>) =
+                seq_runs(seq).partition(|r| r.1 >= TILED_MIN_TOKENS);
+            attention_tiled(pool, shape, cache, layer, seq, pos, q, out, &long);
+            let rows: Vec<usize> = short.iter().flat_map(|&(t, n)| t..t + n).collect();
+            attention_vector(pool, shape, cache, layer, seq, pos, q, out, Some(&rows));
+        }
+        _ => attention_vector(pool, shape, cache, layer, seq, pos, q, out, None),
     }
-    let items = n_tok * shape.n_head;
+}
+
+/// Runs of consecutive tokens of one sequence: `(first token, count)`.
+fn seq_runs(seq: &[SeqId]) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let mut t = 0;
+    std::iter::from_fn(move || {
+        if t >= seq.len() {
+            return None;
+        }
+        let start = t;
+        while t < seq.len() && seq[t] == seq[start] {
+            t += 1;
+        }
+        Some((start, t - start))
+    })
+}
+
+/// The vector path for the tokens `rows` (every token when `None`).
+fn attention_vector(
+    pool: &ThreadPool,
+    shape: AttnShape,
+    cache: &KvCache,
+    layer: usize,
+    seq: &[SeqId],
+    pos: &[usize],
+    q: &[f32],
+    out: &mut [f32],
+    rows: Option<&[usize]>,
+) {
+    let q_dim = shape.n_head * shape.head_dim;
+    let n_rows = rows.map_or(seq.len(), |r| r.len());
+    let items = n_rows * shape.n_head;
+    if items == 0 {
+        return;
+    }
     let dst = OutPtr(out.as_mut_ptr());
     let run_items = |i: usize, nt: usize, scratch: &mut Scratch| {
         scratch.resize(shape.head_dim);
         for item in split_range(items, i, nt, 1) {
-            let (t, h) = (item / shape.n_head, item % shape.n_head);
+            let (r, h) = (item / shape.n_head, item % shape.n_head);
+            let t = rows.map_or(r, |rows| rows[r]);
             let g = h / (shape.n_head / shape.n_head_kv);
-            let n_kv = pos[t] + 1;
-            let keys = cache.keys(layer, seq[t], n_kv);
-            let values = cache.values(layer, seq[t], n_kv);
             let qh = &q[t * q_dim + h * shape.head_dim..][..shape.head_dim];
             // SAFETY: item (t, h) owns this slice of `out`; items are split disjointly.
             let o = unsafe { dst.slice(t * q_dim + h * shape.head_dim, shape.head_dim) };
             let kv = HeadKv {
-                keys,
-                values,
-                n_kv,
-                stride: shape.n_head_kv * shape.head_dim,
+                kv: cache.view(layer, seq[t]),
+                n_kv: pos[t] + 1,
                 offset: g * shape.head_dim,
                 head_dim: shape.head_dim,
             };
@@ -99,8 +151,9 @@ pub fn attention(
     }
 }
 
-/// The tiled path: query rows grouped in tiles of up to [`Q_TILE`] consecutive tokens of one
-/// sequence, per head; each tile is one work item for the thread pool.
+/// The tiled path for the token runs `runs` (`(first token, count)`, one sequence each):
+/// query rows grouped in tiles of up to [`Q_TILE`] consecutive tokens of one sequence, per
+/// head; each tile is one work item for the thread pool.
 fn attention_tiled(
     pool: &ThreadPool,
     shape: AttnShape,
@@ -110,67 +163,96 @@ fn attention_tiled(
     pos: &[usize],
     q: &[f32],
     out: &mut [f32],
+    runs: &[(usize, usize)],
 ) {
     let (hd, q_dim) = (shape.head_dim, shape.n_head * shape.head_dim);
     // Runs of consecutive tokens of one sequence, cut into tiles: (first token, count).
     let mut tiles: Vec<(usize, usize)> = Vec::new();
-    let mut t = 0;
-    while t < seq.len() {
-        let mut end = t + 1;
-        while end < seq.len() && seq[end] == seq[t] && end - t < Q_TILE {
-            end += 1;
+    for &(start, len) in runs {
+        let mut t = start;
+        while t < start + len {
+            let mut end = t + 1;
+            while end < start + len && seq[end] == seq[t] && end - t < Q_TILE {
+                end += 1;
+            }
+            tiles.push((t, end - t));
+            t = end;
         }
-        tiles.push((t, end - t));
-        t = end;
     }
-    let items = tiles.len() * shape.n_head;
-    let dst = OutPtr(out.as_mut_ptr());
-    pool.run(|i, nt| {
-        TILE_SCRATCH.with_borrow_mut(|(scratch, qbuf, obuf)| {
-            for item in split_range(items, i, nt, 1) {
-                let ((t0, rows), h) = (tiles[item / shape.n_head], item % shape.n_head);
-                let g = h / (shape.n_head / shape.n_head_kv);
-                let s = seq[t0];
-                let n_kv = pos[t0..t0 + rows].iter().max().map_or(0, |p| p + 1);
-                let kv = KvHead {
-                    keys: cache.keys(layer, s, n_kv),
-                    values: cache.values(layer, s, n_kv),
-                    stride: shape.n_head_kv * hd,
-                    offset: g * hd,
-                    head_dim: hd,
-                };
-                qbuf.clear();
-                for r in 0..rows {
-                    qbuf.extend_from_slice(&q[(t0 + r) * q_dim + h * hd..][..hd]);
-                }
-                obuf.resize(rows * hd, 0.0);
-                attend_tile(&kv, qbuf, &pos[t0..t0 + rows], shape.scale, scratch, obuf);
-                for r in 0..rows {
-                    // SAFETY: (tile, head) items write disjoint rows/heads of `out`.
-                    let o = unsafe { dst.slice((t0 + r) * q_dim + h * hd, hd) };
-                    o.copy_from_slice(&obuf[r * hd..(r + 1) * hd]);
+    GATHER.with_borrow_mut(|gather| {
+        // Contiguous `[n_kv][kv_dim]` keys and values of each sequence with tiles: the pool
+        // itself when its blocks are consecutive, else a copy.
+        let mut spans: Vec<(SeqId, usize)> = Vec::new();
+        for &(t0, rows) in &tiles {
+            let n_kv = pos[t0..t0 + rows].iter().max().map_or(0, |p| p + 1);
+            match spans.iter_mut().find(|e| e.0 == seq[t0]) {
+                Some(e) => e.1 = e.1.max(n_kv),
+                None => spans.push((seq[t0], n_kv)),
+            }
+        }
+        if gather.len() < spans.len() {
+            gather.resize_with(spans.len(), Default::default);
+        }
+        let mut views: Vec<(SeqId, &[f16], &[f16])> = Vec::with_capacity(spans.len());
+        for (&(s, n_kv), buf) in spans.iter().zip(gather.iter_mut()) {
+            let view = cache.view(layer, s);
+            match view.contiguous(n_kv) {
+                Some((k, v)) => views.push((s, k, v)),
+                None => {
+                    view.gather(n_kv, &mut buf.0, &mut buf.1);
+                    views.push((s, &buf.0, &buf.1));
                 }
             }
-        })
+        }
+        let items = tiles.len() * shape.n_head;
+        let dst = OutPtr(out.as_mut_ptr());
+        pool.run(|i, nt| {
+            TILE_SCRATCH.with_borrow_mut(|(scratch, qbuf, obuf)| {
+                for item in split_range(items, i, nt, 1) {
+                    let ((t0, rows), h) = (tiles[item / shape.n_head], item % shape.n_head);
+                    let g = h / (shape.n_head / shape.n_head_kv);
+                    let &(_, keys, values) = views
+                        .iter()
+                        .find(|e| e.0 == seq[t0])
+                        .expect("gathered above");
+                    let kv = KvHead {
+                        keys,
+                        values,
+                        stride: shape.n_head_kv * hd,
+                        offset: g * hd,
+                        head_dim: hd,
+                    };
+                    qbuf.clear();
+                    for r in 0..rows {
+                        qbuf.extend_from_slice(&q[(t0 + r) * q_dim + h * hd..][..hd]);
+                    }
+                    obuf.resize(rows * hd, 0.0);
+                    attend_tile(&kv, qbuf, &pos[t0..t0 + rows], shape.scale, scratch, obuf);
+                    for r in 0..rows {
+                        // SAFETY: (tile, head) items write disjoint rows/heads of `out`.
+                        let o = unsafe { dst.slice((t0 + r) * q_dim + h * hd, hd) };
+                        o.copy_from_slice(&obuf[r * hd..(r + 1) * hd]);
+                    }
+                }
+            })
+        });
     });
 }
 
-/// One KV head of one sequence: rows of `stride` values, the head at `offset`.
+/// One KV head of one sequence: positions `0..n_kv`, the head at `offset` of each row.
 struct HeadKv<'a> {
-    keys: &'a [f16],
-    values: &'a [f16],
+    kv: SeqKv<'a>,
     n_kv: usize,
-    stride: usize,
     offset: usize,
     head_dim: usize,
 }
 
 impl HeadKv<'_> {
     fn key(&self, j: usize) -> &[f16] {
-        &self.keys[j * self.stride + self.offset..][..self.head_dim]
+        &self.kv.key_row(j)[self.offset..][..self.head_dim]
     }
     fn value(&self, j: usize) -> &[f16] {
-        &self.values[j * self.stride + self.offset..][..self.head_dim]
+        &self.kv.value_row(j)[self.offset..][..self.head_dim]
     }
 }
 
@@ -193,6 +275,10 @@ thread_local! {
     /// The tile kernel's buffers plus the gathered query rows and the output rows of a tile.
     static TILE_SCRATCH: std::cell::RefCell<(TileScratch, Vec<f32>, Vec<f32>)> =
         std::cell::RefCell::new(Default::default());
+    /// Per sequence of a tiled call: its keys and values gathered out of the block pool,
+    /// `[n_kv][kv_dim]` each (kept between calls).
+    static GATHER: std::cell::RefCell<Vec<(Vec<f16>, Vec<f16>)>> =
+        std::cell::RefCell::new(Vec::new());
 }
 
 /// The vector path: f16 query, online softmax, f16 accumulator.
