@@ -262,22 +262,22 @@ impl<'m> Session<'m> {
 }
 
 /// Holds back text that might be the start of a stop string.
-struct StopMatcher<'a> {
-    stops: &'a [String],
+pub(crate) struct StopMatcher {
+    stops: Vec<String>,
     pending: String,
 }
 
-impl<'a> StopMatcher<'a> {
-    fn new(stops: &'a [String]) -> Self {
+impl StopMatcher {
+    pub(crate) fn new(stops: &[String]) -> Self {
         StopMatcher {
-            stops,
+            stops: stops.to_vec(),
             pending: String::new(),
         }
     }
 
     /// Adds text; returns what is safe to emit and whether a stop string was found (in which
     /// case the returned text ends right before it).
-    fn push(&mut self, piece: &str) -> (String, bool) {
+    pub(crate) fn push(&mut self, piece: &str) -> (String, bool) {
         self.pending.push_str(piece);
         let stops = self.stops.iter().filter(|s| !s.is_empty());
         if let Some(at) = stops.filter_map(|s| self.pending.find(s.as_str())).min() {
@@ -287,7 +287,7 @@ impl<'a> StopMatcher<'a> {
         }
         // Keep the longest suffix that is a prefix of some stop string.
         let mut keep = 0;
-        for s in self.stops {
+        for s in &self.stops {
             for (i, _) in self.pending.char_indices() {
                 let suffix = &self.pending[i..];
                 if suffix.len() <= keep {
@@ -306,7 +306,7 @@ impl<'a> StopMatcher<'a> {
     }
 
     /// Everything still held back, plus `tail`.
-    fn flush(&mut self, tail: &str) -> String {
+    pub(crate) fn flush(&mut self, tail: &str) -> String {
         let mut s = std::mem::take(&mut self.pending);
         s.push_str(tail);
         s

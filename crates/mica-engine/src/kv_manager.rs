@@ -1,0 +1,459 @@
+//! The KV block manager: which cache blocks each sequence uses, shared blocks, and the
+//! automatic prefix cache. Pure bookkeeping (no model, no tensors), so the scheduler and its
+//! tests run without one; the engine applies its decisions to `mica_models::KvCache`.
+//!
+//! Follows vLLM v1's `KVCacheManager` / `BlockPool`:
+//! - A pool of `n_blocks` blocks of `block_size` positions; each block has a reference count
+//!   (the sequences whose block table holds it).
+//! - **Prefix caching**: once a block is full, it is keyed by a hash of its tokens chained
+//!   with the hash of the block before it (so a key names the whole prefix up to the block's
+//!   end). A new sequence whose first blocks hash to cached keys takes those blocks instead
+//!   of computing them (the tokens are compared too, so a hash collision can't alias).
+//! - Blocks whose count drops to zero stay cached and become *evictable*, least recently
+//!   released first; within one sequence its tail blocks go first, so a common prefix lives
+//!   longest. Blocks that were never full (no key) are reused before any cached block.
+//! - **Copy-on-write**: [`BlockManager::fork`] shares every block of a sequence with a new
+//!   one (e.g. OpenAI's `n` completions of one prompt). When a sequence is about to write
+//!   into a block another sequence still holds, it gets a private copy first: the manager
+//!   returns the `(src, dst)` copy for the engine to perform.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
+
+/// Index of a block in the pool.
+pub type BlockId = u32;
+
+/// The blocks of one sequence, in position order.
+#[derive(Clone, Debug, Default)]
+pub struct SeqBlocks {
+    /// Block of positions `i * block_size ..`.
+    pub blocks: Vec<BlockId>,
+    /// Chained hash of each leading full block already registered in the prefix cache.
+    hashes: Vec<u64>,
+}
+
+impl SeqBlocks {
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+struct BlockMeta {
+    refs: u32,
+    /// Prefix-cache key while the block is registered.
+    hash: Option<u64>,
+    /// The hash of the block before it and its tokens (to verify a hash match).
+    parent: u64,
+    tokens: Vec<u32>,
+    /// Position in the evictable queue while `refs == 0` and `hash` is set.
+    stamp: Option<u64>,
+}
+
+/// Counters of the prefix cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Prompt tokens looked up.
+    pub queried_tokens: u64,
+    /// Of those, tokens found cached.
+    pub hit_tokens: u64,
+}
+
+/// The block pool with reference counts and the prefix cache.
+pub struct BlockManager {
+    block_size: usize,
+    meta: Vec<BlockMeta>,
+    /// Free blocks without a cache key (reused first).
+    free_plain: Vec<BlockId>,
+    /// Free blocks with a cache key, by release stamp (lowest evicted first).
+    evictable: BTreeMap<u64, BlockId>,
+    /// Cache key → block.
+    cached: HashMap<u64, BlockId>,
+    clock: u64,
+    stats: CacheStats,
+    prefix_caching: bool,
+}
+
+/// Hash of a full block: its tokens chained after the hash of everything before it.
+fn block_hash(parent: u64, tokens: &[u32]) -> u64 {
+    // SipHash with fixed keys: stable within a process, which is all the cache needs.
+    let mut h = std::hash::DefaultHasher::new();
+    parent.hash(&mut h);
+    tokens.hash(&mut h);
+    h.finish()
+}
+
+impl BlockManager {
+    pub fn new(n_blocks: usize, block_size: usize) -> BlockManager {
+        assert!(block_size > 0, "block size must be positive");
+        BlockManager {
+            block_size,
+            meta: vec![BlockMeta::default(); n_blocks],
+            free_plain: (0..n_blocks as BlockId).rev().collect(),
+            evictable: BTreeMap::new(),
+            cached: HashMap::new(),
+            clock: 0,
+            stats: CacheStats::default(),
+            prefix_caching: true,
+        }
+    }
+
+    /// Turns automatic prefix caching off (every block is private, nothing is kept).
+    pub fn set_prefix_caching(&mut self, on: bool) {
+        self.prefix_caching = on;
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    pub fn n_blocks(&self) -> usize {
+        self.meta.len()
+    }
+
+    /// Blocks that can be handed out now (never used, or cached but unreferenced).
+    pub fn n_free(&self) -> usize {
+        self.free_plain.len() + self.evictable.len()
+    }
+
+    /// Blocks held by at least one sequence.
+    pub fn n_used(&self) -> usize {
+        self.n_blocks() - self.n_free()
+    }
+
+    /// Blocks in the prefix cache (held or not).
+    pub fn n_cached(&self) -> usize {
+        self.cached.len()
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        self.stats
+    }
+
+    /// Reference count of a block (for tests and checks).
+    pub fn refs(&self, b: BlockId) -> u32 {
+        self.meta[b as usize].refs
+    }
+
+    /// Blocks needed to hold `n_tokens` positions.
+    pub fn blocks_for(&self, n_tokens: usize) -> usize {
+        n_tokens.div_ceil(self.block_size)
+    }
+
+    /// Takes the longest cached prefix of `tokens` for an empty `seq`: full blocks only, and
+    /// never all of `tokens` (the last token must be computed to give logits). Returns the
+    /// number of tokens now covered.
+    pub fn match_prefix(&mut self, seq: &mut SeqBlocks, tokens: &[u32]) -> usize {
+        debug_assert!(seq.is_empty());
+        if !self.prefix_caching || tokens.is_empty() {
+            return 0;
+        }
+        let max_blocks = (tokens.len() - 1) / self.block_size;
+        let mut parent = 0u64;
+        for chunk in tokens.chunks_exact(self.block_size).take(max_blocks) {
+            let h = block_hash(parent, chunk);
+            let Some(&b) = self.cached.get(&h) else { break };
+            let m = &self.meta[b as usize];
+            if m.parent != parent || m.tokens != chunk {
+                break;
+            }
+            self.acquire(b);
+            seq.blocks.push(b);
+            seq.hashes.push(h);
+            parent = h;
+        }
+        seq.blocks.len() * self.block_size
+    }
+
+    /// Counts one prompt's lookup in the hit-rate statistics (called once per request, not
+    /// per admission attempt).
+    pub fn record_lookup(&mut self, queried: usize, hit: usize) {
+        self.stats.queried_tokens += queried as u64;
+        self.stats.hit_tokens += hit as u64;
+    }
+
+    /// Gives `seq` room for `n_tokens` positions, of which `n_computed` are written already.
+    /// Copy-on-write: if the block that the next write lands in is shared, `seq` gets a
+    /// private copy and `(src, dst)` is pushed to `copies`. Returns false, changing nothing,
+    /// when the pool has too few free blocks.
+    pub fn allocate(
+        &mut self,
+        seq: &mut SeqBlocks,
+        n_computed: usize,
+        n_tokens: usize,
+        copies: &mut Vec<(BlockId, BlockId)>,
+    ) -> bool {
+        let need = self.blocks_for(n_tokens).saturating_sub(seq.blocks.len());
+        let write_block = n_computed / self.block_size;
+        let cow = n_tokens > n_computed
+            && n_computed % self.block_size != 0
+            && seq
+                .blocks
+                .get(write_block)
+                .is_some_and(|&b| self.meta[b as usize].refs > 1);
+        if self.n_free() < need + usize::from(cow) {
+            return false;
+        }
+        if cow {
+            let src = seq.blocks[write_block];
+            let dst = self.take_free();
+            self.meta[src as usize].refs -= 1;
+            seq.blocks[write_block] = dst;
+            seq.hashes.truncate(write_block);
+            copies.push((src, dst));
+        }
+        for _ in 0..need {
+            let b = self.take_free();
+            seq.blocks.push(b);
+        }
+        true
+    }
+
+    /// Registers the full blocks of `seq` within its first `n_computed` tokens (`tokens`
+    /// holds at least that many) in the prefix cache.
+    pub fn cache_full_blocks(&mut self, seq: &mut SeqBlocks, tokens: &[u32], n_computed: usize) {
+        if !self.prefix_caching {
+            return;
+        }
+        let full = (n_computed / self.block_size).min(seq.blocks.len());
+        while seq.hashes.len() < full {
+            let i = seq.hashes.len();
+            let parent = if i == 0 { 0 } else { seq.hashes[i - 1] };
+            let chunk = &tokens[i * self.block_size..(i + 1) * self.block_size];
+            let h = block_hash(parent, chunk);
+            let b = seq.blocks[i];
+            let m = &mut self.meta[b as usize];
+            if m.hash.is_none() && !self.cached.contains_key(&h) {
+                m.hash = Some(h);
+                m.parent = parent;
+                m.tokens.clear();
+                m.tokens.extend_from_slice(chunk);
+                self.cached.insert(h, b);
+            }
+            // A duplicate of a block cached by another sequence stays private (the hash chain
+            // is still recorded so later blocks of this sequence can be registered).
+            seq.hashes.push(h);
+        }
+    }
+
+    /// Shares every block of `seq` with a new sequence (copy-on-write on the next write).
+    pub fn fork(&mut self, seq: &SeqBlocks) -> SeqBlocks {
+        for &b in &seq.blocks {
+            self.acquire(b);
+        }
+        seq.clone()
+    }
+
+    /// Releases the blocks of `seq`; cached ones stay cached until evicted.
+    pub fn free(&mut self, seq: &mut SeqBlocks) {
+        // Tail first: the tail of a sequence is evicted before its prefix.
+        for &b in seq.blocks.iter().rev() {
+            let m = &mut self.meta[b as usize];
+            m.refs -= 1;
+            if m.refs == 0 {
+                if m.hash.is_some() {
+                    self.clock += 1;
+                    m.stamp = Some(self.clock);
+                    self.evictable.insert(self.clock, b);
+                } else {
+                    self.free_plain.push(b);
+                }
+            }
+        }
+        seq.blocks.clear();
+        seq.hashes.clear();
+    }
+
+    /// Drops every unreferenced cached block (e.g. when the model is unloaded).
+    pub fn clear_cache(&mut self) {
+        while let Some((_, b)) = self.evictable.pop_first() {
+            self.forget(b);
+            self.free_plain.push(b);
+        }
+    }
+
+    fn acquire(&mut self, b: BlockId) {
+        let m = &mut self.meta[b as usize];
+        if m.refs == 0
+            && let Some(stamp) = m.stamp.take()
+        {
+            self.evictable.remove(&stamp);
+        }
+        m.refs += 1;
+    }
+
+    /// A free block with one reference: a never-cached one if any, else the least recently
+    /// released cached block, evicted from the cache. The caller checked `n_free() > 0`.
+    fn take_free(&mut self) -> BlockId {
+        let b = match self.free_plain.pop() {
+            Some(b) => b,
+            None => {
+                let (_, b) = self.evictable.pop_first().expect("caller checked n_free");
+                self.forget(b);
+                b
+            }
+        };
+        let m = &mut self.meta[b as usize];
+        m.refs = 1;
+        m.stamp = None;
+        b
+    }
+
+    fn forget(&mut self, b: BlockId) {
+        let m = &mut self.meta[b as usize];
+        m.stamp = None;
+        if let Some(h) = m.hash.take()
+            && self.cached.get(&h) == Some(&b)
+        {
+            self.cached.remove(&h);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn toks(n: usize, salt: u32) -> Vec<u32> {
+        (0..n as u32).map(|i| i * 7 + salt).collect()
+    }
+
+    #[test]
+    fn allocation_counts_blocks_and_fails_cleanly() {
+        let mut m = BlockManager::new(4, 16);
+        let mut s = SeqBlocks::default();
+        let mut copies = Vec::new();
+        assert!(m.allocate(&mut s, 0, 17, &mut copies));
+        assert_eq!(s.len(), 2);
+        assert_eq!((m.n_used(), m.n_free()), (2, 2));
+        assert!(m.allocate(&mut s, 17, 32, &mut copies), "fits in block 2");
+        assert_eq!(s.len(), 2);
+        let mut t = SeqBlocks::default();
+        assert!(!m.allocate(&mut t, 0, 49, &mut copies), "needs 4, has 2");
+        assert!(t.is_empty());
+        assert_eq!(m.n_free(), 2);
+        m.free(&mut s);
+        assert_eq!((m.n_used(), m.n_free()), (0, 4));
+        assert!(copies.is_empty());
+    }
+
+    #[test]
+    fn prefix_blocks_are_shared_and_survive_the_request() {
+        let mut m = BlockManager::new(8, 4);
+        let prompt = toks(10, 1);
+        let mut a = SeqBlocks::default();
+        assert_eq!(m.match_prefix(&mut a, &prompt), 0);
+        assert!(m.allocate(&mut a, 0, 10, &mut Vec::new()));
+        m.cache_full_blocks(&mut a, &prompt, 10);
+        assert_eq!(m.n_cached(), 2, "two full blocks of 4");
+
+        // Same prompt while `a` runs: shares the two full blocks.
+        let mut b = SeqBlocks::default();
+        assert_eq!(m.match_prefix(&mut b, &prompt), 8);
+        assert_eq!(&b.blocks[..], &a.blocks[..2]);
+        assert_eq!(m.refs(a.blocks[0]), 2);
+
+        // After both end the blocks stay cached (and count as free).
+        let first = a.blocks[0];
+        m.free(&mut a);
+        m.free(&mut b);
+        assert_eq!(m.n_free(), 8);
+        let mut c = SeqBlocks::default();
+        assert_eq!(m.match_prefix(&mut c, &prompt), 8);
+        assert_eq!(c.blocks[0], first);
+
+        // A prompt that differs in the first block shares nothing (chained hash).
+        let mut other = prompt.clone();
+        other[0] += 1;
+        let mut d = SeqBlocks::default();
+        assert_eq!(m.match_prefix(&mut d, &other), 0);
+        m.record_lookup(10, 8);
+        let s = m.stats();
+        assert_eq!((s.hit_tokens, s.queried_tokens), (8, 10));
+    }
+
+    #[test]
+    fn match_leaves_the_last_token_to_compute() {
+        let mut m = BlockManager::new(8, 4);
+        let prompt = toks(8, 3);
+        let mut a = SeqBlocks::default();
+        assert!(m.allocate(&mut a, 0, 8, &mut Vec::new()));
+        m.cache_full_blocks(&mut a, &prompt, 8);
+        m.free(&mut a);
+        let mut b = SeqBlocks::default();
+        assert_eq!(
+            m.match_prefix(&mut b, &prompt),
+            4,
+            "block 2 holds the last token"
+        );
+    }
+
+    #[test]
+    fn eviction_is_lru_and_tail_first() {
+        let mut m = BlockManager::new(4, 2);
+        let (p, q) = (toks(4, 0), toks(4, 100));
+        for prompt in [&p, &q] {
+            let mut s = SeqBlocks::default();
+            assert!(m.allocate(&mut s, 0, 4, &mut Vec::new()));
+            m.cache_full_blocks(&mut s, prompt, 4);
+            m.free(&mut s);
+        }
+        assert_eq!((m.n_cached(), m.n_free()), (4, 4));
+        // One new block evicts p's tail (released first, tail first).
+        let mut s = SeqBlocks::default();
+        assert!(m.allocate(&mut s, 0, 2, &mut Vec::new()));
+        let mut probe = SeqBlocks::default();
+        assert_eq!(
+            m.match_prefix(&mut probe, &toks(5, 0)),
+            2,
+            "p keeps block 0"
+        );
+        m.free(&mut probe);
+        let mut probe = SeqBlocks::default();
+        assert_eq!(m.match_prefix(&mut probe, &toks(5, 100)), 4, "q intact");
+    }
+
+    #[test]
+    fn fork_shares_and_copies_on_write() {
+        let mut m = BlockManager::new(6, 4);
+        let prompt = toks(6, 9);
+        let mut a = SeqBlocks::default();
+        let mut copies = Vec::new();
+        assert!(m.allocate(&mut a, 0, 6, &mut copies));
+        let mut b = m.fork(&a);
+        assert_eq!(m.refs(a.blocks[1]), 2);
+        // `b` writes position 6, inside the shared partial block 1: it gets a copy.
+        assert!(m.allocate(&mut b, 6, 7, &mut copies));
+        assert_eq!(copies, vec![(a.blocks[1], b.blocks[1])]);
+        assert_ne!(a.blocks[1], b.blocks[1]);
+        assert_eq!(a.blocks[0], b.blocks[0], "the full block stays shared");
+        assert_eq!((m.refs(a.blocks[1]), m.refs(b.blocks[1])), (1, 1));
+        // `a` now owns block 1 alone: no copy.
+        copies.clear();
+        assert!(m.allocate(&mut a, 6, 7, &mut copies));
+        assert!(copies.is_empty());
+        m.cache_full_blocks(&mut a, &prompt, 4);
+        m.free(&mut a);
+        m.free(&mut b);
+        assert_eq!(m.n_used(), 0);
+    }
+
+    #[test]
+    fn duplicate_blocks_stay_private() {
+        let mut m = BlockManager::new(4, 2);
+        let p = toks(3, 5);
+        let (mut a, mut b) = (SeqBlocks::default(), SeqBlocks::default());
+        assert!(m.allocate(&mut a, 0, 3, &mut Vec::new()));
+        assert!(m.allocate(&mut b, 0, 3, &mut Vec::new()));
+        m.cache_full_blocks(&mut a, &p, 3);
+        m.cache_full_blocks(&mut b, &p, 3);
+        assert_eq!(m.n_cached(), 1);
+        m.free(&mut b);
+        m.free(&mut a);
+        assert_eq!(m.n_free(), 4);
+        assert_eq!(m.n_cached(), 1);
+    }
+}

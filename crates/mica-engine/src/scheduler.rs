@@ -1,0 +1,575 @@
+//! The step scheduler: which sequences get how many tokens in the next forward pass.
+//!
+//! Modelled on vLLM v1: there is no prefill or decode mode, only each sequence's *tokens
+//! known* (prompt + generated) against its *tokens computed* (keys and values in the cache).
+//! Each step [`Scheduler::schedule`] hands out a token budget:
+//! 1. every running sequence with one token left (decoding) gets it, in priority order —
+//!    decoding never waits behind a long prompt;
+//! 2. the rest of the budget goes to prompts (running ones part-way through, then waiting
+//!    ones, admitted in priority order while there is a free slot and KV room), in chunks.
+//!
+//! **Chunks** are all of what is left when it fits, else at least [`SchedulerConfig::min_chunk`]
+//! tokens leaving none or at least as many for later. With `min_chunk` = attention's
+//! tiled-path threshold, a prompt's tokens take the same attention path (tiled for prompts of
+//! 64+ uncached tokens, vector below) whatever chunks the load cuts it into, so results do
+//! not depend on what else runs (batch invariance; see `mica_models` `AttentionPolicy`).
+//!
+//! **Priority lanes** ([`Lane`]): interactive > background > bulk. Order is by *effective*
+//! lane, then arrival. Aging rule: a sequence's effective lane rises one step for every
+//! [`SchedulerConfig::aging`] it has existed (default 10 s), up to interactive, so a bulk
+//! request waits at most about 20 s before it competes with interactive ones as an equal
+//! (older first). `SchedulePolicy::Fifo` orders by arrival alone.
+//!
+//! **Preemption** (vLLM's recompute): when a running sequence needs a block and none is free,
+//! the running sequence of the lowest *base* lane (aging ignored), most recently started, is
+//! preempted — its blocks are released (full ones stay in the prefix cache, so resuming is
+//! often cheap) and it goes back to waiting with every token it has, to be recomputed. A
+//! sequence only ever preempts sequences of its own lane or lower (possibly itself), and a
+//! waiting request being admitted only preempts strictly lower lanes: an interactive request
+//! is never preempted in favour of bulk. FIFO preempts the most recently started sequence.
+
+use crate::kv_manager::{BlockId, BlockManager, SeqBlocks};
+use mica_models::SeqId;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// A request's identity in the engine.
+pub type ReqId = u64;
+
+/// Priority lane of a request (lower value: served first).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Lane {
+    Interactive = 0,
+    Background = 1,
+    Bulk = 2,
+}
+
+impl Lane {
+    pub const ALL: [Lane; 3] = [Lane::Interactive, Lane::Background, Lane::Bulk];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lane::Interactive => "interactive",
+            Lane::Background => "background",
+            Lane::Bulk => "bulk",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Lane> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "interactive" | "high" => Some(Lane::Interactive),
+            "background" | "normal" => Some(Lane::Background),
+            "bulk" | "low" | "batch" => Some(Lane::Bulk),
+            _ => None,
+        }
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// How waiting and running sequences are ordered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SchedulePolicy {
+    /// Lanes with aging, preemption by lane.
+    Priority,
+    /// Arrival order only (for comparison).
+    Fifo,
+}
+
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    pub policy: SchedulePolicy,
+    /// Tokens per step (all sequences together).
+    pub max_batch_tokens: usize,
+    /// Sequences running at once (KV cache slots).
+    pub max_running: usize,
+    /// Waiting time that raises a sequence's effective lane by one.
+    pub aging: Duration,
+    /// Smallest prompt chunk when a prompt is split (see the module docs).
+    pub min_chunk: usize,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            policy: SchedulePolicy::Priority,
+            max_batch_tokens: 256,
+            max_running: 32,
+            aging: Duration::from_secs(10),
+            min_chunk: mica_models::blocks::attention::TILED_MIN_TOKENS,
+        }
+    }
+}
+
+/// The scheduler's view of one sequence.
+#[derive(Debug)]
+pub struct Sequence {
+    pub id: ReqId,
+    pub lane: Lane,
+    pub arrival: Instant,
+    /// Prompt then generated tokens: `[n_known]`.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    /// Tokens whose keys and values are in the cache.
+    pub n_computed: usize,
+    /// Prompt tokens found in the prefix cache at first admission.
+    pub cached_tokens: usize,
+    pub blocks: SeqBlocks,
+    /// KV cache slot while running.
+    pub slot: Option<SeqId>,
+    /// Admission order (0 while waiting).
+    pub started: u64,
+    pub preemptions: u32,
+    admitted_once: bool,
+}
+
+impl Sequence {
+    /// Tokens known but not computed.
+    pub fn remaining(&self) -> usize {
+        self.tokens.len() - self.n_computed
+    }
+}
+
+/// One sequence's share of a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Scheduled {
+    pub id: ReqId,
+    pub slot: SeqId,
+    /// First position computed (= tokens computed before the step).
+    pub start: usize,
+    pub n: usize,
+    /// Whether the step computes the last known token, so a new token is sampled.
+    pub sample: bool,
+}
+
+/// What one step runs.
+#[derive(Clone, Debug, Default)]
+pub struct StepPlan {
+    pub seqs: Vec<Scheduled>,
+    /// Block copies to make before the step (copy-on-write): `(src, dst)`.
+    pub copies: Vec<(BlockId, BlockId)>,
+    /// Sequences sent back to waiting this step.
+    pub preempted: Vec<ReqId>,
+}
+
+impl StepPlan {
+    pub fn n_tokens(&self) -> usize {
+        self.seqs.iter().map(|s| s.n).sum()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.seqs.is_empty()
+    }
+}
+
+/// Why a sequence can't be added.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AddError {
+    #[error("request {0} is already known")]
+    Duplicate(ReqId),
+    #[error("the sequence needs {needed} KV blocks but the pool has {total}")]
+    TooLarge { needed: usize, total: usize },
+    #[error("the prompt is empty")]
+    Empty,
+}
+
+/// Tokens of a prompt with `remaining` uncomputed tokens that go into a step with `budget`
+/// tokens left: all of them if they fit, else a chunk of at least `min_chunk` that leaves
+/// none or at least `min_chunk`; 0 when no such chunk fits.
+pub fn prefill_chunk(remaining: usize, budget: usize, min_chunk: usize) -> usize {
+    if remaining <= budget {
+        return remaining;
+    }
+    if remaining < 2 * min_chunk {
+        return 0;
+    }
+    let n = budget.min(remaining - min_chunk);
+    if n >= min_chunk { n } else { 0 }
+}
+
+/// Sequences, lanes and the KV block manager.
+pub struct Scheduler {
+    cfg: SchedulerConfig,
+    kv: BlockManager,
+    seqs: HashMap<ReqId, Sequence>,
+    /// Waiting ids in arrival order.
+    waiting: Vec<ReqId>,
+    running: Vec<ReqId>,
+    free_slots: Vec<SeqId>,
+    started: u64,
+    preemptions: u64,
+}
+
+impl Scheduler {
+    pub fn new(cfg: SchedulerConfig, kv: BlockManager) -> Scheduler {
+        let slots = cfg.max_running.max(1);
+        Scheduler {
+            cfg,
+            kv,
+            seqs: HashMap::new(),
+            waiting: Vec::new(),
+            running: Vec::new(),
+            free_slots: (0..slots).rev().collect(),
+            started: 0,
+            preemptions: 0,
+        }
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.cfg
+    }
+
+    pub fn kv(&self) -> &BlockManager {
+        &self.kv
+    }
+
+    pub fn kv_mut(&mut self) -> &mut BlockManager {
+        &mut self.kv
+    }
+
+    /// Queues a sequence.
+    pub fn add(
+        &mut self,
+        id: ReqId,
+        lane: Lane,
+        tokens: Vec<u32>,
+        now: Instant,
+    ) -> Result<(), AddError> {
+        if tokens.is_empty() {
+            return Err(AddError::Empty);
+        }
+        if self.seqs.contains_key(&id) {
+            return Err(AddError::Duplicate(id));
+        }
+        let needed = self.kv.blocks_for(tokens.len() + 1);
+        if needed > self.kv.n_blocks() {
+            return Err(AddError::TooLarge {
+                needed,
+                total: self.kv.n_blocks(),
+            });
+        }
+        let prompt_len = tokens.len();
+        self.seqs.insert(
+            id,
+            Sequence {
+                id,
+                lane,
+                arrival: now,
+                tokens,
+                prompt_len,
+                n_computed: 0,
+                cached_tokens: 0,
+                blocks: SeqBlocks::default(),
+                slot: None,
+                started: 0,
+                preemptions: 0,
+                admitted_once: false,
+            },
+        );
+        self.waiting.push(id);
+        Ok(())
+    }
+
+    pub fn get(&self, id: ReqId) -> Option<&Sequence> {
+        self.seqs.get(&id)
+    }
+
+    pub fn contains(&self, id: ReqId) -> bool {
+        self.seqs.contains_key(&id)
+    }
+
+    pub fn n_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Waiting sequences per lane.
+    pub fn waiting_by_lane(&self) -> [usize; 3] {
+        let mut n = [0; 3];
+        for id in &self.waiting {
+            n[self.seqs[id].lane.index()] += 1;
+        }
+        n
+    }
+
+    pub fn has_work(&self) -> bool {
+        !self.seqs.is_empty()
+    }
+
+    pub fn preemptions(&self) -> u64 {
+        self.preemptions
+    }
+
+    /// The block table of a running sequence.
+    pub fn blocks(&self, id: ReqId) -> &[BlockId] {
+        self.seqs.get(&id).map_or(&[], |s| &s.blocks.blocks)
+    }
+
+    /// Effective lane (0 = interactive) after aging.
+    fn effective_lane(&self, s: &Sequence, now: Instant) -> usize {
+        let waited = now.saturating_duration_since(s.arrival);
+        let steps = if self.cfg.aging.is_zero() {
+            0
+        } else {
+            (waited.as_secs_f64() / self.cfg.aging.as_secs_f64()) as usize
+        };
+        s.lane.index().saturating_sub(steps)
+    }
+
+    /// `ids` sorted in scheduling order.
+    fn order(&self, ids: &mut [ReqId], now: Instant) {
+        let key = |id: &ReqId| {
+            let s = &self.seqs[id];
+            let lane = match self.cfg.policy {
+                SchedulePolicy::Priority => self.effective_lane(s, now),
+                SchedulePolicy::Fifo => 0,
+            };
+            (lane, s.arrival, s.id)
+        };
+        ids.sort_by_key(key);
+    }
+
+    /// Plans the next step.
+    pub fn schedule(&mut self, now: Instant) -> StepPlan {
+        let mut plan = StepPlan::default();
+        let mut budget = self.cfg.max_batch_tokens;
+
+        // 1. Decoding sequences, one token each.
+        let mut running = self.running.clone();
+        self.order(&mut running, now);
+        for &id in &running {
+            if budget == 0 {
+                break;
+            }
+            let Some(s) = self.seqs.get(&id) else {
+                continue;
+            };
+            if s.slot.is_none() || s.remaining() != 1 {
+                continue;
+            }
+            if self.grow(id, 1, &mut plan, &mut budget) {
+                budget -= 1;
+            }
+        }
+
+        // 2. Prompts: running ones part-way, then waiting ones, in one priority order.
+        let mut cands: Vec<ReqId> = self
+            .running
+            .iter()
+            .copied()
+            .filter(|id| self.seqs[id].remaining() > 1)
+            .chain(self.waiting.iter().copied())
+            .collect();
+        self.order(&mut cands, now);
+        for id in cands {
+            let Some(s) = self.seqs.get(&id) else {
+                continue;
+            };
+            if s.slot.is_some() {
+                if s.remaining() <= 1 || plan.seqs.iter().any(|p| p.id == id) {
+                    continue;
+                }
+                let n = prefill_chunk(s.remaining(), budget, self.cfg.min_chunk);
+                if n == 0 {
+                    break;
+                }
+                if self.grow(id, n, &mut plan, &mut budget) {
+                    budget -= n;
+                }
+            } else if !self.admit(id, &mut plan, &mut budget) {
+                break;
+            }
+        }
+        plan
+    }
+
+    /// Gives running sequence `id` room for `n` more tokens and schedules it, preempting
+    /// sequences of its lane or lower when the pool is full. False if it was preempted itself.
+    fn grow(&mut self, id: ReqId, n: usize, plan: &mut StepPlan, budget: &mut usize) -> bool {
+        loop {
+            let s = self.seqs.get_mut(&id).expect("running");
+            let (start, end) = (s.n_computed, s.n_computed + n);
+            if self
+                .kv
+                .allocate(&mut s.blocks, start, end, &mut plan.copies)
+            {
+                plan.seqs.push(Scheduled {
+                    id,
+                    slot: s.slot.expect("running"),
+                    start,
+                    n,
+                    sample: end == s.tokens.len(),
+                });
+                return true;
+            }
+            let lane = s.lane;
+            let victim = self.victim(|v| v.lane >= lane);
+            let Some(victim) = victim else { return false };
+            self.preempt(victim, plan, budget);
+            if victim == id {
+                return false;
+            }
+        }
+    }
+
+    /// Tries to start waiting sequence `id` with its first chunk. False when it can't (no
+    /// slot, no budget or no KV room), which ends admission for this step.
+    fn admit(&mut self, id: ReqId, plan: &mut StepPlan, budget: &mut usize) -> bool {
+        if self.free_slots.is_empty() || *budget == 0 {
+            return false;
+        }
+        let s = self.seqs.get_mut(&id).expect("waiting");
+        let hit = self.kv.match_prefix(&mut s.blocks, &s.tokens);
+        s.n_computed = hit;
+        if !s.admitted_once {
+            s.cached_tokens = hit;
+        }
+        let n = prefill_chunk(s.remaining(), *budget, self.cfg.min_chunk);
+        let lane = s.lane;
+        loop {
+            let s = self.seqs.get_mut(&id).expect("waiting");
+            if n > 0
+                && self
+                    .kv
+                    .allocate(&mut s.blocks, hit, hit + n, &mut plan.copies)
+            {
+                break;
+            }
+            // Only strictly lower lanes make room for an admission (never in FIFO).
+            let victim = match self.cfg.policy {
+                SchedulePolicy::Priority if n > 0 => self.victim(|v| v.lane > lane),
+                _ => None,
+            };
+            match victim {
+                Some(v) => self.preempt(v, plan, budget),
+                None => {
+                    let s = self.seqs.get_mut(&id).expect("waiting");
+                    self.kv.free(&mut s.blocks);
+                    s.n_computed = 0;
+                    return false;
+                }
+            }
+        }
+        let slot = self.free_slots.pop().expect("checked above");
+        self.started += 1;
+        let s = self.seqs.get_mut(&id).expect("waiting");
+        if !s.admitted_once {
+            self.kv.record_lookup(s.tokens.len(), hit);
+        }
+        s.slot = Some(slot);
+        s.started = self.started;
+        s.admitted_once = true;
+        self.waiting.retain(|&w| w != id);
+        self.running.push(id);
+        plan.seqs.push(Scheduled {
+            id,
+            slot,
+            start: hit,
+            n,
+            sample: hit + n == s.tokens.len(),
+        });
+        *budget -= n;
+        true
+    }
+
+    /// The running sequence to preempt among those `eligible`: lowest base lane, then most
+    /// recently started (FIFO: most recently started).
+    fn victim(&self, eligible: impl Fn(&Sequence) -> bool) -> Option<ReqId> {
+        let fifo = self.cfg.policy == SchedulePolicy::Fifo;
+        self.running
+            .iter()
+            .map(|id| &self.seqs[id])
+            .filter(|s| fifo || eligible(s))
+            .max_by_key(|s| (if fifo { 0 } else { s.lane.index() }, s.started))
+            .map(|s| s.id)
+    }
+
+    /// Sends a running sequence back to waiting, releasing its blocks and slot.
+    fn preempt(&mut self, id: ReqId, plan: &mut StepPlan, budget: &mut usize) {
+        let s = self.seqs.get_mut(&id).expect("running");
+        self.kv.free(&mut s.blocks);
+        s.n_computed = 0;
+        s.preemptions += 1;
+        if let Some(slot) = s.slot.take() {
+            self.free_slots.push(slot);
+        }
+        s.started = 0;
+        self.running.retain(|&r| r != id);
+        // Keep arrival order in the waiting list.
+        let arrival = s.arrival;
+        let at = self
+            .waiting
+            .iter()
+            .position(|w| self.seqs[w].arrival > arrival)
+            .unwrap_or(self.waiting.len());
+        self.waiting.insert(at, id);
+        if let Some(i) = plan.seqs.iter().position(|p| p.id == id) {
+            *budget += plan.seqs.remove(i).n;
+        }
+        plan.preempted.push(id);
+        self.preemptions += 1;
+    }
+
+    /// Records that a step computed `n` tokens of `id`, and registers its newly full blocks
+    /// in the prefix cache.
+    pub fn on_computed(&mut self, id: ReqId, n: usize) {
+        if let Some(s) = self.seqs.get_mut(&id) {
+            s.n_computed = (s.n_computed + n).min(s.tokens.len());
+            self.kv
+                .cache_full_blocks(&mut s.blocks, &s.tokens, s.n_computed);
+        }
+    }
+
+    /// Appends a sampled token to `id`.
+    pub fn append_token(&mut self, id: ReqId, token: u32) {
+        if let Some(s) = self.seqs.get_mut(&id) {
+            s.tokens.push(token);
+        }
+    }
+
+    /// A new running sequence `child` sharing every token and block of running `parent`
+    /// (copy-on-write), for several completions of one prompt. False when no slot is free.
+    pub fn fork(&mut self, parent: ReqId, child: ReqId) -> bool {
+        if self.free_slots.is_empty() || self.seqs.contains_key(&child) {
+            return false;
+        }
+        let Some(p) = self.seqs.get(&parent) else {
+            return false;
+        };
+        if p.slot.is_none() {
+            return false;
+        }
+        let blocks = self.kv.fork(&p.blocks);
+        let slot = self.free_slots.pop().expect("checked above");
+        self.started += 1;
+        let seq = Sequence {
+            id: child,
+            lane: p.lane,
+            arrival: p.arrival,
+            tokens: p.tokens.clone(),
+            prompt_len: p.prompt_len,
+            n_computed: p.n_computed,
+            cached_tokens: p.cached_tokens,
+            blocks,
+            slot: Some(slot),
+            started: self.started,
+            preemptions: 0,
+            admitted_once: true,
+        };
+        self.seqs.insert(child, seq);
+        self.running.push(child);
+        true
+    }
+
+    /// Removes `id` (finished or cancelled), releasing its blocks and slot.
+    pub fn finish(&mut self, id: ReqId) -> Option<Sequence> {
+        let mut s = self.seqs.remove(&id)?;
+        self.kv.free(&mut s.blocks);
+        if let Some(slot) = s.slot.take() {
+            self.free_slots.push(slot);
+        }
+        self.running.retain(|&r| r != id);
+        self.waiting.retain(|&w| w != id);
+        Some(s)
+    }
+}

@@ -1,0 +1,313 @@
+//! The step scheduler without a model: token budget, chunked prompts, priority lanes and
+//! aging, preemption order, prefix-cache admission, FIFO for comparison.
+
+use mica_engine::scheduler::{Scheduled, prefill_chunk};
+use mica_engine::{BlockManager, Lane, SchedulePolicy, Scheduler, SchedulerConfig};
+use std::time::{Duration, Instant};
+
+fn sched(policy: SchedulePolicy, budget: usize, blocks: usize) -> Scheduler {
+    let cfg = SchedulerConfig {
+        policy,
+        max_batch_tokens: budget,
+        max_running: 8,
+        aging: Duration::from_secs(10),
+        min_chunk: 64,
+    };
+    Scheduler::new(cfg, BlockManager::new(blocks, 16))
+}
+
+fn prompt(n: usize, salt: u32) -> Vec<u32> {
+    (0..n as u32).map(|i| i.wrapping_mul(31) ^ salt).collect()
+}
+
+/// Runs a plan as the engine would: tokens computed, a token appended where one is sampled.
+fn complete(s: &mut Scheduler, plan: &[Scheduled]) {
+    for p in plan {
+        s.on_computed(p.id, p.n);
+        if p.sample {
+            s.append_token(p.id, 7);
+        }
+    }
+}
+
+fn ids(plan: &[Scheduled]) -> Vec<(u64, usize)> {
+    plan.iter().map(|p| (p.id, p.n)).collect()
+}
+
+#[test]
+fn chunk_rule_keeps_pieces_tiled_sized() {
+    assert_eq!(prefill_chunk(50, 256, 64), 50, "fits whole");
+    assert_eq!(
+        prefill_chunk(50, 40, 64),
+        0,
+        "short prompts are never split"
+    );
+    assert_eq!(prefill_chunk(1000, 256, 64), 256);
+    assert_eq!(prefill_chunk(300, 256, 64), 236, "leaves 64, not 44");
+    assert_eq!(
+        prefill_chunk(100, 80, 64),
+        0,
+        "100 can't split into two pieces of 64"
+    );
+    assert_eq!(
+        prefill_chunk(1000, 50, 64),
+        0,
+        "budget below one tiled chunk"
+    );
+}
+
+#[test]
+fn token_budget_and_chunked_prefill_keep_decoding_going() {
+    let t0 = Instant::now();
+    let mut s = sched(SchedulePolicy::Priority, 256, 256);
+    s.add(1, Lane::Interactive, prompt(10, 1), t0).unwrap();
+    let plan = s.schedule(t0);
+    assert_eq!(ids(&plan.seqs), vec![(1, 10)]);
+    assert!(plan.seqs[0].sample);
+    complete(&mut s, &plan.seqs);
+
+    // A long prompt arrives: it is chunked under the budget while 1 decodes every step.
+    s.add(2, Lane::Interactive, prompt(1000, 2), t0).unwrap();
+    let mut prefilled = 0;
+    let mut steps = 0;
+    while prefilled < 1000 {
+        let plan = s.schedule(t0);
+        assert_eq!(plan.seqs[0].id, 1, "the decode goes first");
+        assert_eq!(plan.seqs[0].n, 1);
+        assert!(plan.n_tokens() <= 256);
+        let p2 = plan.seqs.iter().find(|p| p.id == 2).unwrap();
+        assert!(p2.n >= 64, "chunks are at least 64 tokens");
+        assert_eq!(p2.start, prefilled);
+        prefilled += p2.n;
+        assert_eq!(p2.sample, prefilled == 1000);
+        complete(&mut s, &plan.seqs);
+        steps += 1;
+    }
+    assert_eq!(steps, 1000usize.div_ceil(255));
+    let plan = s.schedule(t0);
+    assert_eq!(ids(&plan.seqs), vec![(1, 1), (2, 1)], "both decode now");
+}
+
+#[test]
+fn interactive_prompt_goes_before_bulk_prefill() {
+    let t0 = Instant::now();
+    let mut s = sched(SchedulePolicy::Priority, 256, 512);
+    s.add(1, Lane::Bulk, prompt(2000, 1), t0).unwrap();
+    let plan = s.schedule(t0);
+    assert_eq!(ids(&plan.seqs), vec![(1, 256)]);
+    complete(&mut s, &plan.seqs);
+    s.add(
+        2,
+        Lane::Interactive,
+        prompt(100, 2),
+        t0 + Duration::from_millis(10),
+    )
+    .unwrap();
+    let plan = s.schedule(t0 + Duration::from_millis(20));
+    assert_eq!(plan.seqs[0].id, 2, "interactive first");
+    assert_eq!(plan.seqs[0].n, 100);
+    assert!(plan.seqs[0].sample);
+    // FIFO: the bulk prompt keeps the budget.
+    let mut f = sched(SchedulePolicy::Fifo, 256, 512);
+    f.add(1, Lane::Bulk, prompt(2000, 1), t0).unwrap();
+    let plan = f.schedule(t0);
+    complete(&mut f, &plan.seqs);
+    f.add(
+        2,
+        Lane::Interactive,
+        prompt(100, 2),
+        t0 + Duration::from_millis(10),
+    )
+    .unwrap();
+    let plan = f.schedule(t0 + Duration::from_millis(20));
+    assert_eq!(ids(&plan.seqs), vec![(1, 256)]);
+}
+
+#[test]
+fn aging_lifts_waiting_bulk_one_lane_per_period() {
+    let t0 = Instant::now();
+    // One slot, so only one request can be admitted per step.
+    let cfg = SchedulerConfig {
+        max_running: 1,
+        max_batch_tokens: 256,
+        ..Default::default()
+    };
+    let run = |bulk_age: u64| {
+        let mut s = Scheduler::new(cfg.clone(), BlockManager::new(64, 16));
+        let now = t0 + Duration::from_secs(100);
+        s.add(
+            1,
+            Lane::Bulk,
+            prompt(8, 1),
+            now - Duration::from_secs(bulk_age),
+        )
+        .unwrap();
+        s.add(
+            2,
+            Lane::Background,
+            prompt(8, 2),
+            now - Duration::from_secs(1),
+        )
+        .unwrap();
+        s.add(3, Lane::Interactive, prompt(8, 3), now).unwrap();
+        s.schedule(now).seqs[0].id
+    };
+    assert_eq!(run(5), 3, "fresh bulk waits behind everyone");
+    // After 10 s bulk ranks as background (older than 2, so before it) but not interactive.
+    assert_eq!(run(12), 3);
+    // After 20 s bulk ranks as interactive and is older than 3.
+    assert_eq!(run(21), 1);
+    // Background after 10 s would also rank interactive: it is older than 3.
+    let mut s = Scheduler::new(cfg.clone(), BlockManager::new(64, 16));
+    let now = t0 + Duration::from_secs(100);
+    s.add(
+        2,
+        Lane::Background,
+        prompt(8, 2),
+        now - Duration::from_secs(11),
+    )
+    .unwrap();
+    s.add(
+        3,
+        Lane::Interactive,
+        prompt(8, 3),
+        now - Duration::from_secs(1),
+    )
+    .unwrap();
+    assert_eq!(s.schedule(now).seqs[0].id, 2);
+}
+
+/// Three 32-token prompts fill a 7-block pool (2 blocks each); when they grow, the pool runs
+/// out and the scheduler preempts.
+fn full_pool(policy: SchedulePolicy, lanes: [Lane; 3]) -> Scheduler {
+    let t0 = Instant::now();
+    let mut s = sched(policy, 256, 7);
+    for (i, lane) in lanes.into_iter().enumerate() {
+        let id = i as u64 + 1;
+        s.add(
+            id,
+            lane,
+            prompt(32, id as u32),
+            t0 + Duration::from_millis(id),
+        )
+        .unwrap();
+    }
+    let plan = s.schedule(t0 + Duration::from_millis(5));
+    assert_eq!(plan.seqs.len(), 3);
+    complete(&mut s, &plan.seqs);
+    s
+}
+
+#[test]
+fn preemption_takes_lowest_lane_most_recent_first() {
+    let t = Instant::now() + Duration::from_millis(10);
+    // Each decode now needs a third block; one is free.
+    let mut s = full_pool(
+        SchedulePolicy::Priority,
+        [Lane::Bulk, Lane::Interactive, Lane::Bulk],
+    );
+    let plan = s.schedule(t);
+    // Interactive 2 takes the free block; bulk 1 then needs one: the most recently started
+    // bulk (3) is preempted, and 1 gets its blocks.
+    assert_eq!(plan.preempted, vec![3]);
+    assert_eq!(ids(&plan.seqs), vec![(2, 1), (1, 1)]);
+    assert_eq!(s.preemptions(), 1);
+    assert_eq!(s.get(3).unwrap().n_computed, 0, "recomputed later");
+    assert_eq!(
+        s.get(3).unwrap().tokens.len(),
+        33,
+        "keeps its generated token"
+    );
+    assert_eq!(s.waiting_by_lane(), [0, 0, 1]);
+}
+
+#[test]
+fn interactive_is_never_preempted_for_bulk() {
+    let t = Instant::now() + Duration::from_millis(10);
+    let mut s = full_pool(
+        SchedulePolicy::Priority,
+        [Lane::Interactive, Lane::Interactive, Lane::Bulk],
+    );
+    let plan = s.schedule(t);
+    // Interactive 1 takes the free block; interactive 2 preempts bulk 3.
+    assert_eq!(plan.preempted, vec![3]);
+    complete(&mut s, &plan.seqs);
+    // From here on, whenever the pool runs dry, an interactive sequence is only preempted
+    // when no bulk sequence holds blocks (then in favour of another interactive one).
+    let mut preempted = 0;
+    for step in 0..60 {
+        let bulk_running = s.get(3).is_some_and(|q| q.slot.is_some());
+        let plan = s.schedule(t + Duration::from_millis(20 + step));
+        for id in &plan.preempted {
+            preempted += 1;
+            if s.get(*id).unwrap().lane == Lane::Interactive {
+                assert!(
+                    !bulk_running,
+                    "step {step}: interactive {id} preempted while bulk ran"
+                );
+            }
+        }
+        complete(&mut s, &plan.seqs);
+    }
+    assert!(preempted > 0, "the pool ran dry");
+}
+
+#[test]
+fn fifo_preempts_most_recently_started_whatever_the_lane() {
+    let t = Instant::now() + Duration::from_millis(10);
+    let mut s = full_pool(
+        SchedulePolicy::Fifo,
+        [Lane::Bulk, Lane::Bulk, Lane::Interactive],
+    );
+    let plan = s.schedule(t);
+    assert_eq!(plan.preempted, vec![3], "FIFO ignores lanes");
+}
+
+#[test]
+fn repeated_prompt_is_admitted_from_the_prefix_cache() {
+    let t0 = Instant::now();
+    let mut s = sched(SchedulePolicy::Priority, 256, 64);
+    let p = prompt(100, 9);
+    s.add(1, Lane::Interactive, p.clone(), t0).unwrap();
+    let plan = s.schedule(t0);
+    complete(&mut s, &plan.seqs);
+    s.finish(1);
+    assert_eq!(s.kv().n_used(), 0);
+    assert!(s.kv().n_cached() >= 6);
+    s.add(2, Lane::Interactive, p, t0).unwrap();
+    let plan = s.schedule(t0);
+    assert_eq!(plan.seqs[0].start, 96, "six full blocks of 16 reused");
+    assert_eq!(plan.seqs[0].n, 4);
+    assert_eq!(s.get(2).unwrap().cached_tokens, 96);
+    let st = s.kv().stats();
+    assert_eq!((st.queried_tokens, st.hit_tokens), (200, 96));
+}
+
+#[test]
+fn forked_sequences_share_blocks_until_they_write() {
+    let t0 = Instant::now();
+    let mut s = sched(SchedulePolicy::Priority, 256, 64);
+    s.add(1, Lane::Interactive, prompt(20, 1), t0).unwrap();
+    let plan = s.schedule(t0);
+    // As the engine does: prompt computed, fork, then each samples its own token.
+    s.on_computed(1, plan.seqs[0].n);
+    assert!(s.fork(1, 2));
+    assert_eq!(s.blocks(1), s.blocks(2));
+    s.append_token(1, 7);
+    s.append_token(2, 8);
+    let plan = s.schedule(t0);
+    // Position 20 is in block 1, shared and part-full: one of the two copies it.
+    assert_eq!(plan.copies.len(), 1);
+    assert_eq!(s.blocks(1)[0], s.blocks(2)[0]);
+    assert_ne!(s.blocks(1)[1], s.blocks(2)[1]);
+}
+
+#[test]
+fn unfit_requests_are_refused() {
+    let mut s = sched(SchedulePolicy::Priority, 256, 4);
+    let err = s
+        .add(1, Lane::Bulk, prompt(100, 1), Instant::now())
+        .unwrap_err();
+    assert!(err.to_string().contains("7 KV blocks"), "{err}");
+    assert!(s.add(2, Lane::Bulk, vec![], Instant::now()).is_err());
+}
