@@ -6,6 +6,7 @@ mod chat;
 mod download;
 mod inspect;
 mod run;
+mod serve;
 mod store;
 
 use clap::{Parser, Subcommand};
@@ -40,6 +41,8 @@ enum Command {
     Inspect(inspect::InspectArgs),
     /// Measure prompt-processing and generation speed (as llama.cpp's llama-bench).
     Bench(bench::BenchArgs),
+    /// Serve models over HTTP (OpenAI- and Ollama-compatible APIs, continuous batching).
+    Serve(serve::ServeArgs),
 }
 
 fn main() -> ExitCode {
@@ -52,6 +55,7 @@ fn main() -> ExitCode {
         Command::Rm(args) => store::rm_cmd(args),
         Command::Inspect(args) => inspect::inspect(args),
         Command::Bench(args) => bench::bench(args),
+        Command::Serve(args) => serve::serve(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

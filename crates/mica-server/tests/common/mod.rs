@@ -1,0 +1,224 @@
+//! Shared by the HTTP tests: a server started in-process on 127.0.0.1 (port 0) with the
+//! small test model, and a minimal HTTP/1.1 client over a plain TCP socket (so the tests see
+//! the raw framing: status line, chunked encoding, SSE and NDJSON lines).
+#![allow(dead_code)]
+
+use mica_engine::SchedulerConfig;
+use mica_server::{ApiKey, AppState, ServerConfig};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub const MODEL: &str = "smollm2-135m-instruct-q4_1";
+
+pub fn model_path() -> PathBuf {
+    let dir = std::env::var_os("MICA_TEST_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"));
+    let path = dir.join(format!("{MODEL}.gguf"));
+    assert!(
+        path.is_file(),
+        "test model {} is missing: run scripts/fetch-test-models",
+        path.display()
+    );
+    path
+}
+
+pub struct Server {
+    pub addr: SocketAddr,
+    pub state: Arc<AppState>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+pub fn config(scheduler: SchedulerConfig, api_keys: Vec<ApiKey>) -> ServerConfig {
+    ServerConfig {
+        models: vec![(MODEL.to_string(), model_path())],
+        api_keys,
+        kv_mem: 64 << 20,
+        n_ctx: Some(2048),
+        n_threads: 2,
+        scheduler,
+        max_waiting_per_lane: 64,
+        max_loaded: 1,
+        mem_limit: None,
+    }
+}
+
+/// Starts a server and loads the model.
+pub fn start(cfg: ServerConfig) -> Server {
+    let state = Arc::new(AppState::new(cfg));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let st = state.clone();
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            st.preload(MODEL).await.expect("model loads");
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            mica_server::serve(listener, st, async {
+                let _ = stop_rx.await;
+            })
+            .await
+            .unwrap();
+        });
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("server starts");
+    Server {
+        addr,
+        state,
+        stop: Some(stop_tx),
+        thread: Some(thread),
+    }
+}
+
+pub struct Resp {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Resp {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Opens a connection and sends a request; the response is read by the caller.
+pub fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    if !body.is_empty() {
+        req.push_str("Content-Type: application/json\r\n");
+    }
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).unwrap();
+    s
+}
+
+/// Reads the status line and headers.
+pub fn read_head(r: &mut BufReader<TcpStream>) -> (u16, Vec<(String, String)>) {
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    let status: u16 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("bad status line {line:?}"));
+    let mut headers = Vec::new();
+    loop {
+        let mut h = String::new();
+        r.read_line(&mut h).unwrap();
+        let h = h.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            headers.push((k.trim().to_string(), v.trim().to_string()));
+        }
+    }
+    (status, headers)
+}
+
+/// Reads one chunk of a chunked body (`None` at the end).
+pub fn read_chunk(r: &mut BufReader<TcpStream>) -> Option<String> {
+    let mut size = String::new();
+    r.read_line(&mut size).ok()?;
+    let n = usize::from_str_radix(size.trim(), 16).ok()?;
+    if n == 0 {
+        return None;
+    }
+    let mut buf = vec![0u8; n + 2];
+    r.read_exact(&mut buf).ok()?;
+    buf.truncate(n);
+    Some(String::from_utf8_lossy(&buf).into_owned())
+}
+
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Resp {
+    let s = send(addr, method, path, headers, body);
+    let mut r = BufReader::new(s);
+    let (status, hs) = read_head(&mut r);
+    let chunked = hs
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    let body = if chunked {
+        let mut b = String::new();
+        while let Some(c) = read_chunk(&mut r) {
+            b.push_str(&c);
+        }
+        b
+    } else {
+        let mut b = String::new();
+        r.read_to_string(&mut b).unwrap();
+        b
+    };
+    Resp {
+        status,
+        headers: hs,
+        body,
+    }
+}
+
+pub fn post(addr: SocketAddr, path: &str, body: &serde_json::Value) -> Resp {
+    request(addr, "POST", path, &[], &body.to_string())
+}
+
+pub fn get(addr: SocketAddr, path: &str) -> Resp {
+    request(addr, "GET", path, &[], "")
+}
+
+/// The value of a metric line `name{...labels containing filter...} value`.
+pub fn metric(addr: SocketAddr, name: &str, filter: &str) -> f64 {
+    let m = get(addr, "/metrics").body;
+    m.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with('{') && l.contains(filter))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("metric {name} {filter} missing:\n{m}"))
+}
