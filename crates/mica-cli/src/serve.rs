@@ -75,7 +75,7 @@ pub fn parse_size(s: &str) -> Result<usize> {
         .trim()
         .parse()
         .with_context(|| format!("cannot read size '{s}' (try 512M or 2G)"))?;
-    if !(v > 0.0) {
+    if v.is_nan() || v <= 0.0 {
         bail!("size '{s}' must be positive");
     }
     Ok((v * mul as f64) as usize)
@@ -109,7 +109,7 @@ fn config(args: &ServeArgs) -> Result<ServerConfig> {
         }
         api_keys.push(ApiKey { key, lane });
     }
-    if !(args.aging >= 0.0) {
+    if args.aging.is_nan() || args.aging < 0.0 {
         bail!("--aging must be a number of seconds ≥ 0");
     }
     let threads = args

@@ -189,7 +189,7 @@ impl BlockManager {
         let need = self.blocks_for(n_tokens).saturating_sub(seq.blocks.len());
         let write_block = n_computed / self.block_size;
         let cow = n_tokens > n_computed
-            && n_computed % self.block_size != 0
+            && !n_computed.is_multiple_of(self.block_size)
             && seq
                 .blocks
                 .get(write_block)

@@ -7,6 +7,9 @@
 //!    decoding never waits behind a long prompt;
 //! 2. the rest of the budget goes to prompts (running ones part-way through, then waiting
 //!    ones, admitted in priority order while there is a free slot and KV room), in chunks.
+//!    Under priority scheduling a step takes prompts of one (effective) lane only: when an
+//!    interactive prompt is in the step, bulk prompts wait for the next step, which keeps
+//!    that step short and the interactive time-to-first-token close to an idle server's.
 //!
 //! **Chunks** are all of what is left when it fits, else at least [`SchedulerConfig::min_chunk`]
 //! tokens leaving none or at least as many for later. With `min_chunk` = attention's
@@ -361,10 +364,21 @@ impl Scheduler {
             .chain(self.waiting.iter().copied())
             .collect();
         self.order(&mut cands, now);
+        // Priority: once a prompt of some lane is in the step, prompts of lower lanes wait
+        // for the next one, so the step stays short and the higher lane's first token comes
+        // sooner (decodes of every lane still run).
+        let mut top_lane: Option<usize> = None;
         for id in cands {
             let Some(s) = self.seqs.get(&id) else {
                 continue;
             };
+            if self.cfg.policy == SchedulePolicy::Priority {
+                let lane = self.effective_lane(s, now);
+                if top_lane.is_some_and(|top| lane > top) {
+                    break;
+                }
+                top_lane = Some(lane);
+            }
             if s.slot.is_some() {
                 if s.remaining() <= 1 || plan.seqs.iter().any(|p| p.id == id) {
                     continue;

@@ -104,9 +104,15 @@ fn interactive_prompt_goes_before_bulk_prefill() {
     )
     .unwrap();
     let plan = s.schedule(t0 + Duration::from_millis(20));
-    assert_eq!(plan.seqs[0].id, 2, "interactive first");
-    assert_eq!(plan.seqs[0].n, 100);
+    assert_eq!(
+        ids(&plan.seqs),
+        vec![(2, 100)],
+        "interactive alone: a short step"
+    );
     assert!(plan.seqs[0].sample);
+    complete(&mut s, &plan.seqs);
+    let plan = s.schedule(t0 + Duration::from_millis(30));
+    assert_eq!(ids(&plan.seqs), vec![(2, 1), (1, 255)], "then bulk resumes");
     // FIFO: the bulk prompt keeps the budget.
     let mut f = sched(SchedulePolicy::Fifo, 256, 512);
     f.add(1, Lane::Bulk, prompt(2000, 1), t0).unwrap();

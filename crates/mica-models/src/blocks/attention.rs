@@ -278,7 +278,7 @@ thread_local! {
     /// Per sequence of a tiled call: its keys and values gathered out of the block pool,
     /// `[n_kv][kv_dim]` each (kept between calls).
     static GATHER: std::cell::RefCell<Vec<(Vec<f16>, Vec<f16>)>> =
-        std::cell::RefCell::new(Vec::new());
+        const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// The vector path: f16 query, online softmax, f16 accumulator.
