@@ -184,9 +184,11 @@ fn aging_lifts_waiting_bulk_one_lane_per_period() {
 }
 
 /// Three 32-token prompts fill a 7-block pool (2 blocks each); when they grow, the pool runs
-/// out and the scheduler preempts.
+/// out and the scheduler preempts. They arrived long ago, so aging ranks them all as
+/// interactive (one step admits them all); preemption goes by their base lanes.
 fn full_pool(policy: SchedulePolicy, lanes: [Lane; 3]) -> Scheduler {
-    let t0 = Instant::now();
+    let now = Instant::now();
+    let t0 = now.checked_sub(Duration::from_secs(60)).unwrap_or(now);
     let mut s = sched(policy, 256, 7);
     for (i, lane) in lanes.into_iter().enumerate() {
         let id = i as u64 + 1;
@@ -198,7 +200,7 @@ fn full_pool(policy: SchedulePolicy, lanes: [Lane; 3]) -> Scheduler {
         )
         .unwrap();
     }
-    let plan = s.schedule(t0 + Duration::from_millis(5));
+    let plan = s.schedule(now);
     assert_eq!(plan.seqs.len(), 3);
     complete(&mut s, &plan.seqs);
     s
@@ -213,10 +215,10 @@ fn preemption_takes_lowest_lane_most_recent_first() {
         [Lane::Bulk, Lane::Interactive, Lane::Bulk],
     );
     let plan = s.schedule(t);
-    // Interactive 2 takes the free block; bulk 1 then needs one: the most recently started
-    // bulk (3) is preempted, and 1 gets its blocks.
+    // Bulk 1 (oldest) takes the free block; interactive 2 then needs one: the most recently
+    // started bulk (3) is preempted, and 2 gets its blocks.
     assert_eq!(plan.preempted, vec![3]);
-    assert_eq!(ids(&plan.seqs), vec![(2, 1), (1, 1)]);
+    assert_eq!(ids(&plan.seqs), vec![(1, 1), (2, 1)]);
     assert_eq!(s.preemptions(), 1);
     assert_eq!(s.get(3).unwrap().n_computed, 0, "recomputed later");
     assert_eq!(
