@@ -10,6 +10,9 @@
 //!    Under priority scheduling a step takes prompts of one (effective) lane only: when an
 //!    interactive prompt is in the step, bulk prompts wait for the next step, which keeps
 //!    that step short and the interactive time-to-first-token close to an idle server's.
+//!    For the same reason background and bulk prompts are cut into chunks of at most
+//!    [`SchedulerConfig::low_lane_chunk`] tokens (128): an interactive request arriving
+//!    mid-step waits for a short step, at some cost in bulk prompt throughput.
 //!
 //! **Chunks** are all of what is left when it fits, else at least [`SchedulerConfig::min_chunk`]
 //! tokens leaving none or at least as many for later. With `min_chunk` = attention's
@@ -92,6 +95,10 @@ pub struct SchedulerConfig {
     pub aging: Duration,
     /// Smallest prompt chunk when a prompt is split (see the module docs).
     pub min_chunk: usize,
+    /// Priority only: most prompt tokens a background or bulk sequence gets per step, so
+    /// that the step an interactive request arrives during ends soon (at least
+    /// `2 * min_chunk`, so any prompt can still be chunked).
+    pub low_lane_chunk: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -102,6 +109,7 @@ impl Default for SchedulerConfig {
             max_running: 32,
             aging: Duration::from_secs(10),
             min_chunk: mica_models::blocks::attention::TILED_MIN_TOKENS,
+            low_lane_chunk: 2 * mica_models::blocks::attention::TILED_MIN_TOKENS,
         }
     }
 }
@@ -308,6 +316,19 @@ impl Scheduler {
         self.seqs.get(&id).map_or(&[], |s| &s.blocks.blocks)
     }
 
+    /// Prompt tokens a sequence of `lane` may take from what is left of the step's budget.
+    fn chunk_budget(&self, lane: Lane, budget: usize) -> usize {
+        Self::chunk_budget_of(&self.cfg, lane, budget)
+    }
+
+    fn chunk_budget_of(cfg: &SchedulerConfig, lane: Lane, budget: usize) -> usize {
+        if cfg.policy == SchedulePolicy::Priority && lane != Lane::Interactive {
+            budget.min(cfg.low_lane_chunk.max(2 * cfg.min_chunk))
+        } else {
+            budget
+        }
+    }
+
     /// Effective lane (0 = interactive) after aging.
     fn effective_lane(&self, s: &Sequence, now: Instant) -> usize {
         let waited = now.saturating_duration_since(s.arrival);
@@ -383,7 +404,11 @@ impl Scheduler {
                 if s.remaining() <= 1 || plan.seqs.iter().any(|p| p.id == id) {
                     continue;
                 }
-                let n = prefill_chunk(s.remaining(), budget, self.cfg.min_chunk);
+                let n = prefill_chunk(
+                    s.remaining(),
+                    self.chunk_budget(s.lane, budget),
+                    self.cfg.min_chunk,
+                );
                 if n == 0 {
                     break;
                 }
@@ -438,7 +463,11 @@ impl Scheduler {
         if !s.admitted_once {
             s.cached_tokens = hit;
         }
-        let n = prefill_chunk(s.remaining(), *budget, self.cfg.min_chunk);
+        let n = prefill_chunk(
+            s.remaining(),
+            Self::chunk_budget_of(&self.cfg, s.lane, *budget),
+            self.cfg.min_chunk,
+        );
         let lane = s.lane;
         loop {
             let s = self.seqs.get_mut(&id).expect("waiting");

@@ -12,6 +12,8 @@ fn sched(policy: SchedulePolicy, budget: usize, blocks: usize) -> Scheduler {
         max_running: 8,
         aging: Duration::from_secs(10),
         min_chunk: 64,
+        // No cap on low lanes' chunks here (see `low_lanes_take_short_chunks`).
+        low_lane_chunk: usize::MAX,
     };
     Scheduler::new(cfg, BlockManager::new(blocks, 16))
 }
@@ -318,4 +320,22 @@ fn unfit_requests_are_refused() {
         .unwrap_err();
     assert!(err.to_string().contains("7 KV blocks"), "{err}");
     assert!(s.add(2, Lane::Bulk, vec![], Instant::now()).is_err());
+}
+
+#[test]
+fn low_lanes_take_short_chunks() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(SchedulerConfig::default(), BlockManager::new(256, 16));
+    s.add(1, Lane::Bulk, prompt(1000, 1), t0).unwrap();
+    s.add(2, Lane::Interactive, prompt(1000, 2), t0).unwrap();
+    let plan = s.schedule(t0);
+    assert_eq!(
+        ids(&plan.seqs),
+        vec![(2, 256)],
+        "interactive: the whole budget"
+    );
+    complete(&mut s, &plan.seqs);
+    s.finish(2);
+    let plan = s.schedule(t0);
+    assert_eq!(ids(&plan.seqs), vec![(1, 128)], "bulk: at most 128 a step");
 }
