@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Real-client checks of `mica serve` (run: tests/clients/run.sh): the `openai` SDK (chat,
+completions, streaming, logprobs, errors) and the `ollama` client (generate, chat,
+streaming, list) against a server on 127.0.0.1. Exits non-zero on the first failure and
+prints 'N passed, 0 failed' at the end."""
+
+import sys
+
+import ollama
+import openai
+
+url, model = sys.argv[1], sys.argv[2]
+passed = 0
+
+
+def check(name, cond, detail=""):
+    global passed
+    if not cond:
+        print(f"FAIL {name}: {detail}")
+        print(f"{passed} passed, 1 failed")
+        sys.exit(1)
+    passed += 1
+    print(f"ok   {name}")
+
+
+oa = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
+models = [m.id for m in oa.models.list()]
+check("openai models.list", model in models, models)
+
+r = oa.chat.completions.create(model=model, messages=[{"role": "user", "content": "Say hi."}],
+                               max_tokens=8, temperature=0)
+check("openai chat", r.choices[0].message.content and r.usage.completion_tokens == 8, r)
+
+parts = []
+usage = None
+for ch in oa.chat.completions.create(model=model, messages=[{"role": "user", "content": "Say hi."}],
+                                     max_tokens=8, temperature=0, stream=True,
+                                     stream_options={"include_usage": True}):
+    if ch.choices and ch.choices[0].delta.content:
+        parts.append(ch.choices[0].delta.content)
+    if ch.usage:
+        usage = ch.usage
+check("openai chat stream = non-stream", "".join(parts) == r.choices[0].message.content,
+      ("".join(parts), r.choices[0].message.content))
+check("openai stream usage", usage is not None and usage.completion_tokens == 8, usage)
+
+c = oa.completions.create(model=model, prompt="The capital of France is", max_tokens=5,
+                          temperature=0, logprobs=3)
+check("openai completions + logprobs",
+      len(c.choices[0].logprobs.token_logprobs) == 5 and len(c.choices[0].logprobs.top_logprobs[0]) == 3, c)
+
+r = oa.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+                               temperature=0, logprobs=True, top_logprobs=2)
+check("openai chat logprobs", len(r.choices[0].logprobs.content) == 2, r)
+
+try:
+    oa.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
+    check("openai unknown model raises", False)
+except openai.NotFoundError as e:
+    check("openai unknown model -> NotFoundError", e.status_code == 404)
+try:
+    oa.completions.create(model=model, prompt="word " * 5000, max_tokens=1)
+    check("openai oversize raises", False)
+except openai.BadRequestError as e:
+    check("openai oversize prompt -> BadRequestError", "tokens" in str(e), str(e))
+
+ol = ollama.Client(host=url)
+names = [m.model for m in ol.list().models]
+check("ollama list", model in names, names)
+g = ol.generate(model=model, prompt="Why is the sky blue?", options={"num_predict": 6, "temperature": 0})
+check("ollama generate", g.done and g.eval_count == 6, g)
+chunks = list(ol.generate(model=model, prompt="Why is the sky blue?", stream=True,
+                          options={"num_predict": 6, "temperature": 0}))
+check("ollama generate stream", chunks[-1].done and "".join(c.response for c in chunks) == g.response,
+      chunks)
+m = ol.chat(model=model, messages=[{"role": "user", "content": "Hello!"}], options={"num_predict": 5})
+check("ollama chat", m.message.role == "assistant" and m.message.content, m)
+chunks = list(ol.chat(model=model, messages=[{"role": "user", "content": "Hello!"}], stream=True,
+                      options={"num_predict": 5}))
+check("ollama chat stream", chunks[-1].done, chunks[-1])
+check("ollama show", ol.show(model).modelinfo["general.architecture"] == "llama")
+try:
+    ol.generate(model="no-such-model", prompt="x")
+    check("ollama unknown model raises", False)
+except ollama.ResponseError as e:
+    check("ollama unknown model -> ResponseError 404", e.status_code == 404, e)
+
+print(f"{passed} passed, 0 failed")
