@@ -344,3 +344,38 @@ fn api_keys_and_lanes() {
         1.0
     );
 }
+
+#[test]
+fn full_queue_is_429_with_retry_after() {
+    let mut cfg = config(SchedulerConfig::default(), vec![]);
+    cfg.max_waiting_per_lane = 0;
+    let srv = start(cfg);
+    let r = post(
+        srv.addr,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": "Hi", "max_tokens": 2}),
+    );
+    assert_eq!(r.status, 429, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], "queue_full");
+    assert!(r.header("retry-after").is_some());
+    let r = post(
+        srv.addr,
+        "/api/generate",
+        &json!({"model": MODEL, "prompt": "Hi", "options": {"num_predict": 2}}),
+    );
+    assert_eq!(r.status, 429);
+    assert!(
+        r.json()["error"]
+            .as_str()
+            .unwrap()
+            .contains("queue is full")
+    );
+    assert_eq!(
+        metric(
+            srv.addr,
+            "mica_requests_total",
+            "lane=\"interactive\",status=\"rejected\""
+        ),
+        2.0
+    );
+}
