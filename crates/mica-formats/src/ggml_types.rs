@@ -57,4 +57,15 @@ impl GgmlType {
             .find(|(id, _, _)| *id == self.0)
             .map(|&(_, b, s)| (b, s))
     }
+
+    /// Bytes a tensor of `shape` (innermost first) takes, if the type is known, the row
+    /// length a multiple of its block, and nothing overflows.
+    pub fn n_bytes(self, shape: &[u64]) -> Option<u64> {
+        let (block, size) = self.geometry()?;
+        let n = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d))?;
+        if shape.first().copied().unwrap_or(1) % block != 0 {
+            return None;
+        }
+        (n / block).checked_mul(size)
+    }
 }

@@ -1,12 +1,18 @@
-//! mica-formats: reading model files. GGUF today (safetensors and `.mica` later), each parsed
+//! mica-formats: reading and writing model files. GGUF and mica's own `.mica` format
+//! (`docs/format.md`), each parsed
 //! and validated up front, with tensor data left in a read-only memory map and handed out as
 //! zero-copy byte slices described by one [`TensorInfo`] type.
 
+pub mod atomic;
 pub mod error;
 pub mod ggml_types;
 pub mod gguf;
+pub mod mica;
+pub mod sink;
 pub mod tensor;
 
 pub use error::{FormatError, Result};
-pub use gguf::{GgufFile, GgufWriter, MetaArray, MetaValue};
+pub use gguf::{Container, GgufFile, GgufStreamWriter, GgufWriter, MetaArray, MetaValue};
+pub use mica::{MicaFile, MicaWriter};
+pub use sink::TensorSink;
 pub use tensor::TensorInfo;

@@ -15,10 +15,12 @@
 //! byte offset or tensor; the reader never panics on file contents.
 
 mod metadata;
-mod reader;
+pub(crate) mod reader;
+pub mod stream;
 pub mod writer;
 
 pub use metadata::{MetaArray, MetaValue};
+pub use stream::{GgufStreamWriter, TensorDecl};
 pub use writer::GgufWriter;
 
 use crate::error::{FormatError, Result};
@@ -33,10 +35,21 @@ pub const GGUF_MAGIC: &[u8; 4] = b"GGUF";
 /// Tensor data alignment when `general.alignment` is absent.
 pub const DEFAULT_ALIGNMENT: u64 = 32;
 
-/// An open, validated GGUF file. Tensor data is borrowed from the memory map.
+/// The container a [`GgufFile`] view was read from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Container {
+    Gguf,
+    /// mica's own format (`docs/format.md`); its sections are presented as GGUF metadata.
+    Mica,
+}
+
+/// An open, validated model file: GGUF, or a `.mica` file presented through the same view
+/// (its config, tokenizer, chat template and metadata sections as GGUF key-values, its
+/// tensor directory as [`TensorInfo`]s). Tensor data is borrowed from the memory map.
 pub struct GgufFile {
     path: PathBuf,
     mmap: Mmap,
+    container: Container,
     version: u32,
     /// Metadata in file order.
     metadata: Vec<(String, MetaValue)>,
@@ -48,7 +61,8 @@ pub struct GgufFile {
 }
 
 impl GgufFile {
-    /// Opens, maps and validates a GGUF file.
+    /// Opens, maps and validates a GGUF file, or a `.mica` file (chosen by the magic bytes;
+    /// see [`crate::mica::MicaFile`] for the `.mica`-only parts: checksums, provenance).
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
         let path = path.as_ref().to_path_buf();
         let io = |cause| FormatError::Io {
@@ -68,34 +82,64 @@ impl GgufFile {
         // truncates the file while mapped, reads may fault; that is inherent to mmap and the
         // same contract every mmap-based model loader has.
         let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
+        if mmap.starts_with(crate::mica::MICA_MAGIC) {
+            return Ok(crate::mica::MicaFile::from_mmap(path, mmap)?.into_view());
+        }
         Self::from_mmap(path, mmap)
     }
 
     fn from_mmap(path: PathBuf, mmap: Mmap) -> Result<GgufFile> {
         let parsed = reader::parse(&path, &mmap)?;
-        let meta_index = parsed
-            .metadata
+        Ok(Self::from_parts(
+            path,
+            mmap,
+            Container::Gguf,
+            parsed.version,
+            parsed.metadata,
+            parsed.tensors,
+            parsed.alignment,
+            parsed.data_offset,
+        ))
+    }
+
+    /// A view over already-validated parts (every tensor range inside `mmap`).
+    pub(crate) fn from_parts(
+        path: PathBuf,
+        mmap: Mmap,
+        container: Container,
+        version: u32,
+        metadata: Vec<(String, MetaValue)>,
+        tensors: Vec<TensorInfo>,
+        alignment: u64,
+        data_offset: u64,
+    ) -> GgufFile {
+        let meta_index = metadata
             .iter()
             .enumerate()
             .map(|(i, (k, _))| (k.clone(), i))
             .collect();
-        let tensor_index = parsed
-            .tensors
+        let tensor_index = tensors
             .iter()
             .enumerate()
             .map(|(i, t)| (t.name.clone(), i))
             .collect();
-        Ok(GgufFile {
+        GgufFile {
             path,
             mmap,
-            version: parsed.version,
-            metadata: parsed.metadata,
+            container,
+            version,
+            metadata,
             meta_index,
-            tensors: parsed.tensors,
+            tensors,
             tensor_index,
-            alignment: parsed.alignment,
-            data_offset: parsed.data_offset,
-        })
+            alignment,
+            data_offset,
+        }
+    }
+
+    /// Which container the file is.
+    pub fn container(&self) -> Container {
+        self.container
     }
 
     pub fn path(&self) -> &Path {

@@ -21,26 +21,29 @@ pub(super) struct Parsed {
     pub data_offset: u64,
 }
 
-struct Cursor<'a> {
-    path: &'a Path,
-    buf: &'a [u8],
-    pos: usize,
+/// A bounds-checked reader over `buf`, which starts at byte `base` of the file (errors
+/// report file offsets). Shared with the `.mica` reader, whose sections use GGUF's encoding.
+pub(crate) struct Cursor<'a> {
+    pub path: &'a Path,
+    pub buf: &'a [u8],
+    pub pos: usize,
+    pub base: u64,
 }
 
 impl<'a> Cursor<'a> {
-    fn err(&self, offset: usize, msg: impl Into<String>) -> FormatError {
+    pub fn err(&self, offset: usize, msg: impl Into<String>) -> FormatError {
         FormatError::Parse {
             path: self.path.to_path_buf(),
-            offset: offset as u64,
+            offset: self.base + offset as u64,
             msg: msg.into(),
         }
     }
 
-    fn remaining(&self) -> usize {
+    pub fn remaining(&self) -> usize {
         self.buf.len() - self.pos
     }
 
-    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
+    pub fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
         if n > self.remaining() {
             return Err(self.err(
                 self.pos,
@@ -62,17 +65,17 @@ impl<'a> Cursor<'a> {
         Ok(a)
     }
 
-    fn u32(&mut self, what: &str) -> Result<u32> {
+    pub fn u32(&mut self, what: &str) -> Result<u32> {
         Ok(u32::from_le_bytes(self.array(what)?))
     }
 
-    fn u64(&mut self, what: &str) -> Result<u64> {
+    pub fn u64(&mut self, what: &str) -> Result<u64> {
         Ok(u64::from_le_bytes(self.array(what)?))
     }
 
     /// A count that must fit in what is left of the file, given a minimum encoded size per
     /// item. Rejects absurd counts before anything is allocated.
-    fn count(&mut self, what: &str, min_item_bytes: usize) -> Result<usize> {
+    pub fn count(&mut self, what: &str, min_item_bytes: usize) -> Result<usize> {
         let at = self.pos;
         let n = self.u64(what)?;
         let max = (self.remaining() / min_item_bytes.max(1)) as u64;
@@ -88,7 +91,7 @@ impl<'a> Cursor<'a> {
         Ok(n as usize)
     }
 
-    fn string(&mut self, what: &str) -> Result<String> {
+    pub fn string(&mut self, what: &str) -> Result<String> {
         let at = self.pos;
         let len = self.count(&format!("length of {what}"), 1)?;
         let bytes = self.take(len, what)?;
@@ -111,7 +114,7 @@ fn min_size(ty: u32) -> usize {
     }
 }
 
-fn read_value(c: &mut Cursor, ty: u32, key: &str, depth: u32) -> Result<MetaValue> {
+pub(crate) fn read_value(c: &mut Cursor, ty: u32, key: &str, depth: u32) -> Result<MetaValue> {
     let at = c.pos;
     Ok(match ty {
         type_id::U8 => MetaValue::U8(c.array::<1>(key)?[0]),
@@ -197,8 +200,32 @@ fn read_array(c: &mut Cursor, key: &str, depth: u32) -> Result<MetaArray> {
     })
 }
 
+/// Reads `count u64` then that many `key string, value_type u32, value` entries (the GGUF
+/// metadata encoding), refusing duplicate keys.
+pub(crate) fn read_kv_list(c: &mut Cursor) -> Result<Vec<(String, MetaValue)>> {
+    let n_kv = c.count("metadata count", 13)?;
+    let mut metadata = Vec::with_capacity(n_kv);
+    let mut keys = HashSet::with_capacity(n_kv);
+    for i in 0..n_kv {
+        let at = c.pos;
+        let key = c.string(&format!("key of metadata entry {i}"))?;
+        if !keys.insert(key.clone()) {
+            return Err(c.err(at, format!("duplicate metadata key '{key}'")));
+        }
+        let ty = c.u32(&format!("type of '{key}'"))?;
+        let value = read_value(c, ty, &key, 0)?;
+        metadata.push((key, value));
+    }
+    Ok(metadata)
+}
+
 pub(super) fn parse(path: &Path, buf: &[u8]) -> Result<Parsed> {
-    let mut c = Cursor { path, buf, pos: 0 };
+    let mut c = Cursor {
+        path,
+        buf,
+        pos: 0,
+        base: 0,
+    };
     let magic = c.take(4, "magic")?;
     if magic != GGUF_MAGIC {
         return Err(c.err(

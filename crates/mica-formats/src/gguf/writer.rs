@@ -101,7 +101,16 @@ impl<'a> GgufWriter<'a> {
     }
 }
 
-fn put_str(out: &mut Vec<u8>, s: &str) {
+/// Writes `count u64` then each `key, type, value` (the GGUF metadata encoding).
+pub(crate) fn put_kv_list(out: &mut Vec<u8>, entries: &[(String, MetaValue)]) {
+    out.extend_from_slice(&(entries.len() as u64).to_le_bytes());
+    for (k, v) in entries {
+        put_str(out, k);
+        put_value(out, v);
+    }
+}
+
+pub(crate) fn put_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(&(s.len() as u64).to_le_bytes());
     out.extend_from_slice(s.as_bytes());
 }
@@ -124,7 +133,7 @@ fn value_type(v: &MetaValue) -> u32 {
     }
 }
 
-fn put_value(out: &mut Vec<u8>, v: &MetaValue) {
+pub(crate) fn put_value(out: &mut Vec<u8>, v: &MetaValue) {
     out.extend_from_slice(&value_type(v).to_le_bytes());
     put_payload(out, v);
 }
