@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use clap::Args;
-use mica_formats::{GgufFile, MetaValue};
+use mica_formats::{Container, GgufFile, MetaValue, MicaFile};
 use mica_models::LoadedModel;
 use std::collections::BTreeMap;
 
@@ -24,13 +24,20 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
     let g = GgufFile::open(&file)?;
     println!("file:          {}", file.display());
     println!(
-        "format:        GGUF v{} ({} metadata keys, {} tensors, alignment {})",
+        "format:        {} v{} ({} metadata keys, {} tensors, alignment {})",
+        match g.container() {
+            Container::Gguf => "GGUF",
+            Container::Mica => ".mica",
+        },
         g.version(),
         g.metadata_entries().len(),
         g.tensors().len(),
         g.alignment()
     );
     println!("size:          {}", human_bytes(g.file_size()));
+    if g.container() == Container::Mica {
+        print_provenance(&args.file)?;
+    }
     let arch = g.get_str("general.architecture").unwrap_or("(none)");
     println!("architecture:  {arch}");
     if let Some(n) = g.get_str("general.name") {
@@ -124,6 +131,18 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
                 t.shape,
                 human_bytes(t.n_bytes)
             );
+        }
+    }
+    Ok(())
+}
+
+/// The provenance section of a `.mica` file (the per-tensor recipe summarized).
+fn print_provenance(path: &std::path::Path) -> Result<()> {
+    let m = MicaFile::open(path)?;
+    for (k, v) in m.provenance() {
+        match v {
+            MetaValue::Array(a) => println!("provenance:    {k} = [{} entries]", a.len()),
+            _ => println!("provenance:    {k} = {v}"),
         }
     }
     Ok(())

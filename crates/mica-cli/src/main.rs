@@ -3,11 +3,14 @@
 
 mod bench;
 mod chat;
+mod convert;
 mod download;
 mod inspect;
+mod perplexity;
 mod run;
 mod serve;
 mod store;
+mod verify;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -43,6 +46,12 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Serve models over HTTP (OpenAI- and Ollama-compatible APIs, continuous batching).
     Serve(serve::ServeArgs),
+    /// Convert a GGUF or .mica file to .mica or GGUF, optionally quantizing it.
+    Convert(convert::ConvertArgs),
+    /// Check every tensor of a .mica file against its checksum.
+    Verify(verify::VerifyArgs),
+    /// Perplexity of a model over a text file (as llama.cpp's llama-perplexity).
+    Perplexity(perplexity::PerplexityArgs),
 }
 
 fn main() -> ExitCode {
@@ -56,6 +65,9 @@ fn main() -> ExitCode {
         Command::Inspect(args) => inspect::inspect(args),
         Command::Bench(args) => bench::bench(args),
         Command::Serve(args) => serve::serve(args),
+        Command::Convert(args) => convert::convert(args),
+        Command::Verify(args) => verify::verify(args),
+        Command::Perplexity(args) => perplexity::perplexity(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -13,6 +13,6 @@ pub mod tensor;
 
 pub use error::{FormatError, Result};
 pub use gguf::{Container, GgufFile, GgufStreamWriter, GgufWriter, MetaArray, MetaValue};
-pub use mica::{MicaFile, MicaWriter};
+pub use mica::{MICA_MAGIC, MicaFile, MicaWriter};
 pub use sink::TensorSink;
 pub use tensor::TensorInfo;

@@ -142,6 +142,13 @@ impl MicaFile {
             cause,
         };
         let file = std::fs::File::open(&path).map_err(io)?;
+        if file.metadata().map_err(io)?.len() == 0 {
+            return Err(FormatError::Parse {
+                path,
+                offset: 0,
+                msg: "file is truncated: it is empty".into(),
+            });
+        }
         // SAFETY: read-only private map; see `GgufFile::open`.
         let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
         Self::from_mmap(path, mmap)

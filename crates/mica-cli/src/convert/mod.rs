@@ -1,0 +1,434 @@
+//! `mica convert`: GGUF or `.mica` in, `.mica` or GGUF out, optionally quantized.
+//!
+//! Tensors stream one at a time, in chunks of rows: each chunk is dequantized to f32 (when
+//! its type changes), quantized with the reference quantizers of `mica-kernels` on every
+//! core, and handed to the writer, so memory stays at a few chunks whatever the model size
+//! (the source is memory-mapped; its pages are the kernel's to evict). The writer builds
+//! the file under a temporary name and renames it only when complete.
+
+mod rules;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use mica_formats::ggml_types::GgmlType;
+use mica_formats::gguf::TensorDecl;
+use mica_formats::{
+    Container, GgufFile, GgufStreamWriter, MetaArray, MetaValue, MicaFile, MicaWriter, TensorInfo,
+    TensorSink,
+};
+use mica_kernels::DType;
+use mica_kernels::quant::{dequantize_row, quantize_row};
+use rules::{FileType, ModelShape, TensorDesc};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(Args, Debug)]
+pub struct ConvertArgs {
+    /// Source: a GGUF file or a `.mica` file.
+    pub src: PathBuf,
+    /// Output file: `.mica` or `.gguf` (chosen by the extension).
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Target type (f32, f16, bf16, q8_0, q6_k, q5_k, q4_k, q3_k, q2_k, q5_0, q5_1, q4_0,
+    /// q4_1, and the _s/_m/_l mixes). Without it every tensor keeps its type.
+    #[arg(long = "type", value_name = "TYPE")]
+    pub ty: Option<String>,
+    /// Threads for quantization (default: all cores).
+    #[arg(short, long)]
+    pub threads: Option<usize>,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// Elements per chunk (rows are grouped up to this many): 16 Mi f32 = 64 MiB.
+const CHUNK_ELEMS: usize = 16 << 20;
+
+/// The output container.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum OutFormat {
+    Mica,
+    Gguf,
+}
+
+/// Refuses what cannot (or must not) be read, with the reason.
+fn check_source(src: &Path) -> Result<()> {
+    let ext = src
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    if matches!(
+        ext.as_str(),
+        "bin" | "pt" | "pth" | "ckpt" | "pkl" | "pickle"
+    ) {
+        bail!(
+            "{}: PyTorch pickle checkpoints are not read: unpickling can execute arbitrary code \
+             embedded in the file. Use the model's safetensors weights instead \
+             (model.safetensors), which hold only tensors",
+            src.display()
+        );
+    }
+    if src.is_dir() {
+        let has_st = std::fs::read_dir(src)
+            .map(|d| {
+                d.flatten()
+                    .any(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+            })
+            .unwrap_or(false);
+        if has_st {
+            bail!(
+                "{}: Hugging Face folders (config.json + safetensors) are not readable yet: \
+                 converting them needs the safetensors reader and the config.json mapping of \
+                 the model-families work, which has not landed in this build. Convert the \
+                 folder to GGUF first (llama.cpp's convert_hf_to_gguf.py), then run mica convert",
+                src.display()
+            );
+        }
+        bail!(
+            "{}: is a directory without safetensors weights; give a .gguf or .mica file",
+            src.display()
+        );
+    }
+    Ok(())
+}
+
+fn out_format(out: &Path) -> Result<OutFormat> {
+    match out
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase())
+        .as_deref()
+    {
+        Some("mica") => Ok(OutFormat::Mica),
+        Some("gguf") => Ok(OutFormat::Gguf),
+        _ => bail!(
+            "{}: the output must end in .mica or .gguf (that chooses the format)",
+            out.display()
+        ),
+    }
+}
+
+/// The plan: each tensor's source and target type.
+struct Planned<'a> {
+    info: &'a TensorInfo,
+    target: GgmlType,
+}
+
+fn plan<'a>(src: &'a GgufFile, ft: Option<FileType>) -> Result<Vec<Planned<'a>>> {
+    let arch = src.get_str("general.architecture").unwrap_or("");
+    let key = |k: &str| format!("{arch}.{k}");
+    let n_head = src.get_u64(&key("attention.head_count")).unwrap_or(1);
+    let n_head_kv = src
+        .get_u64(&key("attention.head_count_kv"))
+        .unwrap_or(n_head);
+    let shape = ModelShape {
+        n_layer: src.get_u64(&key("block_count")).unwrap_or(0) as usize,
+        n_gqa: (n_head / n_head_kv.max(1)) as usize,
+        tied_embeddings: src.tensor("output.weight").is_none(),
+    };
+    let mut out = Vec::with_capacity(src.tensors().len());
+    for t in src.tensors() {
+        let target = match ft {
+            None => t.ggml_type,
+            Some(ft) => {
+                let desc = TensorDesc {
+                    name: &t.name,
+                    shape: &t.shape,
+                };
+                if !rules::allows_quantization(&desc) {
+                    t.ggml_type
+                } else {
+                    let source = t.dtype().with_context(|| {
+                        format!(
+                            "tensor '{}' has type {}, which mica cannot convert",
+                            t.name,
+                            t.ggml_type.name()
+                        )
+                    })?;
+                    GgmlType(rules::tensor_type(ft, &shape, &desc, source).ggml_id())
+                }
+            }
+        };
+        out.push(Planned { info: t, target });
+    }
+    Ok(out)
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The output metadata: the source's, with the file type updated.
+fn out_metadata(src: &GgufFile, ft: Option<FileType>, any_quant: bool) -> Vec<(String, MetaValue)> {
+    let mut md: Vec<(String, MetaValue)> = src.metadata_entries().to_vec();
+    if let Some(ft) = ft {
+        set_key(&mut md, "general.file_type", MetaValue::U32(ft.ftype_id()));
+        if any_quant {
+            set_key(&mut md, "general.quantization_version", MetaValue::U32(2));
+        }
+    }
+    md
+}
+
+fn set_key(md: &mut Vec<(String, MetaValue)>, key: &str, v: MetaValue) {
+    match md.iter_mut().find(|(k, _)| k == key) {
+        Some(e) => e.1 = v,
+        None => md.push((key.to_string(), v)),
+    }
+}
+
+fn provenance(
+    args: &ConvertArgs,
+    src: &GgufFile,
+    ft: Option<FileType>,
+    requantized: bool,
+    planned: &[Planned],
+) -> Vec<(String, MetaValue)> {
+    let s = |v: &str| MetaValue::String(v.to_string());
+    let mut p = vec![
+        (
+            "mica.converter".to_string(),
+            s(&format!("mica {}", env!("CARGO_PKG_VERSION"))),
+        ),
+        ("mica.created_unix".into(), MetaValue::U64(now_unix())),
+        (
+            "mica.source.file".into(),
+            s(&args
+                .src
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()),
+        ),
+        (
+            "mica.source.format".into(),
+            s(match src.container() {
+                Container::Gguf => "gguf",
+                Container::Mica => "mica",
+            }),
+        ),
+        ("mica.source.bytes".into(), MetaValue::U64(src.file_size())),
+        (
+            "mica.recipe.type".into(),
+            s(ft.map(FileType::name).unwrap_or("copy")),
+        ),
+        ("mica.recipe.quantizer".into(), s("reference (no imatrix)")),
+        (
+            "mica.recipe.requantized".into(),
+            MetaValue::Bool(requantized),
+        ),
+        (
+            "mica.recipe.tensor_types".into(),
+            MetaValue::Array(MetaArray::String(
+                planned
+                    .iter()
+                    .map(|p| format!("{}={}", p.info.name, p.target.name()))
+                    .collect(),
+            )),
+        ),
+    ];
+    if let Some(ft) = src.get_u64("general.file_type") {
+        p.push(("mica.source.file_type".into(), MetaValue::U64(ft)));
+    }
+    p
+}
+
+pub fn convert(args: ConvertArgs) -> Result<()> {
+    check_source(&args.src)?;
+    let fmt = out_format(&args.output)?;
+    let ft = match &args.ty {
+        None => None,
+        Some(t) => Some(
+            FileType::parse(t)
+                .with_context(|| format!("unknown type '{t}' (one of: {})", FileType::names()))?,
+        ),
+    };
+    if args.output.exists() && same_file(&args.src, &args.output) {
+        bail!("the output would overwrite the source");
+    }
+    let src = GgufFile::open(&args.src)?;
+    let planned = plan(&src, ft)?;
+    let requant: Vec<&Planned> = planned
+        .iter()
+        .filter(|p| p.target != p.info.ggml_type && is_quantized(p.info.ggml_type))
+        .collect();
+    if !requant.is_empty() {
+        eprintln!(
+            "warning: requantizing {} tensors that are already quantized (e.g. '{}' is {}): \
+             errors compound; convert from an F32/F16/BF16 source for the best quality",
+            requant.len(),
+            requant[0].info.name,
+            requant[0].info.ggml_type.name()
+        );
+    }
+    let any_quant = planned.iter().any(|p| is_quantized(p.target));
+    let md = out_metadata(&src, ft, any_quant);
+    let mut sink: Box<dyn TensorSink> = match fmt {
+        OutFormat::Mica => {
+            let prov = provenance(&args, &src, ft, !requant.is_empty(), &planned);
+            Box::new(MicaWriter::create(&args.output, &md, &prov)?)
+        }
+        OutFormat::Gguf => {
+            let decls = planned
+                .iter()
+                .map(|p| TensorDecl {
+                    name: p.info.name.clone(),
+                    ggml_type: p.target,
+                    shape: p.info.shape.clone(),
+                })
+                .collect();
+            Box::new(GgufStreamWriter::create(&args.output, &md, decls)?)
+        }
+    };
+    let total: u64 = planned
+        .iter()
+        .map(|p| p.target.n_bytes(&p.info.shape).unwrap_or(0))
+        .sum();
+    let bar = progress(total, args.quiet);
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
+    let t0 = Instant::now();
+    let mut done = 0u64;
+    for p in &planned {
+        bar.set_message(p.info.name.clone());
+        sink.begin_tensor(&p.info.name, p.target, &p.info.shape)?;
+        write_tensor(&src, p, sink.as_mut(), threads, &mut |n| {
+            done += n;
+            bar.set_position(done);
+        })?;
+        sink.end_tensor()?;
+    }
+    let written = sink.bytes_written();
+    sink.finish()?;
+    bar.finish_and_clear();
+    let secs = t0.elapsed().as_secs_f64();
+    let changed = planned
+        .iter()
+        .filter(|p| p.target != p.info.ggml_type)
+        .count();
+    eprintln!(
+        "wrote {} ({:.1} MiB, {} tensors, {} converted) in {:.2} s: {:.1} MB/s of output, \
+         {:.1} MB/s of source",
+        args.output.display(),
+        written as f64 / (1 << 20) as f64,
+        planned.len(),
+        changed,
+        secs,
+        written as f64 / 1e6 / secs,
+        src.file_size() as f64 / 1e6 / secs
+    );
+    Ok(())
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
+fn is_quantized(t: GgmlType) -> bool {
+    !matches!(t.dtype(), Some(DType::F32 | DType::F16 | DType::BF16))
+}
+
+fn progress(total: u64, quiet: bool) -> ProgressBar {
+    if quiet {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar
+}
+
+/// Streams one tensor into the sink: raw bytes when the type is unchanged, else chunks of
+/// rows converted through f32.
+fn write_tensor(
+    src: &GgufFile,
+    p: &Planned,
+    sink: &mut dyn TensorSink,
+    threads: usize,
+    on_bytes: &mut dyn FnMut(u64),
+) -> Result<()> {
+    let data = src.tensor_data(p.info);
+    if p.target == p.info.ggml_type {
+        for chunk in data.chunks(8 << 20) {
+            sink.write_data(chunk)?;
+            on_bytes(chunk.len() as u64);
+        }
+        return Ok(());
+    }
+    let name = &p.info.name;
+    let from = p
+        .info
+        .dtype()
+        .with_context(|| format!("tensor '{name}': mica cannot read its type"))?;
+    let to = p
+        .target
+        .dtype()
+        .with_context(|| format!("tensor '{name}': mica cannot write its target type"))?;
+    let row_len = p.info.row_len() as usize;
+    let n_rows = p.info.n_rows() as usize;
+    let (Some(in_row), Some(out_row)) = (from.row_bytes(row_len), to.row_bytes(row_len)) else {
+        bail!("tensor '{name}': row length {row_len} does not fit {from} or {to}");
+    };
+    let rows_per_chunk = (CHUNK_ELEMS / row_len.max(1)).max(1);
+    let mut out = vec![0u8; rows_per_chunk.min(n_rows) * out_row];
+    for r0 in (0..n_rows).step_by(rows_per_chunk) {
+        let nr = rows_per_chunk.min(n_rows - r0);
+        let src_bytes = &data[r0 * in_row..(r0 + nr) * in_row];
+        let dst = &mut out[..nr * out_row];
+        convert_rows(
+            from,
+            to,
+            row_len,
+            (in_row, out_row),
+            src_bytes,
+            dst,
+            threads,
+        );
+        sink.write_data(dst)?;
+        on_bytes(dst.len() as u64);
+    }
+    Ok(())
+}
+
+/// Converts whole rows `src` (type `from`, `in_row` bytes each) into `dst` (type `to`,
+/// `out_row` bytes each) on `threads` threads.
+fn convert_rows(
+    from: DType,
+    to: DType,
+    row_len: usize,
+    (in_row, out_row): (usize, usize),
+    src: &[u8],
+    dst: &mut [u8],
+    threads: usize,
+) {
+    let n_rows = dst.len() / out_row;
+    let per = n_rows.div_ceil(threads.max(1)).max(1);
+    std::thread::scope(|s| {
+        for (i, d) in dst.chunks_mut(per * out_row).enumerate() {
+            let sr = &src[i * per * in_row..];
+            s.spawn(move || {
+                let mut f = vec![0f32; row_len];
+                for (j, drow) in d.chunks_mut(out_row).enumerate() {
+                    dequantize_row(from, &sr[j * in_row..(j + 1) * in_row], &mut f);
+                    quantize_row(to, &f, drow);
+                }
+            });
+        }
+    });
+}
+
+/// For `mica inspect`: the provenance of a `.mica` file, if it is one.
+pub fn mica_provenance(path: &Path) -> Option<Vec<(String, MetaValue)>> {
+    MicaFile::open(path).ok().map(|m| m.provenance().to_vec())
+}
