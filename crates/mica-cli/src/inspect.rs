@@ -36,7 +36,7 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
     );
     println!("size:          {}", human_bytes(g.file_size()));
     if g.container() == Container::Mica {
-        print_provenance(&args.file)?;
+        print_provenance(&file)?;
     }
     let arch = g.get_str("general.architecture").unwrap_or("(none)");
     println!("architecture:  {arch}");

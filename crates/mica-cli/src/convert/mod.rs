@@ -14,8 +14,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use mica_formats::ggml_types::GgmlType;
 use mica_formats::gguf::TensorDecl;
 use mica_formats::{
-    Container, GgufFile, GgufStreamWriter, MetaArray, MetaValue, MicaFile, MicaWriter, TensorInfo,
-    TensorSink,
+    Container, GgufFile, GgufStreamWriter, MetaArray, MetaValue, MicaWriter, TensorInfo, TensorSink,
 };
 use mica_kernels::DType;
 use mica_kernels::quant::{dequantize_row, quantize_row};
@@ -426,9 +425,4 @@ fn convert_rows(
             });
         }
     });
-}
-
-/// For `mica inspect`: the provenance of a `.mica` file, if it is one.
-pub fn mica_provenance(path: &Path) -> Option<Vec<(String, MetaValue)>> {
-    MicaFile::open(path).ok().map(|m| m.provenance().to_vec())
 }

@@ -51,6 +51,8 @@ pub struct MicaWriter {
     current: Option<Current>,
     /// Bytes written so far (the file position).
     pos: u64,
+    /// Set by the first failed call: such a file is never finished.
+    poisoned: bool,
 }
 
 impl MicaWriter {
@@ -90,6 +92,7 @@ impl MicaWriter {
             dir: Vec::new(),
             current: None,
             pos: hsize,
+            poisoned: false,
         };
         let provenance = provenance.to_vec();
         for (kind, entries) in KV_SECTIONS
@@ -168,8 +171,8 @@ impl MicaWriter {
     }
 }
 
-impl TensorSink for MicaWriter {
-    fn begin_tensor(&mut self, name: &str, ggml_type: GgmlType, shape: &[u64]) -> Result<()> {
+impl MicaWriter {
+    fn begin_inner(&mut self, name: &str, ggml_type: GgmlType, shape: &[u64]) -> Result<()> {
         if let Some(c) = &self.current {
             return Err(self.err(&c.entry.name, "was not ended before the next tensor".into()));
         }
@@ -202,7 +205,7 @@ impl TensorSink for MicaWriter {
         Ok(())
     }
 
-    fn write_data(&mut self, bytes: &[u8]) -> Result<()> {
+    fn write_inner(&mut self, bytes: &[u8]) -> Result<()> {
         let Some(c) = self.current.as_mut() else {
             return Err(self.err("?", "data written outside a tensor".into()));
         };
@@ -217,7 +220,7 @@ impl TensorSink for MicaWriter {
         Ok(())
     }
 
-    fn end_tensor(&mut self) -> Result<()> {
+    fn end_inner(&mut self) -> Result<()> {
         match self.current.take() {
             Some(c) if c.left == 0 => {
                 self.dir.push(c.entry);
@@ -234,7 +237,38 @@ impl TensorSink for MicaWriter {
         }
     }
 
+    /// Records a failure so that the file cannot be finished.
+    fn poison<T>(&mut self, r: Result<T>) -> Result<T> {
+        if r.is_err() {
+            self.poisoned = true;
+        }
+        r
+    }
+}
+
+impl TensorSink for MicaWriter {
+    fn begin_tensor(&mut self, name: &str, ggml_type: GgmlType, shape: &[u64]) -> Result<()> {
+        let r = self.begin_inner(name, ggml_type, shape);
+        self.poison(r)
+    }
+
+    fn write_data(&mut self, bytes: &[u8]) -> Result<()> {
+        let r = self.write_inner(bytes);
+        self.poison(r)
+    }
+
+    fn end_tensor(&mut self) -> Result<()> {
+        let r = self.end_inner();
+        self.poison(r)
+    }
+
     fn finish(mut self: Box<Self>) -> Result<()> {
+        if self.poisoned {
+            return Err(FormatError::Io {
+                path: self.file.target().to_path_buf(),
+                cause: std::io::Error::other("an earlier write failed; the file was not finished"),
+            });
+        }
         if let Some(c) = &self.current {
             return Err(self.err(&c.entry.name, "the file was finished mid-tensor".into()));
         }
