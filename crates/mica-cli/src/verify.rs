@@ -20,7 +20,7 @@ pub struct VerifyArgs {
     pub quiet: bool,
 }
 
-fn is_mica(path: &PathBuf) -> bool {
+fn is_mica(path: &std::path::Path) -> bool {
     let mut magic = [0u8; 8];
     std::fs::File::open(path)
         .and_then(|mut f| f.read_exact(&mut magic))

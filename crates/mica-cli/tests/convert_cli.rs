@@ -210,3 +210,31 @@ fn bad_sources_are_refused_with_a_reason() {
     assert!(!ok && err.contains("unknown type"), "{err}");
     assert!(!out.exists());
 }
+
+#[test]
+fn killed_conversion_leaves_nothing_at_the_target() {
+    let src = model_path(SMOLLM);
+    let dir = scratch("kill");
+    let out = dir.join("smol-q4_k.mica");
+    // Q4_K on one thread takes seconds: kill it well before the end.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mica"))
+        .args(["convert", src.to_str().unwrap(), "-o"])
+        .arg(&out)
+        .args(["--type", "q4_k", "-t", "1", "--quiet"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the conversion finished before it could be killed; the test needs a slower case"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!out.exists(), "a killed conversion left a file at the target");
+    // What is left is the temporary file, named as such.
+    for e in std::fs::read_dir(&dir).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        assert!(name.contains(".partial-"), "unexpected file {name}");
+    }
+}

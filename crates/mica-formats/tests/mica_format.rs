@@ -48,7 +48,7 @@ fn tensors() -> Vec<(&'static str, GgmlType, Vec<u64>, Vec<u8>)> {
     ]
 }
 
-fn write_sample(path: &PathBuf) {
+fn write_sample(path: &std::path::Path) {
     let prov = vec![(
         "mica.converter".to_string(),
         MetaValue::String("test".into()),
@@ -128,7 +128,7 @@ fn mica_to_gguf_streaming_round_trip() {
     }
 }
 
-fn open_err(p: &PathBuf) -> String {
+fn open_err(p: &std::path::Path) -> String {
     match MicaFile::open(p) {
         Ok(_) => panic!("{}: expected an error", p.display()),
         Err(e) => {

@@ -214,7 +214,7 @@ pub fn tensor_type(ft: FileType, m: &ModelShape, t: &TensorDesc, source: DType) 
     let nx = t.shape[0] as usize;
     let layer = layer_of(t.name).unwrap_or(0);
     if cat == Category::Output || (m.tied_embeddings && cat == Category::TokenEmbd) {
-        if nx % ty.block_size() != 0 {
+        if !nx.is_multiple_of(ty.block_size()) {
             ty = DType::Q8_0;
         } else if ty != DType::Q8_0 {
             ty = DType::Q6_K;
@@ -254,7 +254,7 @@ pub fn tensor_type(ft: FileType, m: &ModelShape, t: &TensorDesc, source: DType) 
 
 /// llama.cpp's `tensor_type_fallback`: a type whose block divides the row length.
 pub fn fallback(ty: DType, nx: usize) -> DType {
-    if nx % ty.block_size() == 0 {
+    if nx.is_multiple_of(ty.block_size()) {
         return ty;
     }
     let alt = match ty {
@@ -264,7 +264,7 @@ pub fn fallback(ty: DType, nx: usize) -> DType {
         DType::Q6_K => DType::Q8_0,
         other => other,
     };
-    if nx % alt.block_size() == 0 {
+    if nx.is_multiple_of(alt.block_size()) {
         alt
     } else {
         DType::F16
