@@ -231,7 +231,7 @@ pub(super) fn parse(path: &Path, buf: &[u8]) -> Result<Parsed> {
         return Err(c.err(
             0,
             format!(
-                "not a GGUF file: magic is {:?} ({}), expected \"GGUF\"",
+                "not a GGUF file: magic is {:?} ({}), expected \"GGUF\" (or a .mica file's \"\\x89MICA\\r\\n\\x1a\")",
                 String::from_utf8_lossy(magic),
                 hex(magic)
             ),
