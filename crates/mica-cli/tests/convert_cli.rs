@@ -238,3 +238,50 @@ fn killed_conversion_leaves_nothing_at_the_target() {
         assert!(name.contains(".partial-"), "unexpected file {name}");
     }
 }
+
+#[test]
+fn perplexity_is_the_same_for_gguf_and_mica_and_near_llama_cpp() {
+    let src = model_path(SMOLLM);
+    let dir = scratch("ppl");
+    let m = dir.join("smol.mica");
+    convert(&src, &m, &[]);
+    let text = workspace().join("fixtures/text/GPL-3");
+    let ppl = |model: &Path| -> f64 {
+        let (ok, out, err) = mica(&[
+            "perplexity",
+            "-m",
+            model.to_str().unwrap(),
+            "-f",
+            text.to_str().unwrap(),
+            "-c",
+            "256",
+            "--chunks",
+            "3",
+            "-t",
+            "2",
+            "--quiet",
+        ]);
+        assert!(ok, "{err}");
+        let line = out.lines().find(|l| l.starts_with("PPL = ")).unwrap();
+        assert!(line.contains(" ± "), "{line}");
+        line[6..].split(' ').next().unwrap().parse().unwrap()
+    };
+    let a = ppl(&src);
+    assert_eq!(a, ppl(&m));
+    // llama.cpp's running figure after 3 windows of 256 on this text is 19.7654
+    // (bench/llama_cpp_perplexity.py); allow 1%.
+    assert!((a / 19.7654 - 1.0).abs() < 0.01, "PPL {a}");
+    // Too short a text for the window: a clear error.
+    let short = dir.join("short.txt");
+    std::fs::write(&short, "just a few words").unwrap();
+    let (ok, _, err) = mica(&[
+        "perplexity",
+        "-m",
+        src.to_str().unwrap(),
+        "-f",
+        short.to_str().unwrap(),
+        "-c",
+        "256",
+    ]);
+    assert!(!ok && err.contains("needs at least 512"), "{err}");
+}
