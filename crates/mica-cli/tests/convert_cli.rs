@@ -231,7 +231,10 @@ fn killed_conversion_leaves_nothing_at_the_target() {
     );
     child.kill().unwrap();
     child.wait().unwrap();
-    assert!(!out.exists(), "a killed conversion left a file at the target");
+    assert!(
+        !out.exists(),
+        "a killed conversion left a file at the target"
+    );
     // What is left is the temporary file, named as such.
     for e in std::fs::read_dir(&dir).unwrap().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
