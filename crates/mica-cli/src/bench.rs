@@ -144,17 +144,25 @@ struct ModelInfo {
 
 impl ModelInfo {
     fn of(path: &std::path::Path, lm: &LoadedModel) -> ModelInfo {
-        let g = &lm.model.file;
-        let size = g.tensors().iter().map(|t| t.n_bytes).sum();
-        let n_params: u64 = g.tensors().iter().map(|t| t.n_elements()).sum();
+        // A GGUF file describes itself; a Hugging Face folder is summed from the model.
+        let (size, n_params, ftype) = match &lm.model.file {
+            Some(g) => (
+                g.tensors().iter().map(|t| t.n_bytes).sum(),
+                g.tensors().iter().map(|t| t.n_elements()).sum(),
+                g.get_u32("general.file_type")
+                    .map_or_else(|| "unknown file type".to_string(), ftype_name),
+            ),
+            None => (
+                lm.model.weight_bytes() as u64,
+                lm.model.n_params() as u64,
+                "safetensors".to_string(),
+            ),
+        };
         let label = if n_params < 1_000_000_000 {
             format!("{:.0}M", n_params as f64 / 1e6)
         } else {
             format!("{:.1}B", n_params as f64 / 1e9)
         };
-        let ftype = g
-            .get_u32("general.file_type")
-            .map_or_else(|| "unknown file type".to_string(), ftype_name);
         ModelInfo {
             filename: path.display().to_string(),
             desc: format!("{} {label} {ftype}", lm.model.config.arch),

@@ -1,14 +1,23 @@
 //! Agreement with llama.cpp on real models, case by case (fixtures/golden/*.json, copied
-//! from llama.cpp 0c1e57098's greedy runs).
+//! from llama.cpp 0c1e57098's greedy runs): SmolLM2 (llama), Qwen2.5 (qwen2) and Gemma 3
+//! (gemma3; its file has no chat template, so its chat cases use the ChatML fallback, as
+//! llama.cpp did).
+//!
+//! Gemma 3 has two references. The llama-server run of `../shared/golden` and a native build
+//! of the same llama.cpp commit (llama-cpp-python, `fixtures/golden/llama_cpp_python_ref.py`)
+//! disagree with each other on Gemma by ~0.08 nats per top-5 log-prob, and their greedy texts
+//! fork on three of five cases at margins up to 0.18 nats; mica agrees with the native build
+//! bit for bit. So mica is held to the native build by the strict rules below, and to the
+//! llama-server file by the same rules with [`GEMMA_SERVER_NEAR_TIE`], the gap the two
+//! llama.cpp builds show between themselves.
 //!
 //! Two correct engines can disagree where the top two tokens are nearly tied, because they
 //! round differently (llama.cpp quantizes activations to 8 bits and keeps the KV cache in
 //! f16; so does mica, but summation orders differ). So, per case:
 //! - the prompt tokenizes (or the chat renders and tokenizes) to llama.cpp's ids;
-//! - *teacher-forced*: prompt + llama.cpp's output in one batch; at every position
-//!   llama.cpp's next token is mica's top choice or within [`NEAR_TIE`] nats of it (the
-//!   batch uses the attention arithmetic llama.cpp used for those positions, see
-//!   `AttentionPolicy::Vector`);
+//! - *teacher-forced*: the prompt, then llama.cpp's output one token at a time (as llama.cpp
+//!   computed them); at every position llama.cpp's next token is mica's top choice or within
+//!   [`NEAR_TIE`] nats of it;
 //! - *free-running*: mica's greedy tokens equal llama.cpp's, unless the first difference is
 //!   a near-tie (its margin is printed);
 //! - the top-5 log-probs at the first 8 positions differ by at most [`MAX_MEAN_LOGPROB_DIFF`]
@@ -28,6 +37,9 @@ use serde_json::Value;
 const NEAR_TIE: f32 = 0.1;
 /// Largest mean |Δ log-prob| over the golden top-5 entries of the first 8 positions.
 const MAX_MEAN_LOGPROB_DIFF: f64 = 0.1;
+/// Near-tie allowance against Gemma 3's llama-server golden (see the module docs): the
+/// native llama.cpp build's own tokens are up to 0.18 nats below the server's choice.
+const GEMMA_SERVER_NEAR_TIE: f32 = 0.2;
 
 struct Case {
     id: String,
@@ -36,9 +48,10 @@ struct Case {
     top: Vec<Value>,
 }
 
-/// Loads the cases and checks each prompt tokenizes to llama.cpp's ids.
-fn cases(lm: &LoadedModel, model: &str) -> Vec<Case> {
-    let fx = fixture(&format!("golden/{model}.json"));
+/// Loads the cases of `golden/{file}.json` and checks each prompt tokenizes to llama.cpp's
+/// ids.
+fn cases(lm: &LoadedModel, model: &str, file: &str) -> Vec<Case> {
+    let fx = fixture(&format!("golden/{file}.json"));
     let mut out = Vec::new();
     for c in fx["cases"].as_array().unwrap() {
         let id = c["id"].as_str().unwrap().to_string();
@@ -83,11 +96,12 @@ fn margin(logits: &[f32], want: u32) -> f32 {
     logits[best as usize] - logits[want as usize]
 }
 
-fn teacher_forced(lm: &LoadedModel, model: &str, case: &Case) {
+fn teacher_forced(lm: &LoadedModel, model: &str, case: &Case, near_tie: f32) {
     let mut s = Session::new(lm, 2048, threads());
-    // llama.cpp produced every reference position while decoding (prompts are under 64
-    // tokens, then one token at a time), i.e. with its vector attention path; give the one
-    // batch the same attention arithmetic so positions are compared like for like.
+    // llama.cpp produced every reference position while decoding: the prompt in one batch
+    // (under 64 tokens: its vector attention path), then one token at a time. Feeding its
+    // tokens the same way gives mica the same arithmetic at every position (a single
+    // batch would take the batched matmul paths, whose rounding differs).
     s.set_attention_policy(AttentionPolicy::Vector);
     let all: Vec<u32> = case
         .prompt_ids
@@ -95,26 +109,27 @@ fn teacher_forced(lm: &LoadedModel, model: &str, case: &Case) {
         .chain(&case.output_ids)
         .copied()
         .collect();
-    let logits = s.eval(&all[..all.len() - 1], true).unwrap();
-    let v = lm.model.config.n_vocab;
+    let mut logits = s.eval(&case.prompt_ids, false).unwrap().to_vec();
     let (mut flips, mut worst) = (0, 0f32);
     for i in case.prompt_ids.len() - 1..all.len() - 1 {
-        let row = &logits[i * v..(i + 1) * v];
-        let m = margin(row, all[i + 1]);
+        let m = margin(&logits, all[i + 1]);
         if m > 0.0 {
             flips += 1;
             worst = worst.max(m);
         }
         assert!(
-            m <= NEAR_TIE,
+            m <= near_tie,
             "{model}/{}: teacher-forced position {} (output token {}): llama.cpp's token {} is \
              {m:.3} nats below mica's {} — not a near-tie",
             case.id,
             i,
             i + 1 - case.prompt_ids.len(),
             all[i + 1],
-            argmax(row)
+            argmax(&logits)
         );
+        if i + 2 < all.len() {
+            logits = s.eval(&[all[i + 1]], false).unwrap().to_vec();
+        }
     }
     println!(
         "{model}/{}: teacher-forced {} positions, {flips} near-tie flips (largest {worst:.3} nats)",
@@ -124,7 +139,7 @@ fn teacher_forced(lm: &LoadedModel, model: &str, case: &Case) {
 }
 
 /// Greedy decoding step by step, keeping the logits of each step.
-fn free_running(lm: &LoadedModel, model: &str, case: &Case) -> f64 {
+fn free_running(lm: &LoadedModel, model: &str, case: &Case, near_tie: f32) -> f64 {
     let mut s = Session::new(lm, 2048, threads());
     let mut logits = s.eval(&case.prompt_ids, false).unwrap();
     let mut diffs = Vec::new();
@@ -142,7 +157,7 @@ fn free_running(lm: &LoadedModel, model: &str, case: &Case) -> f64 {
         if got != want {
             let m = margin(&logits, want);
             assert!(
-                m <= NEAR_TIE,
+                m <= near_tie,
                 "{model}/{}: greedy output differs at token {step}: mica {got}, llama.cpp {want}, \
                  margin {m:.3} nats — not a near-tie",
                 case.id
@@ -176,15 +191,20 @@ fn free_running(lm: &LoadedModel, model: &str, case: &Case) -> f64 {
 
 fn check_model(model: &str) {
     let lm = LoadedModel::open(model_path(model)).unwrap();
-    let cases = cases(&lm, model);
+    check_fixture(&lm, model, model, NEAR_TIE);
+}
+
+/// Every case of `golden/{file}.json`, with `near_tie` as the tie allowance.
+fn check_fixture(lm: &LoadedModel, model: &str, file: &str, near_tie: f32) {
+    let cases = cases(lm, model, file);
     assert_eq!(cases.len(), 5, "fixture cases");
     let mut all_diffs = Vec::new();
     for case in &cases {
-        teacher_forced(&lm, model, case);
-        all_diffs.push(free_running(&lm, model, case));
+        teacher_forced(lm, model, case, near_tie);
+        all_diffs.push(free_running(lm, model, case, near_tie));
     }
     let mean = all_diffs.iter().sum::<f64>() / all_diffs.len() as f64;
-    println!("{model}: mean top-5 log-prob difference over all cases {mean:.4} nats");
+    println!("{file}: mean top-5 log-prob difference over all cases {mean:.4} nats");
     for (case, d) in cases.iter().zip(&all_diffs) {
         assert!(
             *d <= MAX_MEAN_LOGPROB_DIFF,
@@ -202,4 +222,17 @@ fn smollm2_agrees_with_llama_cpp() {
 #[test]
 fn qwen2_agrees_with_llama_cpp() {
     check_model(QWEN);
+}
+
+#[test]
+fn gemma3_agrees_with_llama_cpp() {
+    let lm = LoadedModel::open(model_path(GEMMA)).unwrap();
+    assert!(
+        lm.template.is_fallback(),
+        "the Gemma 3 file has no chat template: the ChatML fallback is expected"
+    );
+    // Token for token with the native llama.cpp build...
+    check_fixture(&lm, GEMMA, &format!("{GEMMA}.llama-cpp-python"), NEAR_TIE);
+    // ...and within that build's own distance of the llama-server golden.
+    check_fixture(&lm, GEMMA, GEMMA, GEMMA_SERVER_NEAR_TIE);
 }

@@ -1,5 +1,5 @@
-//! mica-formats: reading and writing model files. GGUF and mica's own `.mica` format
-//! (`docs/format.md`), each parsed
+//! mica-formats: reading and writing model files. GGUF, safetensors (Hugging Face
+//! checkpoints) and mica's own `.mica` format (`docs/format.md`), each parsed
 //! and validated up front, with tensor data left in a read-only memory map and handed out as
 //! zero-copy byte slices described by one [`TensorInfo`] type.
 
@@ -8,11 +8,13 @@ pub mod error;
 pub mod ggml_types;
 pub mod gguf;
 pub mod mica;
+pub mod safetensors;
 pub mod sink;
 pub mod tensor;
 
 pub use error::{FormatError, Result};
 pub use gguf::{Container, GgufFile, GgufStreamWriter, GgufWriter, MetaArray, MetaValue};
 pub use mica::{MICA_MAGIC, MicaFile, MicaWriter};
+pub use safetensors::{SafetensorsFile, SafetensorsSet};
 pub use sink::TensorSink;
-pub use tensor::TensorInfo;
+pub use tensor::{TensorBytes, TensorInfo};

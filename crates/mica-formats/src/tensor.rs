@@ -40,3 +40,20 @@ impl TensorInfo {
         self.shape.iter().skip(1).product()
     }
 }
+
+/// A file whose mapped bytes hold tensors ([`TensorInfo::offset`] is relative to them).
+pub trait TensorBytes: Send + Sync {
+    fn bytes(&self) -> &[u8];
+}
+
+impl TensorBytes for crate::GgufFile {
+    fn bytes(&self) -> &[u8] {
+        crate::GgufFile::bytes(self)
+    }
+}
+
+impl TensorBytes for crate::SafetensorsFile {
+    fn bytes(&self) -> &[u8] {
+        crate::SafetensorsFile::bytes(self)
+    }
+}

@@ -46,6 +46,45 @@ impl KvHead<'_> {
     }
 }
 
+/// How raw scores `q·k` become softmax inputs, and which cached positions a query sees.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ScoreMod {
+    /// Multiplies `q·k` (usually `1/sqrt(head_dim)`).
+    pub scale: f32,
+    /// Attention logit soft-capping: `s = cap · tanh(s / cap)` (Gemma 2; optional in
+    /// Gemma 3). ggml folds `1/cap` into the scale, then applies `cap · tanhf(s)`.
+    pub softcap: Option<f32>,
+    /// Sliding window: a query at position `p` sees positions `j` with `p - j < window`
+    /// (llama.cpp's `LLAMA_SWA_TYPE_STANDARD`, transformers' sliding-window mask).
+    pub window: Option<usize>,
+}
+
+impl ScoreMod {
+    /// Plain causal attention with this scale.
+    pub fn scaled(scale: f32) -> ScoreMod {
+        ScoreMod {
+            scale,
+            softcap: None,
+            window: None,
+        }
+    }
+
+    /// The first cached position a query at `pos` sees.
+    #[inline]
+    pub fn first_visible(&self, pos: usize) -> usize {
+        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
+    }
+
+    /// The softmax input of a raw dot product `qk`.
+    #[inline]
+    pub fn apply(&self, qk: f32) -> f32 {
+        match self.softcap {
+            None => qk * self.scale,
+            Some(cap) => cap * (qk * (self.scale / cap)).tanh(),
+        }
+    }
+}
+
 /// Reusable buffers of [`attend_tile`] (one per thread).
 #[derive(Default)]
 pub struct TileScratch {
@@ -61,7 +100,7 @@ pub struct TileScratch {
     sum: Vec<f32>,
 }
 
-type TileFn = fn(&KvHead, &[f32], &[usize], f32, &mut TileScratch, &mut [f32]);
+type TileFn = fn(&KvHead, &[f32], &[usize], &ScoreMod, &mut TileScratch, &mut [f32]);
 
 fn tile_fn() -> TileFn {
     static F: OnceLock<TileFn> = OnceLock::new();
@@ -88,10 +127,22 @@ pub fn attend_tile(
     scratch: &mut TileScratch,
     out: &mut [f32],
 ) {
+    attend_tile_mod(kv, q, pos, &ScoreMod::scaled(scale), scratch, out)
+}
+
+/// [`attend_tile`] with soft-capping and a sliding window ([`ScoreMod`]).
+pub fn attend_tile_mod(
+    kv: &KvHead,
+    q: &[f32],
+    pos: &[usize],
+    sm: &ScoreMod,
+    scratch: &mut TileScratch,
+    out: &mut [f32],
+) {
     debug_assert!(pos.len() <= Q_TILE);
     debug_assert_eq!(q.len(), pos.len() * kv.head_dim);
     debug_assert_eq!(out.len(), q.len());
-    tile_fn()(kv, q, pos, scale, scratch, out)
+    tile_fn()(kv, q, pos, sm, scratch, out)
 }
 
 /// The same computation without dispatch (the reference the SIMD build is tested against).
@@ -103,7 +154,7 @@ pub fn attend_tile_ref(
     scratch: &mut TileScratch,
     out: &mut [f32],
 ) {
-    tile_generic(kv, q, pos, scale, scratch, out)
+    tile_generic(kv, q, pos, &ScoreMod::scaled(scale), scratch, out)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -112,11 +163,11 @@ fn tile_avx2(
     kv: &KvHead,
     q: &[f32],
     pos: &[usize],
-    scale: f32,
+    sm: &ScoreMod,
     s: &mut TileScratch,
     out: &mut [f32],
 ) {
-    tile_body(kv, q, pos, scale, s, out)
+    tile_body(kv, q, pos, sm, s, out)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -125,22 +176,22 @@ fn tile_avx512(
     kv: &KvHead,
     q: &[f32],
     pos: &[usize],
-    scale: f32,
+    sm: &ScoreMod,
     s: &mut TileScratch,
     out: &mut [f32],
 ) {
-    tile_body(kv, q, pos, scale, s, out)
+    tile_body(kv, q, pos, sm, s, out)
 }
 
 fn tile_generic(
     kv: &KvHead,
     q: &[f32],
     pos: &[usize],
-    scale: f32,
+    sm: &ScoreMod,
     s: &mut TileScratch,
     out: &mut [f32],
 ) {
-    tile_body(kv, q, pos, scale, s, out)
+    tile_body(kv, q, pos, sm, s, out)
 }
 
 /// `_mm512_reduce_add_ps`'s order: halves added lane-wise, 16 → 8 → 4 → 2 → 1.
@@ -158,7 +209,7 @@ fn tile_body(
     kv: &KvHead,
     q: &[f32],
     pos: &[usize],
-    scale: f32,
+    sm: &ScoreMod,
     s: &mut TileScratch,
     out: &mut [f32],
 ) {
@@ -190,9 +241,10 @@ fn tile_body(
             }
         }
         for r in 0..rows {
-            // Cached positions this row may see in the tile.
+            // Cached positions this row may see in the tile: `lo..visible` (tile-relative).
             let visible = (pos[r] + 1).saturating_sub(ic).min(tile);
-            if visible == 0 {
+            let lo = sm.first_visible(pos[r]).saturating_sub(ic).min(tile);
+            if visible <= lo {
                 continue;
             }
             let qr = &q[r * hd..(r + 1) * hd];
@@ -204,10 +256,19 @@ fn tile_body(
                     *a = k.mul_add(qd, *a);
                 }
             }
-            for a in sc.iter_mut() {
-                *a *= scale;
+            if sm.softcap.is_none() {
+                for a in sc.iter_mut() {
+                    *a *= sm.scale;
+                }
+            } else {
+                for a in sc.iter_mut() {
+                    *a = sm.apply(*a);
+                }
             }
             for a in &mut sc[visible..] {
+                *a = f32::NEG_INFINITY;
+            }
+            for a in &mut sc[..lo] {
                 *a = f32::NEG_INFINITY;
             }
             let tile_max = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -231,7 +292,7 @@ fn tile_body(
             }
             s.sum[r] = (s.sum[r] as f64 + total) as f32;
             // Masked and padded positions have weight exactly 0 and leave `acc` unchanged.
-            for tk in 0..visible {
+            for tk in lo..visible {
                 let p = sc[tk];
                 let v = &s.vt[tk * hd..(tk + 1) * hd];
                 for (a, &vv) in acc.iter_mut().zip(v) {

@@ -5,6 +5,7 @@
 
 pub mod attention;
 pub mod dtype;
+pub mod gelu;
 pub mod matmul;
 pub mod ops;
 pub mod pool;

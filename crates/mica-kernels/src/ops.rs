@@ -693,3 +693,20 @@ mod tests {
         assert_eq!(silu::expf_lane(0.0), 1.0);
     }
 }
+
+pub use crate::gelu::{geglu, gelu};
+
+/// `y *= v` for every element (ggml_scale).
+pub fn scale(y: &mut [f32], v: f32) {
+    for a in y.iter_mut() {
+        *a *= v;
+    }
+}
+
+/// Final-logit soft-capping as ggml computes it: `cap · tanhf(x · (1/cap))`.
+pub fn softcap(y: &mut [f32], cap: f32) {
+    let inv = 1.0 / cap;
+    for a in y.iter_mut() {
+        *a = (*a * inv).tanh() * cap;
+    }
+}

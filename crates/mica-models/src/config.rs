@@ -21,6 +21,15 @@ pub struct RopeConfig {
     pub freq_factors: Option<Vec<f32>>,
 }
 
+/// The activation of the gated feed-forward block: `down(act(gate(x)) * up(x))`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// SwiGLU (LLaMA, Qwen, Mistral).
+    Silu,
+    /// GeGLU with the tanh approximation of GELU (Gemma).
+    GeluTanh,
+}
+
 /// Hyper-parameters of the model, validated.
 #[derive(Clone, Debug)]
 pub struct ModelConfig {
@@ -37,7 +46,23 @@ pub struct ModelConfig {
     /// Context length the model was trained with.
     pub n_ctx_train: usize,
     pub norm_eps: f32,
+    /// RoPE of global-attention layers (of every layer when `rope_local` is `None`).
     pub rope: RopeConfig,
+    /// RoPE of sliding-window layers when it differs (Gemma 3: base 10 000 locally).
+    pub rope_local: Option<RopeConfig>,
+    /// `[n_layer]` the sliding window of each layer (`None`: global attention).
+    pub layer_window: Vec<Option<usize>>,
+    /// Multiplies the token embeddings (Gemma: `sqrt(n_embd)`).
+    pub embd_scale: Option<f32>,
+    /// Multiplies the queries after RoPE, before attention, which then scales by 1 (how
+    /// llama.cpp applies Gemma's `query_pre_attn_scalar`). `None`: attention scales the
+    /// scores by `1/sqrt(head_dim)`.
+    pub q_scale: Option<f32>,
+    /// Attention logit soft-capping (`cap · tanh(s / cap)`).
+    pub attn_softcap: Option<f32>,
+    /// Final logit soft-capping.
+    pub final_softcap: Option<f32>,
+    pub act: Activation,
 }
 
 impl ModelConfig {
@@ -49,6 +74,14 @@ impl ModelConfig {
     /// Key/value width: `n_head_kv * head_dim`.
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
+    }
+
+    /// The RoPE parameters of layer `l`.
+    pub fn rope_of(&self, l: usize) -> &RopeConfig {
+        match (&self.rope_local, self.layer_window[l]) {
+            (Some(local), Some(_)) => local,
+            _ => &self.rope,
+        }
     }
 }
 
@@ -212,6 +245,13 @@ impl ModelConfig {
                 freq_scale,
                 freq_factors: None,
             },
+            rope_local: None,
+            layer_window: vec![None; n_layer],
+            embd_scale: None,
+            q_scale: None,
+            attn_softcap: None,
+            final_softcap: None,
+            act: Activation::Silu,
         })
     }
 }

@@ -8,9 +8,11 @@ pub mod blocks;
 pub mod chat;
 pub mod config;
 pub mod error;
+pub mod hf;
 pub mod kv_cache;
 pub mod loader;
 pub mod model;
+pub mod names;
 pub mod tokenizer;
 pub mod weights;
 

@@ -7,7 +7,7 @@
 
 use crate::batch::Batch;
 use crate::blocks::attention::{AttentionPolicy, AttnShape, attention};
-use crate::config::ModelConfig;
+use crate::config::{Activation, ModelConfig, RopeConfig};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::weights::{ActCache, Linear, Matrix};
@@ -16,10 +16,19 @@ use mica_kernels::ThreadPool;
 use mica_kernels::ops::{self, rms_norm, rope_angles, rope_apply};
 use std::sync::Arc;
 
-/// The weights of one transformer block (pre-norm attention + gated MLP).
+/// The weights of one transformer block (pre-norm attention + gated MLP, with the optional
+/// pieces some families add: per-head Q/K norms, post-norms of both sub-blocks).
 pub struct DecoderLayer {
     /// `[n_embd]`
     pub attn_norm: Vec<f32>,
+    /// `[head_dim]` RMSNorm of every query head before RoPE (Qwen3, Gemma 3).
+    pub q_norm: Option<Vec<f32>>,
+    /// `[head_dim]` RMSNorm of every key head before RoPE.
+    pub k_norm: Option<Vec<f32>>,
+    /// `[n_embd]` RMSNorm of the attention output before the residual add (Gemma).
+    pub post_attn_norm: Option<Vec<f32>>,
+    /// `[n_embd]` RMSNorm of the feed-forward output before the residual add (Gemma).
+    pub post_ffn_norm: Option<Vec<f32>>,
     /// `[q_dim × n_embd]`, optional bias `[q_dim]`
     pub wq: Linear,
     /// `[kv_dim × n_embd]`
@@ -48,7 +57,8 @@ pub struct Model {
     pub output_norm: Vec<f32>,
     /// `[n_vocab × n_embd]`; the token embedding itself when the model ties them.
     pub output: Linear,
-    pub file: Arc<GgufFile>,
+    /// The GGUF file, when the model came from one (a Hugging Face folder has none).
+    pub file: Option<Arc<GgufFile>>,
 }
 
 /// Reusable buffers of the forward pass, grown to the largest batch seen.
@@ -91,6 +101,26 @@ fn grow(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
 }
 
 impl Model {
+    /// The weight matrices (the output head only when it is not the token embedding).
+    fn matrices(&self) -> impl Iterator<Item = &Matrix> {
+        let layers = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down].map(|lin| &lin.w));
+        let head = (self.output.w.name != self.tok_embd.name).then_some(&self.output.w);
+        std::iter::once(&self.tok_embd).chain(layers).chain(head)
+    }
+
+    /// Bytes of the weight matrices as stored.
+    pub fn weight_bytes(&self) -> usize {
+        self.matrices().map(Matrix::n_bytes).sum()
+    }
+
+    /// Number of weights in the matrices (norms and biases aside).
+    pub fn n_params(&self) -> usize {
+        self.matrices().map(|m| m.rows * m.cols).sum()
+    }
+
     /// Runs `batch` through the model. Returns the logits of the tokens whose `logits` flag
     /// is set, in batch order: `[n_outputs, n_vocab]`.
     pub fn forward<'w>(
@@ -111,12 +141,20 @@ impl Model {
         for (t, &tok) in batch.tokens.iter().enumerate() {
             emb.dequantize_row(tok as usize, &mut x[t * d..(t + 1) * d]);
         }
+        if let Some(s) = cfg.embd_scale {
+            ops::scale(x, s);
+        }
 
-        let shape = AttnShape {
+        let mut shape = AttnShape {
             n_head: cfg.n_head,
             n_head_kv: cfg.n_head_kv,
             head_dim: cfg.head_dim,
-            scale: 1.0 / (cfg.head_dim as f32).sqrt(),
+            scale: match cfg.q_scale {
+                Some(_) => 1.0,
+                None => 1.0 / (cfg.head_dim as f32).sqrt(),
+            },
+            softcap: cfg.attn_softcap,
+            window: None,
             policy: ws.attention,
         };
         // Rows still carried through the layers; the last layer keeps only output rows.
@@ -149,12 +187,23 @@ impl Model {
                 ws.acts.get(pool, &layer.wv.w, xn, n),
                 grow(&mut ws.v, n * kvd),
             );
+            if let Some(w) = &layer.q_norm {
+                norm_in_place(&mut ws.q[..n * qd], w, cfg.norm_eps, &mut ws.cos_sin);
+            }
+            if let Some(w) = &layer.k_norm {
+                norm_in_place(&mut ws.k[..n * kvd], w, cfg.norm_eps, &mut ws.cos_sin);
+            }
             self.rope(
                 batch,
+                cfg.rope_of(l),
                 &mut ws.q[..n * qd],
                 &mut ws.k[..n * kvd],
                 &mut ws.cos_sin,
             );
+            if let Some(s) = cfg.q_scale {
+                ops::scale(&mut ws.q[..n * qd], s);
+            }
+            shape.window = cfg.layer_window[l];
             for t in 0..n {
                 kv.write(
                     l,
@@ -193,9 +242,12 @@ impl Model {
             layer
                 .wo
                 .forward(pool, ws.acts.get(pool, &layer.wo.w, attn, rows), proj);
-            ops::add_assign(&mut ws.x[..rows * d], proj);
+            if let Some(w) = &layer.post_attn_norm {
+                norm_in_place(proj, w, cfg.norm_eps, &mut ws.cos_sin);
+            }
+            ops::add_assign(&mut ws.x[..rows * d], &ws.proj[..rows * d]);
 
-            // Feed-forward sub-block: down(silu(gate(x)) * up(x)).
+            // Feed-forward sub-block: down(act(gate(x)) * up(x)).
             norm_rows(
                 &ws.x[..rows * d],
                 &layer.ffn_norm,
@@ -212,14 +264,20 @@ impl Model {
             layer
                 .up
                 .forward(pool, ws.acts.get(pool, &layer.up.w, xn, rows), up);
-            ops::swiglu(&mut ws.gate[..rows * ff], &ws.up[..rows * ff]);
+            match cfg.act {
+                Activation::Silu => ops::swiglu(&mut ws.gate[..rows * ff], &ws.up[..rows * ff]),
+                Activation::GeluTanh => ops::geglu(&mut ws.gate[..rows * ff], &ws.up[..rows * ff]),
+            }
             ws.acts.invalidate();
             let h = &ws.gate[..rows * ff];
             let proj = grow(&mut ws.proj, rows * d);
             layer
                 .down
                 .forward(pool, ws.acts.get(pool, &layer.down.w, h, rows), proj);
-            ops::add_assign(&mut ws.x[..rows * d], proj);
+            if let Some(w) = &layer.post_ffn_norm {
+                norm_in_place(proj, w, cfg.norm_eps, &mut ws.cos_sin);
+            }
+            ops::add_assign(&mut ws.x[..rows * d], &ws.proj[..rows * d]);
         }
 
         let n_out = out_rows.len();
@@ -238,6 +296,9 @@ impl Model {
         let logits = grow(&mut ws.logits, n_out * cfg.n_vocab);
         self.output
             .forward(pool, ws.acts.get(pool, &self.output.w, xn, n_out), logits);
+        if let Some(cap) = cfg.final_softcap {
+            ops::softcap(logits, cap);
+        }
         Ok(&ws.logits[..n_out * cfg.n_vocab])
     }
 
@@ -291,9 +352,15 @@ impl Model {
     }
 
     /// Applies rotary embeddings to every head of `q` (`[n, q_dim]`) and `k` (`[n, kv_dim]`).
-    fn rope(&self, batch: &Batch, q: &mut [f32], k: &mut [f32], cos_sin: &mut Vec<f32>) {
+    fn rope(
+        &self,
+        batch: &Batch,
+        r: &RopeConfig,
+        q: &mut [f32],
+        k: &mut [f32],
+        cos_sin: &mut Vec<f32>,
+    ) {
         let cfg = &self.config;
-        let r = &cfg.rope;
         let cs = grow(cos_sin, r.n_dims);
         let hd = cfg.head_dim;
         for (t, &p) in batch.pos.iter().enumerate() {
@@ -320,5 +387,15 @@ fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let d = w.len();
     for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
         rms_norm(xr, w, eps, or);
+    }
+}
+
+/// RMS-normalizes each `w.len()`-wide row of `x` in place (`tmp` holds one row).
+fn norm_in_place(x: &mut [f32], w: &[f32], eps: f32, tmp: &mut Vec<f32>) {
+    let d = w.len();
+    let t = grow(tmp, d);
+    for row in x.chunks_exact_mut(d) {
+        t.copy_from_slice(row);
+        rms_norm(t, w, eps, row);
     }
 }

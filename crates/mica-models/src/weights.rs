@@ -3,15 +3,18 @@
 //! kernels do.
 
 use crate::error::{ModelError, Result};
-use mica_formats::{GgufFile, TensorInfo};
+use crate::names::NameTable;
+use mica_formats::{GgufFile, SafetensorsSet, TensorBytes, TensorInfo};
 use mica_kernels::matmul::{QActs, QMatrix, matmul};
 use mica_kernels::{DType, ThreadPool, quant};
+use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 
-/// Where a tensor's bytes live.
+/// Where a tensor's bytes live: a range of a mapped file (GGUF, or one safetensors shard).
 #[derive(Clone)]
 pub struct TensorData {
-    file: Arc<GgufFile>,
+    file: Arc<dyn TensorBytes>,
     start: usize,
     len: usize,
 }
@@ -124,34 +127,88 @@ impl ActCache {
     }
 }
 
-/// Looks up and validates tensors of one file for one architecture.
+/// Looks up and validates the tensors of one model for one architecture. Architectures ask
+/// by canonical (GGUF-style) name, `blk.{i}.attn_q.weight`; a Hugging Face checkpoint is
+/// read through its family's [`NameTable`].
 pub struct WeightLoader {
-    pub file: Arc<GgufFile>,
+    /// The model file or folder (for errors).
+    pub path: PathBuf,
     pub arch: String,
+    /// Name in the file → (description, the file holding it).
+    tensors: HashMap<String, (TensorInfo, Arc<dyn TensorBytes>)>,
+    /// Canonical → file names; `None` for GGUF, whose names are the canonical ones.
+    names: Option<&'static NameTable>,
+    /// Added to every norm weight ([`WeightLoader::norm`]): Gemma's checkpoints store
+    /// `w - 1` for its `(1 + w)` RMSNorm; llama.cpp's converter folds the 1 into the GGUF.
+    pub norm_offset: f32,
 }
 
 impl WeightLoader {
-    fn path(&self) -> std::path::PathBuf {
-        self.file.path().to_path_buf()
+    /// The tensors of a GGUF file.
+    pub fn gguf(file: &Arc<GgufFile>, arch: &str) -> WeightLoader {
+        let bytes: Arc<dyn TensorBytes> = file.clone();
+        WeightLoader {
+            path: file.path().to_path_buf(),
+            arch: arch.to_string(),
+            tensors: file
+                .tensors()
+                .iter()
+                .map(|t| (t.name.clone(), (t.clone(), bytes.clone())))
+                .collect(),
+            names: None,
+            norm_offset: 0.0,
+        }
+    }
+
+    /// The tensors of a safetensors checkpoint, named through `names`.
+    pub fn safetensors(
+        set: &SafetensorsSet,
+        path: PathBuf,
+        arch: &str,
+        names: &'static NameTable,
+    ) -> WeightLoader {
+        let mut tensors = HashMap::new();
+        for (fi, t) in set.tensors() {
+            let bytes: Arc<dyn TensorBytes> = set.files[fi].clone();
+            tensors.insert(t.name.clone(), (t.clone(), bytes));
+        }
+        WeightLoader {
+            path,
+            arch: arch.to_string(),
+            tensors,
+            names: Some(names),
+            norm_offset: 0.0,
+        }
+    }
+
+    /// The name a canonical tensor has in the file.
+    fn file_name(&self, canonical: &str) -> String {
+        match self.names {
+            None => canonical.to_string(),
+            Some(t) => t.to_file(canonical),
+        }
     }
 
     pub fn info(&self, name: &str) -> Option<&TensorInfo> {
-        self.file.tensor(name)
+        self.tensors.get(&self.file_name(name)).map(|e| &e.0)
     }
 
-    fn require(&self, name: &str) -> Result<&TensorInfo> {
-        self.info(name).ok_or_else(|| ModelError::MissingTensor {
-            path: self.path(),
-            arch: self.arch.clone(),
-            tensor: name.to_string(),
-        })
+    fn require(&self, name: &str) -> Result<&(TensorInfo, Arc<dyn TensorBytes>)> {
+        let file_name = self.file_name(name);
+        self.tensors
+            .get(&file_name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                path: self.path.clone(),
+                arch: self.arch.clone(),
+                tensor: file_name,
+            })
     }
 
     fn dtype_of(&self, t: &TensorInfo) -> Result<DType> {
         t.dtype()
             .filter(|d| DType::WEIGHT_TYPES.contains(d))
             .ok_or_else(|| ModelError::UnsupportedType {
-                path: self.path(),
+                path: self.path.clone(),
                 tensor: t.name.clone(),
                 ggml_type: t.ggml_type.name(),
                 supported: DType::WEIGHT_TYPES.map(|d| d.name()).join(", "),
@@ -161,7 +218,7 @@ impl WeightLoader {
     fn check_shape(&self, t: &TensorInfo, expected: &[u64]) -> Result<()> {
         if t.shape != expected {
             return Err(ModelError::BadShape {
-                path: self.path(),
+                path: self.path.clone(),
                 tensor: t.name.clone(),
                 expected: expected.to_vec(),
                 got: t.shape.clone(),
@@ -170,9 +227,9 @@ impl WeightLoader {
         Ok(())
     }
 
-    /// A matrix of `rows` outputs × `cols` inputs (GGUF shape `[cols, rows]`).
+    /// A matrix of `rows` outputs × `cols` inputs (shape `[cols, rows]` innermost first).
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
-        let t = self.require(name)?;
+        let (t, bytes) = self.require(name)?;
         self.check_shape(t, &[cols as u64, rows as u64])?;
         let dtype = self.dtype_of(t)?;
         Ok(Matrix {
@@ -182,7 +239,7 @@ impl WeightLoader {
             rows,
             cols,
             data: TensorData {
-                file: self.file.clone(),
+                file: bytes.clone(),
                 start: t.offset as usize,
                 len: t.n_bytes as usize,
             },
@@ -192,7 +249,7 @@ impl WeightLoader {
 
     /// A matrix whose row count is read from the file (e.g. the vocabulary).
     pub fn matrix_any_rows(&self, name: &str, cols: usize) -> Result<Matrix> {
-        let t = self.require(name)?;
+        let (t, _) = self.require(name)?;
         let rows = if t.shape.len() == 2 { t.shape[1] } else { 0 };
         if rows == 0 {
             self.check_shape(t, &[cols as u64, 1])?;
@@ -202,11 +259,12 @@ impl WeightLoader {
 
     /// A vector of `n` floats (norm weights, biases), converted to f32.
     pub fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>> {
-        let t = self.require(name)?;
+        let (t, bytes) = self.require(name)?;
         self.check_shape(t, &[n as u64])?;
         let dtype = self.dtype_of(t)?;
         let mut out = vec![0f32; n];
-        quant::dequantize_row(dtype, self.file.tensor_data(t), &mut out);
+        let data = &bytes.bytes()[t.offset as usize..(t.offset + t.n_bytes) as usize];
+        quant::dequantize_row(dtype, data, &mut out);
         Ok(out)
     }
 
@@ -215,6 +273,17 @@ impl WeightLoader {
             None => Ok(None),
             Some(_) => self.vector(name, n).map(Some),
         }
+    }
+
+    /// A norm weight of `n` floats, plus [`WeightLoader::norm_offset`].
+    pub fn norm(&self, name: &str, n: usize) -> Result<Vec<f32>> {
+        let mut v = self.vector(name, n)?;
+        if self.norm_offset != 0.0 {
+            for x in &mut v {
+                *x += self.norm_offset;
+            }
+        }
+        Ok(v)
     }
 
     /// A projection with an optional `{prefix}.bias`.

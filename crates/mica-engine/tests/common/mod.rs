@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 pub const SMOLLM: &str = "smollm2-135m-instruct-q4_1";
 pub const QWEN: &str = "qwen2.5-coder-0.5b-instruct-awq-q4_k_m";
+pub const GEMMA: &str = "gemma3-270m-q4_k_m";
 
 pub fn workspace() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")

@@ -1,25 +1,53 @@
-//! The architecture registry: maps a file's architecture name to the function that turns its
-//! tensors and metadata into a [`Model`]. One line per alias.
+//! The architecture registry: maps a model's architecture name — GGUF
+//! `general.architecture` or a Hugging Face `architectures` entry — to the function that
+//! turns its tensors and hyper-parameters into a [`Model`]. One line per alias.
 
+mod decoder;
+mod gemma3;
 mod llama;
 
 use crate::error::{ModelError, Result};
+use crate::hf::HfFolder;
 use crate::model::Model;
 use mica_formats::GgufFile;
 use std::sync::Arc;
 
-type Loader = fn(Arc<GgufFile>, &str) -> Result<Model>;
+/// Where a model's tensors and hyper-parameters come from.
+pub enum Source<'a> {
+    Gguf(&'a Arc<GgufFile>),
+    Hf(&'a HfFolder),
+}
 
-/// `general.architecture` values mica can run.
+type Loader = fn(&Source, &str) -> Result<Model>;
+
+/// Architecture names mica can run: GGUF names first, then transformers class names.
 const REGISTRY: &[(&str, Loader)] = &[
     ("llama", llama::load_llama),
     ("mistral", llama::load_llama),
     ("qwen2", llama::load_qwen2),
+    ("qwen3", llama::load_qwen3),
+    ("gemma3", gemma3::load),
+    ("LlamaForCausalLM", llama::load_llama),
+    ("MistralForCausalLM", llama::load_llama),
+    ("Qwen2ForCausalLM", llama::load_qwen2),
+    ("Qwen3ForCausalLM", llama::load_qwen3),
+    ("Gemma3ForCausalLM", gemma3::load),
 ];
 
 /// Names of the supported architectures.
 pub fn supported() -> Vec<&'static str> {
     REGISTRY.iter().map(|(n, _)| *n).collect()
+}
+
+fn dispatch(src: &Source, path: &std::path::Path, arch: &str) -> Result<Model> {
+    match REGISTRY.iter().find(|(n, _)| *n == arch) {
+        Some((_, load)) => load(src, arch),
+        None => Err(ModelError::UnknownArchitecture {
+            path: path.to_path_buf(),
+            arch: arch.to_string(),
+            supported: supported().join(", "),
+        }),
+    }
 }
 
 /// Builds the model a GGUF file describes.
@@ -32,12 +60,11 @@ pub fn load_gguf(file: Arc<GgufFile>) -> Result<Model> {
             msg: "missing: the file does not say which architecture it holds".into(),
         })?
         .to_string();
-    match REGISTRY.iter().find(|(n, _)| *n == arch) {
-        Some((_, load)) => load(file, &arch),
-        None => Err(ModelError::UnknownArchitecture {
-            path: file.path().to_path_buf(),
-            arch,
-            supported: supported().join(", "),
-        }),
-    }
+    dispatch(&Source::Gguf(&file), file.path(), &arch)
+}
+
+/// Builds the model a Hugging Face folder describes (`architectures[0]` of config.json).
+pub fn load_hf(folder: &HfFolder) -> Result<Model> {
+    let arch = folder.architecture()?.to_string();
+    dispatch(&Source::Hf(folder), &folder.config_path(), &arch)
 }

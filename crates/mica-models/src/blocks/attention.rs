@@ -21,7 +21,7 @@
 use crate::kv_cache::{KvCache, SeqId, SeqKv};
 use half::f16;
 use mica_kernels::ThreadPool;
-use mica_kernels::attention::{KvHead, Q_TILE, TileScratch, attend_tile};
+use mica_kernels::attention::{KvHead, Q_TILE, ScoreMod, TileScratch, attend_tile_mod};
 use mica_kernels::ops::f16v;
 use mica_kernels::pool::split_range;
 
@@ -56,7 +56,22 @@ pub struct AttnShape {
     pub head_dim: usize,
     /// Multiplies q·k (usually 1/sqrt(head_dim)).
     pub scale: f32,
+    /// Attention logit soft-capping (`cap · tanh(s / cap)`), where the model uses it.
+    pub softcap: Option<f32>,
+    /// Sliding window of this layer: a query at `p` sees positions `p - window + 1 ..= p`.
+    pub window: Option<usize>,
     pub policy: AttentionPolicy,
+}
+
+impl AttnShape {
+    /// How scores are scaled, capped and masked (shared with the tile kernel).
+    pub fn score_mod(&self) -> ScoreMod {
+        ScoreMod {
+            scale: self.scale,
+            softcap: self.softcap,
+            window: self.window,
+        }
+    }
 }
 
 /// `out[t]` = attention of query row `q[t]` (`[n_head * head_dim]`) over its sequence.
@@ -125,6 +140,7 @@ fn attention_vector(
         return;
     }
     let dst = OutPtr(out.as_mut_ptr());
+    let sm = shape.score_mod();
     let run_items = |i: usize, nt: usize, scratch: &mut Scratch| {
         scratch.resize(shape.head_dim);
         for item in split_range(items, i, nt, 1) {
@@ -140,7 +156,7 @@ fn attention_vector(
                 offset: g * shape.head_dim,
                 head_dim: shape.head_dim,
             };
-            head_f16(&kv, qh, shape.scale, scratch, o);
+            head_f16(&kv, qh, &sm, sm.first_visible(pos[t]), scratch, o);
         }
     };
     let run = |i: usize, nt: usize| SCRATCH.with_borrow_mut(|scratch| run_items(i, nt, scratch));
@@ -206,6 +222,7 @@ fn attention_tiled(
         }
         let items = tiles.len() * shape.n_head;
         let dst = OutPtr(out.as_mut_ptr());
+        let sm = shape.score_mod();
         pool.run(|i, nt| {
             TILE_SCRATCH.with_borrow_mut(|(scratch, qbuf, obuf)| {
                 for item in split_range(items, i, nt, 1) {
@@ -227,7 +244,7 @@ fn attention_tiled(
                         qbuf.extend_from_slice(&q[(t0 + r) * q_dim + h * hd..][..hd]);
                     }
                     obuf.resize(rows * hd, 0.0);
-                    attend_tile(&kv, qbuf, &pos[t0..t0 + rows], shape.scale, scratch, obuf);
+                    attend_tile_mod(&kv, qbuf, &pos[t0..t0 + rows], &sm, scratch, obuf);
                     for r in 0..rows {
                         // SAFETY: (tile, head) items write disjoint rows/heads of `out`.
                         let o = unsafe { dst.slice((t0 + r) * q_dim + h * hd, hd) };
@@ -281,13 +298,15 @@ thread_local! {
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// The vector path: f16 query, online softmax, f16 accumulator.
-fn head_f16(kv: &HeadKv, q: &[f32], scale: f32, s: &mut Scratch, out: &mut [f32]) {
+/// The vector path: f16 query, online softmax, f16 accumulator, over cached positions
+/// `lo..n_kv` (positions before `lo` are outside the sliding window: ggml skips masked
+/// positions, so starting later is the same arithmetic).
+fn head_f16(kv: &HeadKv, q: &[f32], sm: &ScoreMod, lo: usize, s: &mut Scratch, out: &mut [f32]) {
     mica_kernels::ops::f32_to_f16(q, &mut s.q16);
     s.acc16.fill(f16::ZERO);
     let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
-    for j in 0..kv.n_kv {
-        let score = f16v::dot(&s.q16, kv.key(j)) * scale;
+    for j in lo..kv.n_kv {
+        let score = sm.apply(f16v::dot(&s.q16, kv.key(j)));
         let (mut ms, mut vs) = (1f32, 1f32);
         if score > m {
             ms = (m - score).exp();

@@ -1,0 +1,86 @@
+//! The pre-norm decoder every family here is an instance of, built from canonical tensor
+//! names: token embedding → layers (RMSNorm → attention → [post-norm] → residual; RMSNorm →
+//! gated MLP → [post-norm] → residual) → final RMSNorm → output head (tied to the embedding
+//! when the file has no `output.weight`). Which optional pieces a family has is [`Parts`].
+
+use crate::config::ModelConfig;
+use crate::error::Result;
+use crate::model::{DecoderLayer, Model};
+use crate::weights::{Linear, Matrix, WeightLoader};
+use mica_formats::GgufFile;
+use std::sync::Arc;
+
+/// The optional pieces of a layer.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Parts {
+    /// Per-head RMSNorm of queries and keys before RoPE (`attn_q_norm`, `attn_k_norm`).
+    pub qk_norm: bool,
+    /// RMSNorm of each sub-block's output before its residual add (`post_attention_norm`,
+    /// `post_ffw_norm`).
+    pub post_norms: bool,
+}
+
+/// The token embedding (`[n_vocab × n_embd]`); its row count is the vocabulary.
+pub fn token_embedding(w: &WeightLoader, n_embd: usize) -> Result<Matrix> {
+    w.matrix_any_rows("token_embd.weight", n_embd.max(1))
+}
+
+/// Loads every layer and the head, and assembles the model.
+pub fn build(
+    w: &WeightLoader,
+    cfg: ModelConfig,
+    tok_embd: Matrix,
+    parts: Parts,
+    file: Option<Arc<GgufFile>>,
+) -> Result<Model> {
+    let (d, qd, kvd, ff, hd) = (
+        cfg.n_embd,
+        cfg.q_dim(),
+        cfg.kv_dim(),
+        cfg.n_ff,
+        cfg.head_dim,
+    );
+    let opt = |on: bool, name: String, n: usize| -> Result<Option<Vec<f32>>> {
+        if on {
+            w.norm(&name, n).map(Some)
+        } else {
+            Ok(None)
+        }
+    };
+    let layers = (0..cfg.n_layer)
+        .map(|i| {
+            let p = |s: &str| format!("blk.{i}.{s}");
+            Ok(DecoderLayer {
+                attn_norm: w.norm(&p("attn_norm.weight"), d)?,
+                q_norm: opt(parts.qk_norm, p("attn_q_norm.weight"), hd)?,
+                k_norm: opt(parts.qk_norm, p("attn_k_norm.weight"), hd)?,
+                wq: w.linear(&p("attn_q"), qd, d)?,
+                wk: w.linear(&p("attn_k"), kvd, d)?,
+                wv: w.linear(&p("attn_v"), kvd, d)?,
+                wo: w.linear(&p("attn_output"), d, qd)?,
+                post_attn_norm: opt(parts.post_norms, p("post_attention_norm.weight"), d)?,
+                ffn_norm: w.norm(&p("ffn_norm.weight"), d)?,
+                gate: w.linear(&p("ffn_gate"), ff, d)?,
+                up: w.linear(&p("ffn_up"), ff, d)?,
+                down: w.linear(&p("ffn_down"), d, ff)?,
+                post_ffn_norm: opt(parts.post_norms, p("post_ffw_norm.weight"), d)?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let output_norm = w.norm("output_norm.weight", d)?;
+    let output = match w.info("output.weight") {
+        Some(_) => w.linear("output", cfg.n_vocab, d)?,
+        None => Linear {
+            w: tok_embd.clone(),
+            bias: None,
+        },
+    };
+    Ok(Model {
+        config: cfg,
+        tok_embd,
+        layers,
+        output_norm,
+        output,
+        file,
+    })
+}

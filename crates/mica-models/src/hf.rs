@@ -1,0 +1,349 @@
+//! Hugging Face model folders: `config.json` (typed, validated), `generation_config.json`,
+//! `tokenizer.json` / `tokenizer_config.json`, and the safetensors checkpoint (one file or
+//! shards behind `model.safetensors.index.json`).
+//!
+//! `config.json` is read once into [`HfConfig`] (every field the supported families use,
+//! all optional at parse time); [`HfConfig::decoder_config`] resolves the fields every
+//! decoder shares into a [`ModelConfig`], with an error naming any required field that is
+//! missing or invalid. Family-specific fields are resolved by the architecture files.
+
+use crate::config::{Activation, ModelConfig, RopeConfig};
+use crate::error::{ModelError, Result};
+use crate::names::NameTable;
+use crate::weights::WeightLoader;
+use mica_formats::SafetensorsSet;
+use mica_kernels::ops::RopeStyle;
+use serde::Deserialize;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// The fields of `config.json` mica reads. Unknown fields are ignored.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct HfConfig {
+    pub architectures: Option<Vec<String>>,
+    pub model_type: Option<String>,
+    pub vocab_size: Option<usize>,
+    pub hidden_size: Option<usize>,
+    pub num_hidden_layers: Option<usize>,
+    pub num_attention_heads: Option<usize>,
+    pub num_key_value_heads: Option<usize>,
+    pub head_dim: Option<usize>,
+    pub intermediate_size: Option<usize>,
+    pub max_position_embeddings: Option<usize>,
+    pub rms_norm_eps: Option<f64>,
+    pub rope_theta: Option<f64>,
+    /// transformers < 5: `{"rope_type" | "type": ..., "factor": ...}`.
+    pub rope_scaling: Option<Value>,
+    /// transformers ≥ 5: `{"rope_type", "rope_theta", ...}`, or one such object per layer
+    /// type (`{"full_attention": {...}, "sliding_attention": {...}}`, Gemma 3).
+    pub rope_parameters: Option<Value>,
+    pub tie_word_embeddings: Option<bool>,
+    pub sliding_window: Option<usize>,
+    /// Qwen2 / Mistral: whether `sliding_window` is used at all.
+    pub use_sliding_window: Option<bool>,
+    /// Per layer: `"sliding_attention"` or `"full_attention"`.
+    pub layer_types: Option<Vec<String>>,
+    pub sliding_window_pattern: Option<usize>,
+    pub query_pre_attn_scalar: Option<f64>,
+    pub attn_logit_softcapping: Option<f64>,
+    pub final_logit_softcapping: Option<f64>,
+    pub rope_local_base_freq: Option<f64>,
+    pub hidden_act: Option<String>,
+    pub hidden_activation: Option<String>,
+    pub attention_bias: Option<bool>,
+    pub bos_token_id: Option<Value>,
+    pub eos_token_id: Option<Value>,
+}
+
+/// An open Hugging Face model folder.
+pub struct HfFolder {
+    pub dir: PathBuf,
+    pub config: HfConfig,
+    /// The raw `config.json` (for `mica inspect`).
+    pub config_json: Value,
+    /// `generation_config.json`, when present.
+    pub generation: Option<Value>,
+    pub weights: SafetensorsSet,
+}
+
+impl HfFolder {
+    /// Reads `config.json` and opens the checkpoint.
+    pub fn open(dir: impl AsRef<Path>) -> Result<HfFolder> {
+        let dir = dir.as_ref().to_path_buf();
+        let config_json = read_json(&dir.join("config.json"))?.ok_or_else(|| {
+            config_err(
+                &dir.join("config.json"),
+                "config.json",
+                "missing from the folder",
+            )
+        })?;
+        let config: HfConfig = serde_json::from_value(config_json.clone())
+            .map_err(|e| config_err(&dir.join("config.json"), "config.json", e.to_string()))?;
+        let generation = read_json(&dir.join("generation_config.json"))?;
+        let weights = SafetensorsSet::open_dir(&dir)?;
+        Ok(HfFolder {
+            dir,
+            config,
+            config_json,
+            generation,
+            weights,
+        })
+    }
+
+    /// The path of `config.json` (errors about its fields name it).
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.join("config.json")
+    }
+
+    /// The first `architectures` entry: the registry key of the folder.
+    pub fn architecture(&self) -> Result<&str> {
+        self.config
+            .architectures
+            .as_ref()
+            .and_then(|a| a.first())
+            .map(String::as_str)
+            .ok_or_else(|| {
+                config_err(
+                    &self.config_path(),
+                    "architectures",
+                    "missing: config.json does not say which architecture it holds",
+                )
+            })
+    }
+
+    /// The checkpoint's tensors, named through a family's table.
+    pub fn weights(&self, arch: &str, names: &'static NameTable) -> WeightLoader {
+        WeightLoader::safetensors(&self.weights, self.dir.clone(), arch, names)
+    }
+
+    /// An error about a `config.json` field.
+    pub fn field_err(&self, field: &str, msg: impl Into<String>) -> ModelError {
+        config_err(&self.config_path(), field, msg)
+    }
+
+    /// A required positive integer field.
+    pub fn required(&self, field: &str, v: Option<usize>) -> Result<usize> {
+        match v {
+            None => Err(self.field_err(field, "missing (required by this architecture)")),
+            Some(0) => Err(self.field_err(field, "must be positive, got 0")),
+            Some(x) => Ok(x),
+        }
+    }
+
+    /// The hyper-parameters every decoder shares, resolved and validated. `style` is how
+    /// the family's checkpoints rotate (transformers rotates halves: NeoX style).
+    pub fn decoder_config(&self, arch: &str, n_vocab_embd: usize) -> Result<ModelConfig> {
+        let c = &self.config;
+        let n_embd = self.required("hidden_size", c.hidden_size)?;
+        let n_layer = self.required("num_hidden_layers", c.num_hidden_layers)?;
+        let n_head = self.required("num_attention_heads", c.num_attention_heads)?;
+        let n_head_kv = c.num_key_value_heads.unwrap_or(n_head);
+        if n_head_kv == 0 || n_head % n_head_kv != 0 {
+            return Err(self.field_err(
+                "num_key_value_heads",
+                format!("{n_head_kv} does not divide the {n_head} query heads"),
+            ));
+        }
+        let head_dim = match c.head_dim {
+            Some(d) if d > 0 => d,
+            Some(_) => return Err(self.field_err("head_dim", "must be positive")),
+            None if n_embd % n_head == 0 => n_embd / n_head,
+            None => {
+                return Err(self.field_err(
+                    "num_attention_heads",
+                    format!("{n_head} heads do not divide hidden_size {n_embd}"),
+                ));
+            }
+        };
+        let n_ff = self.required("intermediate_size", c.intermediate_size)?;
+        let n_vocab = self.required("vocab_size", c.vocab_size)?;
+        if n_vocab != n_vocab_embd {
+            return Err(self.field_err(
+                "vocab_size",
+                format!("{n_vocab} differs from the token embedding's {n_vocab_embd} rows"),
+            ));
+        }
+        let norm_eps = c.rms_norm_eps.unwrap_or(1e-6) as f32;
+        let rope = self.rope(self.rope_params("full_attention"), head_dim)?;
+        Ok(ModelConfig {
+            arch: arch.to_string(),
+            name: self
+                .dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned()),
+            n_vocab,
+            n_embd,
+            n_layer,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_ff,
+            n_ctx_train: c.max_position_embeddings.unwrap_or(2048),
+            norm_eps,
+            rope,
+            rope_local: None,
+            layer_window: vec![None; n_layer],
+            embd_scale: None,
+            q_scale: None,
+            attn_softcap: None,
+            final_softcap: None,
+            act: Activation::Silu,
+        })
+    }
+
+    /// `[n_layer]` each layer's sliding window: per `layer_types` when config.json lists
+    /// them; otherwise, when `on`, every layer but every `pattern`-th.
+    pub fn layer_windows(
+        &self,
+        n_layer: usize,
+        on: bool,
+        pattern: Option<usize>,
+    ) -> Result<Vec<Option<usize>>> {
+        let c = &self.config;
+        let Some(win) = c.sliding_window.filter(|&w| w > 0) else {
+            return Ok(vec![None; n_layer]);
+        };
+        if let Some(types) = &c.layer_types {
+            if types.len() != n_layer {
+                return Err(self.field_err(
+                    "layer_types",
+                    format!("{} entries for {n_layer} layers", types.len()),
+                ));
+            }
+            return types
+                .iter()
+                .map(|t| match t.as_str() {
+                    "sliding_attention" => Ok(Some(win)),
+                    "full_attention" => Ok(None),
+                    other => Err(self.field_err(
+                        "layer_types",
+                        format!("unknown layer type '{other}' (sliding_attention, full_attention)"),
+                    )),
+                })
+                .collect();
+        }
+        if !on {
+            return Ok(vec![None; n_layer]);
+        }
+        Ok((0..n_layer)
+            .map(|il| match pattern {
+                Some(n) if n > 0 && il % n == n - 1 => None,
+                _ => Some(win),
+            })
+            .collect())
+    }
+
+    /// The RoPE parameter object for a layer type: transformers 5's `rope_parameters`
+    /// (per layer type or shared), else the older `rope_theta` + `rope_scaling`.
+    pub fn rope_params(&self, layer_type: &str) -> Value {
+        let c = &self.config;
+        if let Some(p) = &c.rope_parameters {
+            if let Some(per_type) = p.get(layer_type).filter(|v| v.is_object()) {
+                return per_type.clone();
+            }
+            if p.get("rope_theta").is_some() || p.get("rope_type").is_some() {
+                return p.clone();
+            }
+        }
+        let mut v = c.rope_scaling.clone().unwrap_or(Value::Null);
+        if !v.is_object() {
+            v = serde_json::json!({});
+        }
+        if let Some(t) = c.rope_theta {
+            v["rope_theta"] = t.into();
+        }
+        v
+    }
+
+    /// Resolves one RoPE parameter object (default / linear / llama3 scaling).
+    pub fn rope(&self, p: Value, head_dim: usize) -> Result<RopeConfig> {
+        let freq_base = p["rope_theta"].as_f64().unwrap_or(10000.0) as f32;
+        let kind = p["rope_type"]
+            .as_str()
+            .or(p["type"].as_str())
+            .unwrap_or("default");
+        let factor = p["factor"].as_f64();
+        let mut rope = RopeConfig {
+            style: RopeStyle::Neox,
+            n_dims: head_dim,
+            freq_base,
+            freq_scale: 1.0,
+            freq_factors: None,
+        };
+        match kind {
+            "default" => {}
+            "linear" => match factor {
+                Some(f) if f > 0.0 => rope.freq_scale = 1.0 / f as f32,
+                _ => {
+                    return Err(self.field_err(
+                        "rope_scaling.factor",
+                        "linear RoPE scaling needs a positive factor",
+                    ));
+                }
+            },
+            "llama3" => rope.freq_factors = Some(llama3_factors(&p, head_dim, freq_base)),
+            other => {
+                return Err(self.field_err(
+                    "rope_scaling.rope_type",
+                    format!(
+                        "RoPE scaling '{other}' is not supported yet (default, linear, llama3 are)"
+                    ),
+                ));
+            }
+        }
+        Ok(rope)
+    }
+}
+
+/// Llama 3.1's frequency divisors (`rope_freqs.weight` in GGUF), as llama.cpp's converter
+/// computes them from `factor`, `low_freq_factor`, `high_freq_factor` and
+/// `original_max_position_embeddings`.
+fn llama3_factors(p: &Value, n_dims: usize, base: f32) -> Vec<f32> {
+    let f = |k: &str, d: f64| p[k].as_f64().unwrap_or(d);
+    let (factor, low, high) = (
+        f("factor", 8.0),
+        f("low_freq_factor", 1.0),
+        f("high_freq_factor", 4.0),
+    );
+    let old_ctx = f("original_max_position_embeddings", 8192.0);
+    let (low_wl, high_wl) = (old_ctx / low, old_ctx / high);
+    (0..n_dims / 2)
+        .map(|i| {
+            let freq = 1.0 / (base as f64).powf(2.0 * i as f64 / n_dims as f64);
+            let wl = 2.0 * std::f64::consts::PI / freq;
+            let r = if wl < high_wl {
+                1.0
+            } else if wl > low_wl {
+                factor
+            } else {
+                let smooth = (old_ctx / wl - low) / (high - low);
+                1.0 / ((1.0 - smooth) / factor + smooth)
+            };
+            r as f32
+        })
+        .collect()
+}
+
+fn config_err(path: &Path, key: &str, msg: impl Into<String>) -> ModelError {
+    ModelError::Config {
+        path: path.to_path_buf(),
+        key: key.to_string(),
+        msg: msg.into(),
+    }
+}
+
+/// A JSON file, or `None` when it does not exist.
+pub fn read_json(path: &Path) -> Result<Option<Value>> {
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(path).map_err(|cause| {
+        ModelError::Format(mica_formats::FormatError::Io {
+            path: path.to_path_buf(),
+            cause,
+        })
+    })?;
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| config_err(path, "(file)", format!("not valid JSON: {e}")))
+}

@@ -1,0 +1,112 @@
+//! Canonical tensor names and the tables that map them onto Hugging Face checkpoints.
+//!
+//! mica's canonical names are llama.cpp's GGUF names (`token_embd.weight`,
+//! `blk.{i}.attn_q.weight`...), so a GGUF file needs no table. A Hugging Face family gives
+//! one [`NameTable`]: global tensors by full name, per-layer tensors by the part after
+//! `blk.{i}.`, placed under the checkpoint's layer prefix. A name the table does not list
+//! maps to itself, which then fails as a missing tensor naming it.
+
+/// Canonical → checkpoint names for one family.
+pub struct NameTable {
+    /// `model.layers.{i}.`: the per-layer prefix, `{i}` the layer index.
+    pub layer_prefix: &'static str,
+    /// Whole-model tensors: (canonical, checkpoint).
+    pub global: &'static [(&'static str, &'static str)],
+    /// Per-layer tensors: (canonical suffix after `blk.{i}.`, checkpoint suffix).
+    pub layer: &'static [(&'static str, &'static str)],
+}
+
+impl NameTable {
+    /// The checkpoint name of a canonical tensor name.
+    pub fn to_file(&self, canonical: &str) -> String {
+        if let Some((_, f)) = self.global.iter().find(|(c, _)| *c == canonical) {
+            return f.to_string();
+        }
+        if let Some(rest) = canonical.strip_prefix("blk.")
+            && let Some((i, suffix)) = rest.split_once('.')
+            && let Some((_, f)) = self.layer.iter().find(|(c, _)| *c == suffix)
+        {
+            return format!("{}{f}", self.layer_prefix.replace("{i}", i));
+        }
+        canonical.to_string()
+    }
+}
+
+/// LLaMA-style decoders in transformers (`LlamaForCausalLM`, `MistralForCausalLM`,
+/// `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `Gemma3ForCausalLM`...): the shared names.
+macro_rules! decoder_layer_names {
+    ($($extra:expr),* $(,)?) => {
+        &[
+            ("attn_norm.weight", "input_layernorm.weight"),
+            ("attn_q.weight", "self_attn.q_proj.weight"),
+            ("attn_q.bias", "self_attn.q_proj.bias"),
+            ("attn_k.weight", "self_attn.k_proj.weight"),
+            ("attn_k.bias", "self_attn.k_proj.bias"),
+            ("attn_v.weight", "self_attn.v_proj.weight"),
+            ("attn_v.bias", "self_attn.v_proj.bias"),
+            ("attn_output.weight", "self_attn.o_proj.weight"),
+            ("attn_q_norm.weight", "self_attn.q_norm.weight"),
+            ("attn_k_norm.weight", "self_attn.k_norm.weight"),
+            ("ffn_gate.weight", "mlp.gate_proj.weight"),
+            ("ffn_up.weight", "mlp.up_proj.weight"),
+            ("ffn_down.weight", "mlp.down_proj.weight"),
+            $($extra),*
+        ]
+    };
+}
+
+const DECODER_GLOBAL: &[(&str, &str)] = &[
+    ("token_embd.weight", "model.embed_tokens.weight"),
+    ("output_norm.weight", "model.norm.weight"),
+    ("output.weight", "lm_head.weight"),
+];
+
+/// LLaMA, Mistral, Qwen2, Qwen3.
+pub static LLAMA_HF: NameTable = NameTable {
+    layer_prefix: "model.layers.{i}.",
+    global: DECODER_GLOBAL,
+    layer: decoder_layer_names![("ffn_norm.weight", "post_attention_layernorm.weight")],
+};
+
+/// Gemma 3: pre- and post-norms around both sub-blocks.
+pub static GEMMA3_HF: NameTable = NameTable {
+    layer_prefix: "model.layers.{i}.",
+    global: DECODER_GLOBAL,
+    layer: decoder_layer_names![
+        (
+            "post_attention_norm.weight",
+            "post_attention_layernorm.weight"
+        ),
+        ("ffn_norm.weight", "pre_feedforward_layernorm.weight"),
+        ("post_ffw_norm.weight", "post_feedforward_layernorm.weight"),
+    ],
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_global_and_layer_names() {
+        assert_eq!(
+            LLAMA_HF.to_file("token_embd.weight"),
+            "model.embed_tokens.weight"
+        );
+        assert_eq!(
+            LLAMA_HF.to_file("blk.12.attn_q.bias"),
+            "model.layers.12.self_attn.q_proj.bias"
+        );
+        assert_eq!(
+            LLAMA_HF.to_file("blk.0.ffn_norm.weight"),
+            "model.layers.0.post_attention_layernorm.weight"
+        );
+        assert_eq!(
+            GEMMA3_HF.to_file("blk.3.ffn_norm.weight"),
+            "model.layers.3.pre_feedforward_layernorm.weight"
+        );
+        assert_eq!(
+            LLAMA_HF.to_file("blk.1.unknown.weight"),
+            "blk.1.unknown.weight"
+        );
+    }
+}
