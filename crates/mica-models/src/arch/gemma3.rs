@@ -9,7 +9,9 @@
 //!   `pattern`-th layer global (base 1 000 000, scaled where configured);
 //! - queries scaled by `query_pre_attn_scalar^-1/2` before attention (llama.cpp: `1/sqrt
 //!   (head_dim)`, or `1/sqrt(n_embd / n_head)` for the 27B model);
-//! - optional attention and final logit soft-capping.
+//! - optional final logit soft-capping. (`attn_logit_softcapping`, a Gemma 2 feature, is
+//!   ignored by both references for Gemma 3 — llama.cpp's graph and transformers'
+//!   attention — so mica ignores it too.)
 //!
 //! References: Gemma 3 technical report (2025); llama.cpp `src/models/gemma3.cpp`;
 //! transformers `models/gemma3/modeling_gemma3.py`.
@@ -71,12 +73,7 @@ pub(super) fn load(src: &Source, arch: &str) -> Result<Model> {
             let final_cap = file
                 .get_f32(&key("final_logit_softcapping"))
                 .filter(|&c| c > 0.0);
-            let attn_cap = file
-                .get_f32(&key("attn_logit_softcapping"))
-                .filter(|&c| c > 0.0);
-            finish(
-                &mut cfg, window, &is_local, local_base, q_scale, attn_cap, final_cap,
-            );
+            finish(&mut cfg, window, &is_local, local_base, q_scale, final_cap);
             (w, cfg, tok_embd, Some((*file).clone()))
         }
         Source::Hf(hf) => {
@@ -99,15 +96,12 @@ pub(super) fn load(src: &Source, arch: &str) -> Result<Model> {
             };
             let qpas = c.query_pre_attn_scalar.unwrap_or(cfg.head_dim as f64);
             let q_scale = (1.0 / qpas.sqrt()) as f32;
-            let cap = |v: Option<f64>| v.filter(|&c| c > 0.0).map(|c| c as f32);
-            let (attn_cap, final_cap) = (
-                cap(c.attn_logit_softcapping),
-                cap(c.final_logit_softcapping),
-            );
+            let final_cap = c
+                .final_logit_softcapping
+                .filter(|&c| c > 0.0)
+                .map(|c| c as f32);
             let window = windows.iter().flatten().next().copied();
-            finish(
-                &mut cfg, window, &is_local, local_base, q_scale, attn_cap, final_cap,
-            );
+            finish(&mut cfg, window, &is_local, local_base, q_scale, final_cap);
             (w, cfg, tok_embd, None)
         }
     };
@@ -127,13 +121,11 @@ fn finish(
     is_local: &[bool],
     local_base: f32,
     q_scale: f32,
-    attn_cap: Option<f32>,
     final_cap: Option<f32>,
 ) {
     cfg.embd_scale = Some((cfg.n_embd as f32).sqrt());
     cfg.act = Activation::GeluTanh;
     cfg.q_scale = Some(q_scale);
-    cfg.attn_softcap = attn_cap;
     cfg.final_softcap = final_cap;
     if let Some(win) = window {
         cfg.layer_window = is_local.iter().map(|&l| l.then_some(win)).collect();

@@ -22,6 +22,7 @@
 mod bpe;
 mod decode;
 mod error;
+pub mod hf_json;
 mod pretokenize;
 mod spec;
 mod special;

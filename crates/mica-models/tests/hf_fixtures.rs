@@ -1,0 +1,158 @@
+//! Hugging Face folders of tiny random models against transformers (fixtures/hf, written by
+//! fixtures/hf/make_fixtures.py): for each family, mica loads the safetensors folder through
+//! the family's name table and config.json, and its logits at every position of the fixture
+//! sequences must match transformers' float32 logits within [`MAX_ABS`]; its greedy
+//! continuation must equal transformers' token for token.
+//!
+//! mica keeps llama.cpp's numerics — f16 KV cache, f16 query in the attention dot products,
+//! GELU through an f16 table — so its logits are not transformers' float32 logits bit for
+//! bit; the tolerance is the distance those roundings make on these models, measured and
+//! printed per family.
+
+use mica_kernels::ThreadPool;
+use mica_models::blocks::attention::AttentionPolicy;
+use mica_models::hf::HfFolder;
+use mica_models::{Batch, KvCache, Model, Workspace};
+use serde_json::Value;
+use std::path::PathBuf;
+
+/// Largest |mica − transformers| allowed on any logit.
+const MAX_ABS: f32 = 1e-2;
+
+fn dir(family: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/hf")
+        .join(family)
+}
+
+fn load(family: &str) -> (Model, Value, Vec<f32>) {
+    let d = dir(family);
+    let folder = HfFolder::open(&d).unwrap_or_else(|e| panic!("{family}: {e}"));
+    let model = mica_models::arch::load_hf(&folder).unwrap_or_else(|e| panic!("{family}: {e}"));
+    let exp: Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("expected.json")).unwrap()).unwrap();
+    let bytes = std::fs::read(d.join(exp["logits_file"].as_str().unwrap())).unwrap();
+    let logits = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    (model, exp, logits)
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn argmax(x: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn check(family: &str) {
+    let (model, exp, want) = load(family);
+    assert_eq!(
+        model.config.arch,
+        exp["architecture"].as_str().unwrap(),
+        "{family}: architecture"
+    );
+    let pool = ThreadPool::new(2);
+    let v = model.config.n_vocab;
+    let mut offset = 0;
+    let mut worst = 0f32;
+    for seq in exp["sequences"].as_array().unwrap() {
+        let seq = ids(seq);
+        let mut kv = KvCache::new(&model.config, 64, 1);
+        let mut ws = Workspace::default();
+        ws.attention = AttentionPolicy::Vector;
+        let got = model
+            .forward(
+                &pool,
+                &Batch::for_sequence(&seq, 0, 0, true),
+                &mut kv,
+                &mut ws,
+            )
+            .unwrap();
+        let w = &want[offset..offset + seq.len() * v];
+        offset += seq.len() * v;
+        for (p, (g, e)) in got.chunks_exact(v).zip(w.chunks_exact(v)).enumerate() {
+            let d = g
+                .iter()
+                .zip(e)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            worst = worst.max(d);
+            assert!(
+                d <= MAX_ABS,
+                "{family}: position {p}: max |Δlogit| {d:.2e} > {MAX_ABS:.0e}"
+            );
+        }
+    }
+    assert_eq!(offset, want.len(), "{family}: logits file size");
+
+    // Greedy continuation, one token at a time.
+    let prompt = ids(&exp["greedy_prompt"]);
+    let want_ids = ids(&exp["greedy_ids"]);
+    let mut kv = KvCache::new(&model.config, 64, 1);
+    let mut ws = Workspace::default();
+    let mut logits = model
+        .forward(
+            &pool,
+            &Batch::for_sequence(&prompt, 0, 0, false),
+            &mut kv,
+            &mut ws,
+        )
+        .unwrap()
+        .to_vec();
+    let mut got_ids = Vec::new();
+    for step in 0..want_ids.len() {
+        let t = argmax(&logits);
+        got_ids.push(t);
+        let b = Batch::for_sequence(&[t], prompt.len() + step, 0, false);
+        logits = model.forward(&pool, &b, &mut kv, &mut ws).unwrap().to_vec();
+    }
+    assert_eq!(got_ids, want_ids, "{family}: greedy continuation");
+    println!(
+        "{family}: max |Δlogit| {worst:.2e} over {} positions; greedy {} tokens identical",
+        exp["sequences"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_array().unwrap().len())
+            .sum::<usize>(),
+        want_ids.len()
+    );
+}
+
+#[test]
+fn llama_matches_transformers() {
+    check("llama");
+}
+
+#[test]
+fn mistral_matches_transformers() {
+    check("mistral");
+}
+
+#[test]
+fn qwen2_matches_transformers() {
+    check("qwen2");
+}
+
+#[test]
+fn qwen3_matches_transformers() {
+    check("qwen3");
+}
+
+#[test]
+fn gemma3_matches_transformers() {
+    check("gemma3");
+}
