@@ -1,14 +1,15 @@
-//! `mica inspect`: what a model file holds.
+//! `mica inspect`: what a model file (GGUF) or Hugging Face folder holds.
 
 use anyhow::Result;
 use clap::Args;
 use mica_formats::{Container, GgufFile, MetaValue, MicaFile};
 use mica_models::LoadedModel;
+use mica_models::hf::HfFolder;
 use std::collections::BTreeMap;
 
 #[derive(Args, Debug)]
 pub struct InspectArgs {
-    /// Model: a GGUF file or a store name (see `mica list`).
+    /// Model: a GGUF file, a Hugging Face folder, or a store name (see `mica list`).
     #[arg(value_name = "MODEL")]
     pub model: String,
     /// Also list every metadata key.
@@ -21,6 +22,9 @@ pub struct InspectArgs {
 
 pub fn inspect(args: InspectArgs) -> Result<()> {
     let file = crate::store::resolve_model(Some(&args.model), false)?;
+    if file.is_dir() {
+        return inspect_hf(&file, &args);
+    }
     let g = GgufFile::open(&file)?;
     println!("file:          {}", file.display());
     println!(
@@ -48,53 +52,13 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
     // described from its raw metadata.
     match LoadedModel::open(&file) {
         Ok(lm) => {
-            let c = &lm.model.config;
             let params: u64 = g.tensors().iter().map(|t| t.n_elements()).sum();
             println!("parameters:    {:.1} M", params as f64 / 1e6);
-            println!(
-                "layers:        {}   embedding {}   feed-forward {}   vocab {}",
-                c.n_layer, c.n_embd, c.n_ff, c.n_vocab
-            );
-            println!(
-                "attention:     {} heads, {} KV heads, head dim {}, norm eps {:e}",
-                c.n_head, c.n_head_kv, c.head_dim, c.norm_eps
-            );
-            println!(
-                "rope:          {:?}, {} dims, base {}, scale {}{}",
-                c.rope.style,
-                c.rope.n_dims,
-                c.rope.freq_base,
-                c.rope.freq_scale,
-                if c.rope.freq_factors.is_some() {
-                    ", frequency factors"
-                } else {
-                    ""
-                }
-            );
-            println!("context:       {} (trained)", c.n_ctx_train);
-            let t = &lm.tokenizer;
-            let name = |id: Option<u32>| {
-                id.map(|i| format!("{i} {:?}", t.token_text(i).unwrap_or("?")))
-                    .unwrap_or_else(|| "-".into())
-            };
-            println!(
-                "tokenizer:     {:?} ({}), {} tokens, pre-tokenizer {}",
-                t.kind(),
-                g.get_str("tokenizer.ggml.model").unwrap_or("?"),
-                t.vocab_size(),
-                t.pre_tokenizer().unwrap_or("-")
-            );
-            println!(
-                "special:       bos {} | eos {} | add bos {} | end-of-generation {:?}",
-                name(t.bos()),
-                name(t.eos()),
-                t.add_bos(),
-                t.eog_ids()
-            );
+            resolved(&lm, g.get_str("tokenizer.ggml.model").unwrap_or("?"));
             if let Some(m) = g.get_array("tokenizer.ggml.merges") {
                 println!("merges:        {}", m.len());
             }
-            for w in t.warnings() {
+            for w in lm.tokenizer.warnings() {
                 println!("warning:       {w}");
             }
         }
@@ -165,4 +129,112 @@ pub fn human_bytes(b: u64) -> String {
     } else {
         format!("{v:.2} {}", UNITS[u])
     }
+}
+
+/// The hyper-parameters and tokenizer mica resolved for a model it can run.
+fn resolved(lm: &LoadedModel, vocab_model: &str) {
+    let c = &lm.model.config;
+    println!(
+        "layers:        {}   embedding {}   feed-forward {}   vocab {}",
+        c.n_layer, c.n_embd, c.n_ff, c.n_vocab
+    );
+    println!(
+        "attention:     {} heads, {} KV heads, head dim {}, norm eps {:e}",
+        c.n_head, c.n_head_kv, c.head_dim, c.norm_eps
+    );
+    println!(
+        "rope:          {:?}, {} dims, base {}, scale {}{}",
+        c.rope.style,
+        c.rope.n_dims,
+        c.rope.freq_base,
+        c.rope.freq_scale,
+        if c.rope.freq_factors.is_some() {
+            ", frequency factors"
+        } else {
+            ""
+        }
+    );
+    println!("context:       {} (trained)", c.n_ctx_train);
+    let t = &lm.tokenizer;
+    let name = |id: Option<u32>| {
+        id.map(|i| format!("{i} {:?}", t.token_text(i).unwrap_or("?")))
+            .unwrap_or_else(|| "-".into())
+    };
+    println!(
+        "tokenizer:     {:?} ({}), {} tokens, pre-tokenizer {}",
+        t.kind(),
+        vocab_model,
+        t.vocab_size(),
+        t.pre_tokenizer().unwrap_or("-")
+    );
+    println!(
+        "special:       bos {} | eos {} | add bos {} | end-of-generation {:?}",
+        name(t.bos()),
+        name(t.eos()),
+        t.add_bos(),
+        t.eog_ids()
+    );
+}
+
+/// A Hugging Face folder: config.json, the safetensors checkpoint, the tokenizer.
+fn inspect_hf(dir: &std::path::Path, args: &InspectArgs) -> Result<()> {
+    let f = HfFolder::open(dir)?;
+    let n_tensors: usize = f.weights.files.iter().map(|s| s.tensors().len()).sum();
+    println!("folder:        {}", dir.display());
+    println!(
+        "format:        Hugging Face, safetensors ({} file{}, {n_tensors} tensors)",
+        f.weights.files.len(),
+        if f.weights.files.len() == 1 { "" } else { "s" }
+    );
+    let size: u64 = f.weights.files.iter().map(|s| s.bytes().len() as u64).sum();
+    println!("size:          {}", human_bytes(size));
+    println!(
+        "architecture:  {}",
+        f.architecture().unwrap_or("(none in config.json)")
+    );
+    match LoadedModel::open(dir) {
+        Ok(lm) => {
+            println!("parameters:    {:.1} M", lm.model.n_params() as f64 / 1e6);
+            resolved(&lm, "tokenizer.json");
+            for w in lm.tokenizer.warnings() {
+                println!("warning:       {w}");
+            }
+            match lm.template.is_fallback() {
+                true => println!("chat template: (none; mica falls back to ChatML)"),
+                false => println!("chat template: from tokenizer_config.json"),
+            }
+        }
+        Err(e) => println!("(cannot run this folder: {e})"),
+    }
+    let mut by_type: BTreeMap<String, (usize, u64)> = BTreeMap::new();
+    for (_, t) in f.weights.tensors() {
+        let e = by_type.entry(t.ggml_type.name()).or_default();
+        e.0 += 1;
+        e.1 += t.n_bytes;
+    }
+    println!("tensors by type:");
+    for (ty, (n, bytes)) in &by_type {
+        println!("  {ty:<8} {n:>5} tensors  {:>10}", human_bytes(*bytes));
+    }
+    if args.metadata {
+        println!("config.json:\n{:#}", f.config_json);
+        if let Some(g) = &f.generation {
+            println!("generation_config.json:\n{g:#}");
+        }
+    }
+    if args.tensors {
+        println!("tensors:");
+        for (_, t) in f.weights.tensors() {
+            // Shapes as the checkpoint writes them (outermost first).
+            let shape: Vec<u64> = t.shape.iter().rev().copied().collect();
+            println!(
+                "  {:<48} {:<6} {:?} {}",
+                t.name,
+                t.ggml_type.name(),
+                shape,
+                human_bytes(t.n_bytes)
+            );
+        }
+    }
+    Ok(())
 }

@@ -531,6 +531,23 @@ pub mod f16v {
     }
 }
 
+pub use crate::gelu::{geglu, gelu};
+
+/// `y *= v` for every element (ggml_scale).
+pub fn scale(y: &mut [f32], v: f32) {
+    for a in y.iter_mut() {
+        *a *= v;
+    }
+}
+
+/// Final-logit soft-capping as ggml computes it: `cap · tanhf(x · (1/cap))`.
+pub fn softcap(y: &mut [f32], cap: f32) {
+    let inv = 1.0 / cap;
+    for a in y.iter_mut() {
+        *a = (*a * inv).tanh() * cap;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -691,22 +708,5 @@ mod tests {
         assert_eq!(silu::silu_lane(200.0), 200.0);
         assert_eq!(silu::silu_lane(-200.0), -0.0);
         assert_eq!(silu::expf_lane(0.0), 1.0);
-    }
-}
-
-pub use crate::gelu::{geglu, gelu};
-
-/// `y *= v` for every element (ggml_scale).
-pub fn scale(y: &mut [f32], v: f32) {
-    for a in y.iter_mut() {
-        *a *= v;
-    }
-}
-
-/// Final-logit soft-capping as ggml computes it: `cap · tanhf(x · (1/cap))`.
-pub fn softcap(y: &mut [f32], cap: f32) {
-    let inv = 1.0 / cap;
-    for a in y.iter_mut() {
-        *a = (*a * inv).tanh() * cap;
     }
 }

@@ -154,6 +154,6 @@ fn pre_name(pre: &Value) -> &'static str {
     } else if mentions(pre, "Digits") {
         "smollm"
     } else {
-        "gpt2"
+        "gpt-2"
     }
 }
