@@ -376,6 +376,45 @@ mod tests {
                 );
             }
         }
+        // Sliding window and soft-capping: the window is the naive attention over the last
+        // `w` positions; capping changes the result (and SIMD still equals the reference).
+        let sm = ScoreMod {
+            scale: 0.125,
+            softcap: None,
+            window: Some(20),
+        };
+        let mut ow = vec![0f32; q.len()];
+        attend_tile_mod(&kv, &q, &pos, &sm, &mut s1, &mut ow);
+        for (r, &p) in pos.iter().enumerate() {
+            let lo = sm.first_visible(p);
+            let mut sub = keys[lo * stride..].to_vec();
+            sub.truncate((p + 1 - lo) * stride);
+            let mut subv = values[lo * stride..].to_vec();
+            subv.truncate((p + 1 - lo) * stride);
+            let shifted = KvHead {
+                keys: &sub,
+                values: &subv,
+                ..kv
+            };
+            let want = naive(&shifted, &q[r * hd..(r + 1) * hd], p - lo, 0.125);
+            for d in 0..hd {
+                assert!(
+                    (ow[r * hd + d] as f64 - want[d]).abs() < 1e-5,
+                    "window row {r}"
+                );
+            }
+        }
+        let capped = ScoreMod {
+            softcap: Some(0.5),
+            ..sm
+        };
+        let mut oc = vec![0f32; q.len()];
+        attend_tile_mod(&kv, &q, &pos, &capped, &mut s2, &mut oc);
+        assert_ne!(ow, oc, "soft-capping changes the scores");
+        let mut o4 = vec![0f32; q.len()];
+        tile_generic(&kv, &q, &pos, &capped, &mut s1, &mut o4);
+        assert_eq!(oc, o4, "dispatch vs reference with window and cap");
+
         // A row's result does not depend on which other rows share its tile.
         let mut o3 = vec![0f32; hd];
         attend_tile(&kv, &q[5 * hd..6 * hd], &pos[5..6], 0.125, &mut s1, &mut o3);
