@@ -49,6 +49,8 @@ pub struct HfConfig {
     pub final_logit_softcapping: Option<f64>,
     pub rope_local_base_freq: Option<f64>,
     pub hidden_act: Option<String>,
+    /// transformers < 5 (Phi-3, NeoX): rotary fraction of each head.
+    pub partial_rotary_factor: Option<f64>,
     pub hidden_activation: Option<String>,
     pub attention_bias: Option<bool>,
     pub bos_token_id: Option<Value>,
@@ -252,6 +254,9 @@ impl HfFolder {
         if let Some(t) = c.rope_theta {
             v["rope_theta"] = t.into();
         }
+        if let Some(f) = c.partial_rotary_factor {
+            v["partial_rotary_factor"] = f.into();
+        }
         v
     }
 
@@ -263,9 +268,18 @@ impl HfFolder {
             .or(p["type"].as_str())
             .unwrap_or("default");
         let factor = p["factor"].as_f64();
+        // Partial rotary (Phi-3, NeoX): the first `factor × head_dim` dimensions rotate.
+        let partial = p["partial_rotary_factor"].as_f64().unwrap_or(1.0);
+        let n_dims = ((head_dim as f64 * partial) as usize) & !1;
+        if n_dims == 0 || n_dims > head_dim {
+            return Err(self.field_err(
+                "partial_rotary_factor",
+                format!("{partial} leaves no valid rotary width for head_dim {head_dim}"),
+            ));
+        }
         let mut rope = RopeConfig {
             style: RopeStyle::Neox,
-            n_dims: head_dim,
+            n_dims,
             freq_base,
             freq_scale: 1.0,
             freq_factors: None,
@@ -281,7 +295,7 @@ impl HfFolder {
                     ));
                 }
             },
-            "llama3" => rope.freq_factors = Some(llama3_factors(&p, head_dim, freq_base)),
+            "llama3" => rope.freq_factors = Some(llama3_factors(&p, n_dims, freq_base)),
             other => {
                 return Err(self.field_err(
                     "rope_scaling.rope_type",

@@ -82,6 +82,20 @@ pub static GEMMA3_HF: NameTable = NameTable {
     ],
 };
 
+/// Phi-3: fused `qkv_proj` and `gate_up_proj` (split by row ranges at load).
+pub static PHI3_HF: NameTable = NameTable {
+    layer_prefix: "model.layers.{i}.",
+    global: DECODER_GLOBAL,
+    layer: &[
+        ("attn_norm.weight", "input_layernorm.weight"),
+        ("attn_qkv.weight", "self_attn.qkv_proj.weight"),
+        ("attn_output.weight", "self_attn.o_proj.weight"),
+        ("ffn_norm.weight", "post_attention_layernorm.weight"),
+        ("ffn_up.weight", "mlp.gate_up_proj.weight"),
+        ("ffn_down.weight", "mlp.down_proj.weight"),
+    ],
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -247,6 +247,25 @@ impl WeightLoader {
         })
     }
 
+    /// Rows `first..first + rows` of a fused matrix of `total_rows` × `cols` (Phi-3's
+    /// `qkv_proj`, `gate_up_proj`): a view into the same bytes, no copy.
+    pub fn matrix_rows(
+        &self,
+        name: &str,
+        first: usize,
+        rows: usize,
+        total_rows: usize,
+        cols: usize,
+    ) -> Result<Matrix> {
+        let mut m = self.matrix(name, total_rows, cols)?;
+        let row_bytes = m.n_bytes() / total_rows.max(1);
+        m.data.start += first * row_bytes;
+        m.data.len = rows * row_bytes;
+        m.rows = rows;
+        m.name = format!("{name}[{first}..{}]", first + rows);
+        Ok(m)
+    }
+
     /// A matrix whose row count is read from the file (e.g. the vocabulary).
     pub fn matrix_any_rows(&self, name: &str, cols: usize) -> Result<Matrix> {
         let (t, _) = self.require(name)?;

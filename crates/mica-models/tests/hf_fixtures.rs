@@ -156,3 +156,8 @@ fn qwen3_matches_transformers() {
 fn gemma3_matches_transformers() {
     check("gemma3");
 }
+
+#[test]
+fn phi3_matches_transformers() {
+    check("phi3");
+}

@@ -18,6 +18,10 @@ pub struct Parts {
     /// RMSNorm of each sub-block's output before its residual add (`post_attention_norm`,
     /// `post_ffw_norm`).
     pub post_norms: bool,
+    /// Q, K and V stored as one matrix (`attn_qkv`, rows q | k | v; Phi-3).
+    pub fused_qkv: bool,
+    /// Gate and up stored as one matrix (`ffn_up` of `2 × n_ff` rows, gate first; Phi-3).
+    pub fused_gate_up: bool,
 }
 
 /// The token embedding (`[n_vocab × n_embd]`); its row count is the vocabulary.
@@ -47,21 +51,54 @@ pub fn build(
             Ok(None)
         }
     };
+    // A fused matrix's rows as separate projections (views of the same bytes).
+    let split = |name: String, first: usize, rows: usize, total: usize| -> Result<Linear> {
+        Ok(Linear {
+            w: w.matrix_rows(&name, first, rows, total, d)?,
+            bias: None,
+        })
+    };
     let layers = (0..cfg.n_layer)
         .map(|i| {
             let p = |s: &str| format!("blk.{i}.{s}");
+            let (wq, wk, wv) = if parts.fused_qkv {
+                let (name, total) = (p("attn_qkv.weight"), qd + 2 * kvd);
+                (
+                    split(name.clone(), 0, qd, total)?,
+                    split(name.clone(), qd, kvd, total)?,
+                    split(name, qd + kvd, kvd, total)?,
+                )
+            } else {
+                (
+                    w.linear(&p("attn_q"), qd, d)?,
+                    w.linear(&p("attn_k"), kvd, d)?,
+                    w.linear(&p("attn_v"), kvd, d)?,
+                )
+            };
+            let (gate, up) = if parts.fused_gate_up {
+                let name = p("ffn_up.weight");
+                (
+                    split(name.clone(), 0, ff, 2 * ff)?,
+                    split(name, ff, ff, 2 * ff)?,
+                )
+            } else {
+                (
+                    w.linear(&p("ffn_gate"), ff, d)?,
+                    w.linear(&p("ffn_up"), ff, d)?,
+                )
+            };
             Ok(DecoderLayer {
                 attn_norm: w.norm(&p("attn_norm.weight"), d)?,
                 q_norm: opt(parts.qk_norm, p("attn_q_norm.weight"), hd)?,
                 k_norm: opt(parts.qk_norm, p("attn_k_norm.weight"), hd)?,
-                wq: w.linear(&p("attn_q"), qd, d)?,
-                wk: w.linear(&p("attn_k"), kvd, d)?,
-                wv: w.linear(&p("attn_v"), kvd, d)?,
+                wq,
+                wk,
+                wv,
                 wo: w.linear(&p("attn_output"), d, qd)?,
                 post_attn_norm: opt(parts.post_norms, p("post_attention_norm.weight"), d)?,
                 ffn_norm: w.norm(&p("ffn_norm.weight"), d)?,
-                gate: w.linear(&p("ffn_gate"), ff, d)?,
-                up: w.linear(&p("ffn_up"), ff, d)?,
+                gate,
+                up,
                 down: w.linear(&p("ffn_down"), d, ff)?,
                 post_ffn_norm: opt(parts.post_norms, p("post_ffw_norm.weight"), d)?,
             })

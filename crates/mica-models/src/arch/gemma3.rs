@@ -29,6 +29,8 @@ use mica_kernels::ops::RopeStyle;
 const PARTS: Parts = Parts {
     qk_norm: true,
     post_norms: true,
+    fused_qkv: false,
+    fused_gate_up: false,
 };
 
 /// Every `DEFAULT_PATTERN`-th layer is global unless the model says otherwise.

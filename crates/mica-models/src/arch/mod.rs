@@ -5,6 +5,7 @@
 mod decoder;
 mod gemma3;
 mod llama;
+mod phi3;
 
 use crate::error::{ModelError, Result};
 use crate::hf::HfFolder;
@@ -27,11 +28,13 @@ const REGISTRY: &[(&str, Loader)] = &[
     ("qwen2", llama::load_qwen2),
     ("qwen3", llama::load_qwen3),
     ("gemma3", gemma3::load),
+    ("phi3", phi3::load),
     ("LlamaForCausalLM", llama::load_llama),
     ("MistralForCausalLM", llama::load_llama),
     ("Qwen2ForCausalLM", llama::load_qwen2),
     ("Qwen3ForCausalLM", llama::load_qwen3),
     ("Gemma3ForCausalLM", gemma3::load),
+    ("Phi3ForCausalLM", phi3::load),
 ];
 
 /// Names of the supported architectures.

@@ -1,0 +1,59 @@
+//! Phi-3 (mini / medium, 4k and 128k context): a LLaMA-style pre-norm decoder whose Q, K, V
+//! projections are one fused `qkv` matrix and whose gate and up projections are one fused
+//! `gate_up` matrix (gate first), both split at load into row views of the same bytes.
+//! NeoX-style RoPE, optionally over part of each head (`partial_rotary_factor`); a sliding
+//! window on every layer where configured.
+//!
+//! Not yet: LongRoPE / "su" scaling (the 128k models' per-dimension short and long factors
+//! with their attention factor) — such models fail with an error naming the RoPE type (HF)
+//! or the `rope_factors_long.weight` tensor (GGUF).
+//!
+//! References: Phi-3 technical report (2024); llama.cpp `src/models/phi3.cpp`; transformers
+//! `models/phi3/modeling_phi3.py`.
+
+use super::Source;
+use super::decoder::{Parts, build, token_embedding};
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::model::Model;
+use crate::names::PHI3_HF;
+use crate::weights::WeightLoader;
+use mica_kernels::ops::RopeStyle;
+
+const PARTS: Parts = Parts {
+    qk_norm: false,
+    post_norms: false,
+    fused_qkv: true,
+    fused_gate_up: true,
+};
+
+pub(super) fn load(src: &Source, arch: &str) -> Result<Model> {
+    match src {
+        Source::Gguf(file) => {
+            let w = WeightLoader::gguf(file, arch);
+            if w.info("rope_factors_long.weight").is_some() {
+                return Err(ModelError::Config {
+                    path: file.path().to_path_buf(),
+                    key: "rope_factors_long.weight".into(),
+                    msg: "LongRoPE (Phi-3 128k) is not supported yet".into(),
+                });
+            }
+            let n_embd = file
+                .get_u64(&format!("{arch}.embedding_length"))
+                .unwrap_or(0);
+            let tok_embd = token_embedding(&w, n_embd as usize)?;
+            let mut cfg = ModelConfig::from_gguf(file, arch, RopeStyle::Neox, tok_embd.rows)?;
+            if let Some(win) = file.get_u64(&format!("{arch}.attention.sliding_window")) {
+                cfg.layer_window = vec![Some(win as usize).filter(|&w| w > 0); cfg.n_layer];
+            }
+            build(&w, cfg, tok_embd, PARTS, Some((*file).clone()))
+        }
+        Source::Hf(hf) => {
+            let w = hf.weights(arch, &PHI3_HF);
+            let tok_embd = token_embedding(&w, hf.config.hidden_size.unwrap_or(0))?;
+            let mut cfg = hf.decoder_config(arch, tok_embd.rows)?;
+            cfg.layer_window = hf.layer_windows(cfg.n_layer, true, None)?;
+            build(&w, cfg, tok_embd, PARTS, None)
+        }
+    }
+}
