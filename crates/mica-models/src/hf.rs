@@ -53,6 +53,15 @@ pub struct HfConfig {
     pub partial_rotary_factor: Option<f64>,
     pub hidden_activation: Option<String>,
     pub attention_bias: Option<bool>,
+    /// Mixture-of-experts (Qwen2-MoE / Qwen3-MoE): experts, experts per token, expert and
+    /// shared-expert widths, renormalization, which layers are sparse.
+    pub num_experts: Option<usize>,
+    pub num_experts_per_tok: Option<usize>,
+    pub moe_intermediate_size: Option<usize>,
+    pub shared_expert_intermediate_size: Option<usize>,
+    pub norm_topk_prob: Option<bool>,
+    pub decoder_sparse_step: Option<usize>,
+    pub mlp_only_layers: Option<Vec<usize>>,
     pub bos_token_id: Option<Value>,
     pub eos_token_id: Option<Value>,
 }

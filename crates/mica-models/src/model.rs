@@ -7,6 +7,7 @@
 
 use crate::batch::Batch;
 use crate::blocks::attention::{AttentionPolicy, AttnShape, attention};
+pub use crate::blocks::moe::{Expert, Moe};
 use crate::config::{Activation, ModelConfig, RopeConfig};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
@@ -39,12 +40,17 @@ pub struct DecoderLayer {
     pub wo: Linear,
     /// `[n_embd]`
     pub ffn_norm: Vec<f32>,
-    /// `[n_ff × n_embd]`
-    pub gate: Linear,
-    /// `[n_ff × n_embd]`
-    pub up: Linear,
-    /// `[n_embd × n_ff]`
-    pub down: Linear,
+    pub ffn: Ffn,
+}
+
+/// The feed-forward sub-block of a layer. (One per layer, built once: the size difference
+/// between the variants costs nothing.)
+#[allow(clippy::large_enum_variant)]
+pub enum Ffn {
+    /// `down(act(gate(x)) * up(x))`, `[n_ff × n_embd]` gate and up, `[n_embd × n_ff]` down.
+    Dense(Expert),
+    /// Routed experts (and a shared one), see [`Moe`].
+    Moe(Moe),
 }
 
 /// A model ready to run.
@@ -103,10 +109,17 @@ fn grow(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
 impl Model {
     /// The weight matrices (the output head only when it is not the token embedding).
     fn matrices(&self) -> impl Iterator<Item = &Matrix> {
-        let layers = self
-            .layers
-            .iter()
-            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down].map(|lin| &lin.w));
+        let layers = self.layers.iter().flat_map(move |l| {
+            let attn = [&l.wq, &l.wk, &l.wv, &l.wo].map(|lin| &lin.w);
+            let ffn: Vec<&Matrix> = match &l.ffn {
+                Ffn::Dense(e) => expert_matrices(e).to_vec(),
+                Ffn::Moe(m) => std::iter::once(&m.router.w)
+                    .chain(m.experts.iter().chain(&m.shared).flat_map(expert_matrices))
+                    .chain(m.shared_gate.as_ref().map(|g| &g.w))
+                    .collect(),
+            };
+            attn.into_iter().chain(ffn)
+        });
         let head = (self.output.w.name != self.tok_embd.name).then_some(&self.output.w);
         std::iter::once(&self.tok_embd).chain(layers).chain(head)
     }
@@ -133,7 +146,7 @@ impl Model {
         let cfg = &self.config;
         self.validate(batch, kv)?;
         let n = batch.len();
-        let (d, qd, kvd, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
+        let (d, qd, kvd) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim());
 
         // Token embeddings: `x[t] = tok_embd[token t]`.
         let x = grow(&mut ws.x, n * d);
@@ -256,14 +269,27 @@ impl Model {
             );
             ws.acts.invalidate();
             let xn = &ws.xn[..rows * d];
+            let proj = grow(&mut ws.proj, rows * d);
+            let dense = match &layer.ffn {
+                Ffn::Dense(e) => e,
+                Ffn::Moe(moe) => {
+                    moe.forward(pool, xn, rows, d, proj);
+                    if let Some(w) = &layer.post_ffn_norm {
+                        norm_in_place(proj, w, cfg.norm_eps, &mut ws.cos_sin);
+                    }
+                    ops::add_assign(&mut ws.x[..rows * d], &ws.proj[..rows * d]);
+                    continue;
+                }
+            };
+            let ff = dense.gate.out_dim();
             let gate = grow(&mut ws.gate, rows * ff);
-            layer
+            dense
                 .gate
-                .forward(pool, ws.acts.get(pool, &layer.gate.w, xn, rows), gate);
+                .forward(pool, ws.acts.get(pool, &dense.gate.w, xn, rows), gate);
             let up = grow(&mut ws.up, rows * ff);
-            layer
+            dense
                 .up
-                .forward(pool, ws.acts.get(pool, &layer.up.w, xn, rows), up);
+                .forward(pool, ws.acts.get(pool, &dense.up.w, xn, rows), up);
             match cfg.act {
                 Activation::Silu => ops::swiglu(&mut ws.gate[..rows * ff], &ws.up[..rows * ff]),
                 Activation::GeluTanh => ops::geglu(&mut ws.gate[..rows * ff], &ws.up[..rows * ff]),
@@ -271,9 +297,9 @@ impl Model {
             ws.acts.invalidate();
             let h = &ws.gate[..rows * ff];
             let proj = grow(&mut ws.proj, rows * d);
-            layer
+            dense
                 .down
-                .forward(pool, ws.acts.get(pool, &layer.down.w, h, rows), proj);
+                .forward(pool, ws.acts.get(pool, &dense.down.w, h, rows), proj);
             if let Some(w) = &layer.post_ffn_norm {
                 norm_in_place(proj, w, cfg.norm_eps, &mut ws.cos_sin);
             }
@@ -398,4 +424,9 @@ fn norm_in_place(x: &mut [f32], w: &[f32], eps: f32, tmp: &mut Vec<f32>) {
         t.copy_from_slice(row);
         rms_norm(t, w, eps, row);
     }
+}
+
+/// The three matrices of an expert.
+fn expert_matrices(e: &Expert) -> [&Matrix; 3] {
+    [&e.gate.w, &e.up.w, &e.down.w]
 }

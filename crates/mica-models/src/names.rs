@@ -24,9 +24,20 @@ impl NameTable {
         }
         if let Some(rest) = canonical.strip_prefix("blk.")
             && let Some((i, suffix)) = rest.split_once('.')
-            && let Some((_, f)) = self.layer.iter().find(|(c, _)| *c == suffix)
         {
-            return format!("{}{f}", self.layer_prefix.replace("{i}", i));
+            let prefix = self.layer_prefix.replace("{i}", i);
+            if let Some((_, f)) = self.layer.iter().find(|(c, _)| *c == suffix) {
+                return format!("{prefix}{f}");
+            }
+            // Per-expert names: `{e}` stands for the expert index in both forms.
+            for (c, f) in self.layer {
+                if let Some((pre, post)) = c.split_once("{e}")
+                    && let Some(e) = suffix.strip_prefix(pre).and_then(|r| r.strip_suffix(post))
+                    && e.parse::<usize>().is_ok()
+                {
+                    return format!("{prefix}{}", f.replace("{e}", e));
+                }
+            }
         }
         canonical.to_string()
     }
@@ -93,6 +104,36 @@ pub static PHI3_HF: NameTable = NameTable {
         ("ffn_norm.weight", "post_attention_layernorm.weight"),
         ("ffn_up.weight", "mlp.gate_up_proj.weight"),
         ("ffn_down.weight", "mlp.down_proj.weight"),
+    ],
+};
+
+/// Qwen2-MoE: one set of matrices per expert (`mlp.experts.{e}.*`), the router
+/// (`mlp.gate`), a shared expert and its gate.
+pub static QWEN2MOE_HF: NameTable = NameTable {
+    layer_prefix: "model.layers.{i}.",
+    global: DECODER_GLOBAL,
+    layer: decoder_layer_names![
+        ("ffn_norm.weight", "post_attention_layernorm.weight"),
+        ("ffn_gate_inp.weight", "mlp.gate.weight"),
+        (
+            "ffn_gate_exp.{e}.weight",
+            "mlp.experts.{e}.gate_proj.weight"
+        ),
+        ("ffn_up_exp.{e}.weight", "mlp.experts.{e}.up_proj.weight"),
+        (
+            "ffn_down_exp.{e}.weight",
+            "mlp.experts.{e}.down_proj.weight"
+        ),
+        (
+            "ffn_gate_shexp.weight",
+            "mlp.shared_expert.gate_proj.weight"
+        ),
+        ("ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight"),
+        (
+            "ffn_down_shexp.weight",
+            "mlp.shared_expert.down_proj.weight"
+        ),
+        ("ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight"),
     ],
 };
 

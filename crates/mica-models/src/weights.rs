@@ -248,7 +248,8 @@ impl WeightLoader {
     }
 
     /// Rows `first..first + rows` of a fused matrix of `total_rows` × `cols` (Phi-3's
-    /// `qkv_proj`, `gate_up_proj`): a view into the same bytes, no copy.
+    /// `qkv_proj`, `gate_up_proj`; a 3-D expert stack `[n_expert, r, cols]` counts as
+    /// `n_expert · r` rows): a view into the same bytes, no copy.
     pub fn matrix_rows(
         &self,
         name: &str,
@@ -257,13 +258,31 @@ impl WeightLoader {
         total_rows: usize,
         cols: usize,
     ) -> Result<Matrix> {
-        let mut m = self.matrix(name, total_rows, cols)?;
-        let row_bytes = m.n_bytes() / total_rows.max(1);
-        m.data.start += first * row_bytes;
-        m.data.len = rows * row_bytes;
-        m.rows = rows;
-        m.name = format!("{name}[{first}..{}]", first + rows);
-        Ok(m)
+        let (t, bytes) = self.require(name)?;
+        let outer: u64 = t.shape.iter().skip(1).product();
+        if t.shape.first() != Some(&(cols as u64)) || outer != total_rows as u64 {
+            return Err(ModelError::BadShape {
+                path: self.path.clone(),
+                tensor: t.name.clone(),
+                expected: vec![cols as u64, total_rows as u64],
+                got: t.shape.clone(),
+            });
+        }
+        let dtype = self.dtype_of(t)?;
+        let row_bytes = t.n_bytes as usize / total_rows.max(1);
+        Ok(Matrix {
+            name: format!("{name}[{first}..{}]", first + rows),
+            extra_paths: true,
+            dtype,
+            rows,
+            cols,
+            data: TensorData {
+                file: bytes.clone(),
+                start: t.offset as usize + first * row_bytes,
+                len: rows * row_bytes,
+            },
+            packed: None,
+        })
     }
 
     /// A matrix whose row count is read from the file (e.g. the vocabulary).

@@ -161,3 +161,8 @@ fn gemma3_matches_transformers() {
 fn phi3_matches_transformers() {
     check("phi3");
 }
+
+#[test]
+fn qwen2moe_matches_transformers() {
+    check("qwen2moe");
+}

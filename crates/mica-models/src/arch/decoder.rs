@@ -5,7 +5,7 @@
 
 use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::model::{DecoderLayer, Model};
+use crate::model::{DecoderLayer, Expert, Ffn, Model};
 use crate::weights::{Linear, Matrix, WeightLoader};
 use mica_formats::GgufFile;
 use std::sync::Arc;
@@ -36,6 +36,19 @@ pub fn build(
     tok_embd: Matrix,
     parts: Parts,
     file: Option<Arc<GgufFile>>,
+) -> Result<Model> {
+    build_with(w, cfg, tok_embd, parts, file, &|_| Ok(None))
+}
+
+/// [`build`], where `ffn(layer)` may supply a layer's feed-forward block (mixture of
+/// experts); `None` loads the dense gated MLP.
+pub fn build_with(
+    w: &WeightLoader,
+    cfg: ModelConfig,
+    tok_embd: Matrix,
+    parts: Parts,
+    file: Option<Arc<GgufFile>>,
+    ffn: &dyn Fn(usize) -> Result<Option<Ffn>>,
 ) -> Result<Model> {
     let (d, qd, kvd, ff, hd) = (
         cfg.n_embd,
@@ -75,17 +88,22 @@ pub fn build(
                     w.linear(&p("attn_v"), kvd, d)?,
                 )
             };
-            let (gate, up) = if parts.fused_gate_up {
-                let name = p("ffn_up.weight");
-                (
-                    split(name.clone(), 0, ff, 2 * ff)?,
-                    split(name, ff, ff, 2 * ff)?,
-                )
-            } else {
-                (
-                    w.linear(&p("ffn_gate"), ff, d)?,
-                    w.linear(&p("ffn_up"), ff, d)?,
-                )
+            let ffn = match ffn(i)? {
+                Some(f) => f,
+                None => {
+                    let down = w.linear(&p("ffn_down"), d, ff)?;
+                    let (gate, up) = if parts.fused_gate_up {
+                        let name = p("ffn_up.weight");
+                        let first = split(name.clone(), 0, ff, 2 * ff)?;
+                        (first, split(name, ff, ff, 2 * ff)?)
+                    } else {
+                        (
+                            w.linear(&p("ffn_gate"), ff, d)?,
+                            w.linear(&p("ffn_up"), ff, d)?,
+                        )
+                    };
+                    Ffn::Dense(Expert { gate, up, down })
+                }
             };
             Ok(DecoderLayer {
                 attn_norm: w.norm(&p("attn_norm.weight"), d)?,
@@ -97,9 +115,7 @@ pub fn build(
                 wo: w.linear(&p("attn_output"), d, qd)?,
                 post_attn_norm: opt(parts.post_norms, p("post_attention_norm.weight"), d)?,
                 ffn_norm: w.norm(&p("ffn_norm.weight"), d)?,
-                gate,
-                up,
-                down: w.linear(&p("ffn_down"), d, ff)?,
+                ffn,
                 post_ffn_norm: opt(parts.post_norms, p("post_ffw_norm.weight"), d)?,
             })
         })

@@ -6,6 +6,7 @@ mod decoder;
 mod gemma3;
 mod llama;
 mod phi3;
+mod qwen2moe;
 
 use crate::error::{ModelError, Result};
 use crate::hf::HfFolder;
@@ -35,6 +36,7 @@ const REGISTRY: &[(&str, Loader)] = &[
     ("Qwen3ForCausalLM", llama::load_qwen3),
     ("Gemma3ForCausalLM", gemma3::load),
     ("Phi3ForCausalLM", phi3::load),
+    ("Qwen2MoeForCausalLM", qwen2moe::load),
 ];
 
 /// Names of the supported architectures.

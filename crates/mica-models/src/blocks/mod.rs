@@ -1,3 +1,4 @@
 //! Building blocks shared by every architecture.
 
 pub mod attention;
+pub mod moe;
