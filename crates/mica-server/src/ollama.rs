@@ -370,11 +370,14 @@ fn finish_str(f: FinishReason) -> &'static str {
 fn details(l: Option<&Loaded>, path: &std::path::Path) -> Value {
     let (family, params, quant) = match l {
         Some(l) => {
-            let f = &l.model.model.file;
+            // A Hugging Face folder has no GGUF metadata to report.
+            let f = l.model.model.file.as_deref();
             (
                 l.model.model.config.arch.clone(),
-                f.get_str("general.size_label").unwrap_or("").to_string(),
-                f.get_u32("general.file_type")
+                f.and_then(|f| f.get_str("general.size_label"))
+                    .unwrap_or("")
+                    .to_string(),
+                f.and_then(|f| f.get_u32("general.file_type"))
                     .map_or(String::new(), |t| format!("file_type {t}")),
             )
         }
