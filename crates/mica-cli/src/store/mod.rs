@@ -87,24 +87,14 @@ pub fn resolve_in(arg: &str, models: &Path, quiet: bool) -> Result<PathBuf> {
         bail!("the model name is empty");
     }
     if let Some(m) = list::find(models, arg)? {
-        if m.kind == list::Kind::Safetensors {
-            bail!(
-                "{} is a safetensors repository ({}); mica runs GGUF files so far",
-                m.name,
-                m.path.display()
-            );
-        }
+        // A safetensors repository is a Hugging Face folder, which the loader reads too.
         return Ok(m.path);
     }
     if catalog::find(arg).is_some() || arg.starts_with("hf:") {
         if !quiet {
             eprintln!("mica: {arg} is not in the store yet; pulling it");
         }
-        let path = pull::pull(arg, models, &pull::Hub::from_env(), quiet)?;
-        if path.is_dir() {
-            bail!("{arg} was pulled in safetensors form; mica runs GGUF files so far");
-        }
-        return Ok(path);
+        return pull::pull(arg, models, &pull::Hub::from_env(), quiet);
     }
     bail!(
         "{arg}: no such file, and no model of that name in the store (`mica list` shows the store, `mica list --catalog` what `mica pull` can fetch)"
