@@ -669,8 +669,11 @@ impl Core {
         group.live -= 1;
         if group.live == 0 && group.to_fork == 0 {
             let usage = group.usage;
-            group.sink.send(Event::Finished { usage });
-            self.end_group(choice.group, RequestStatus::Ok);
+            // Counted before the client hears the end, so metrics read after a response
+            // already include it.
+            if let Some(mut group) = self.end_group(choice.group, RequestStatus::Ok) {
+                group.sink.send(Event::Finished { usage });
+            }
         }
     }
 
@@ -682,7 +685,8 @@ impl Core {
     }
 
     /// Removes a request and every sequence of it, freeing their blocks.
-    fn end_group(&mut self, g: ReqId, status: RequestStatus) {
+    /// Returns the removed request, if it was still there.
+    fn end_group(&mut self, g: ReqId, status: RequestStatus) -> Option<Group> {
         let ids: Vec<ReqId> = self
             .choices
             .iter()
@@ -693,12 +697,12 @@ impl Core {
             self.sched.finish(id);
             self.choices.remove(&id);
         }
-        if let Some(group) = self.groups.remove(&g) {
-            if !group.admitted {
-                self.queued[group.lane.index()].fetch_sub(1, Relaxed);
-            }
-            self.metrics.count_request(group.lane, status);
+        let group = self.groups.remove(&g)?;
+        if !group.admitted {
+            self.queued[group.lane.index()].fetch_sub(1, Relaxed);
         }
+        self.metrics.count_request(group.lane, status);
+        Some(group)
     }
 
     fn record_rate(&mut self, now: Instant, generated: usize) {
