@@ -5,12 +5,12 @@
 
 use crate::bridge::{self, GenRequest, Running, StreamFormat, openai_finish, unix_now};
 use crate::error::{ApiError, from_value, parse_body};
-use crate::state::AppState;
+use crate::state::{AppState, Loaded};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use mica_engine::{Event, GenerateParams, SamplingParams, TokenLogprob, Usage};
+use mica_engine::{Event, GenerateParams, Lane, SamplingParams, TokenLogprob, Usage};
 use mica_models::chat::ChatMessage;
 use mica_models::tokenizer::{DecodeOptions, Tokenizer};
 use serde::Deserialize;
@@ -172,6 +172,33 @@ fn check_n(c: &Common) -> Result<usize, ApiError> {
     Ok(n)
 }
 
+/// Checks `prompt` against the model's context (`field` names it in the error), resolves
+/// the sampling parameters and submits the request: the part the chat and completion routes
+/// share.
+fn submit(
+    loaded: &Arc<Loaded>,
+    c: &Common,
+    prompt: Vec<u32>,
+    field: &str,
+    lane: Lane,
+    n: usize,
+    logprobs: Option<usize>,
+) -> Result<Running, ApiError> {
+    let n_ctx = loaded.engine.n_ctx();
+    if prompt.len() >= n_ctx {
+        return Err(too_long(prompt.len(), n_ctx, field));
+    }
+    let params = params(c, n_ctx, prompt.len())?;
+    let req = GenRequest {
+        prompt,
+        params,
+        lane,
+        n,
+        logprobs,
+    };
+    bridge::start(loaded.clone(), req)
+}
+
 fn too_long(prompt_len: usize, n_ctx: usize, param: &str) -> ApiError {
     let mut e = ApiError::bad_request(
         Some(param),
@@ -228,22 +255,10 @@ pub async fn chat(
         .tokenizer
         .encode(&text, true, true)
         .map_err(|e| ApiError::bad_request(Some("messages"), e.to_string()))?;
-    let n_ctx = loaded.engine.n_ctx();
-    if prompt.len() >= n_ctx {
-        return Err(too_long(prompt.len(), n_ctx, "messages"));
-    }
-    let params = params(c, n_ctx, prompt.len())?;
     let logprobs = body
         .logprobs
         .then_some(body.top_logprobs.unwrap_or(0).min(20));
-    let req = GenRequest {
-        prompt,
-        params,
-        lane,
-        n,
-        logprobs,
-    };
-    let running = bridge::start(loaded.clone(), req)?;
+    let running = submit(&loaded, c, prompt, "messages", lane, n, logprobs)?;
     let id = format!("chatcmpl-{:x}", rand_id());
     let model = c.model.clone();
     if c.stream {
@@ -326,20 +341,8 @@ pub async fn completions(
             ),
         ));
     }
-    let n_ctx = loaded.engine.n_ctx();
-    if prompt.len() >= n_ctx {
-        return Err(too_long(prompt.len(), n_ctx, "prompt"));
-    }
-    let params = params(c, n_ctx, prompt.len())?;
     let logprobs = body.logprobs.map(|k| k.min(20));
-    let req = GenRequest {
-        prompt,
-        params,
-        lane,
-        n,
-        logprobs,
-    };
-    let running = bridge::start(loaded.clone(), req)?;
+    let running = submit(&loaded, c, prompt, "prompt", lane, n, logprobs)?;
     let id = format!("cmpl-{:x}", rand_id());
     let model = c.model.clone();
     if c.stream {
