@@ -116,7 +116,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     if threads == 0 {
         bail!("the thread count must be positive");
     }
-    let seed = args.seed.unwrap_or_else(random_seed);
+    let seed = args.seed.unwrap_or_else(mica_engine::random_seed);
     let params = GenerateParams {
         max_tokens: args.n_predict,
         sampling: SamplingParams {
@@ -183,12 +183,4 @@ pub fn run(args: RunArgs) -> Result<()> {
         );
     }
     Ok(())
-}
-
-pub fn random_seed() -> u64 {
-    use std::hash::{BuildHasher, RandomState};
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    RandomState::new().hash_one(nanos) >> 1
 }

@@ -18,5 +18,5 @@ pub use error::{EngineError, Result};
 pub use generate::{FinishReason, GenerateParams, Generation, Session, Timings};
 pub use kv_manager::{BlockManager, SeqBlocks};
 pub use metrics::{EngineMetrics, RequestStatus};
-pub use sampler::{Sampler, SamplingParams};
+pub use sampler::{Sampler, SamplingParams, random_seed};
 pub use scheduler::{Lane, SchedulePolicy, Scheduler, SchedulerConfig};

@@ -256,6 +256,16 @@ pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
     logits.iter().map(|&l| (l as f64 - lse) as f32).collect()
 }
 
+/// A fresh seed for a run that asked for none: the process's random hasher over the clock,
+/// kept below 2^63 so it round-trips through signed JSON integers.
+pub fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    RandomState::new().hash_one(nanos) >> 1
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -97,10 +97,7 @@ fn params(o: &Options, n_ctx: usize, prompt_len: usize) -> Result<GenerateParams
             ));
         }
     };
-    let seed = o.seed.unwrap_or_else(|| {
-        use std::hash::{BuildHasher, RandomState};
-        RandomState::new().hash_one(Instant::now())
-    });
+    let seed = o.seed.unwrap_or_else(mica_engine::random_seed);
     let sampling = SamplingParams {
         temperature: o.temperature.unwrap_or(0.8),
         top_k: o.top_k.unwrap_or(40),

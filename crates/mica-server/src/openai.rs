@@ -108,10 +108,7 @@ struct CompletionBody {
 }
 
 fn params(c: &Common, n_ctx: usize, prompt_len: usize) -> Result<GenerateParams, ApiError> {
-    let seed = c.seed.unwrap_or_else(|| {
-        use std::hash::{BuildHasher, RandomState};
-        RandomState::new().hash_one(std::time::SystemTime::now())
-    });
+    let seed = c.seed.unwrap_or_else(mica_engine::random_seed);
     if let Some(t) = c.temperature
         && !(0.0..=2.0).contains(&t)
     {

@@ -142,7 +142,7 @@ impl Chat<'_, '_> {
                 "[context full: dropped the {dropped} oldest messages to make room; the system prompt is kept. /reset starts afresh, /history shows what is left]"
             );
         }
-        let params = self.settings.params(crate::run::random_seed());
+        let params = self.settings.params(mica_engine::random_seed());
         let stdout = std::io::stdout();
         let result = self.session.generate(&ids, &params, |piece| {
             let mut out = stdout.lock();
