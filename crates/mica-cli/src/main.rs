@@ -8,6 +8,7 @@ mod download;
 mod inspect;
 mod perplexity;
 mod run;
+mod sampling_args;
 mod serve;
 mod store;
 mod verify;

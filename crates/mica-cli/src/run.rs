@@ -2,7 +2,9 @@
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use mica_engine::{GenerateParams, SamplingParams, Session};
+use mica_engine::{GenerateParams, Session};
+
+use crate::sampling_args::SamplingArgs;
 use mica_models::LoadedModel;
 use mica_models::chat::ChatMessage;
 use std::io::Write;
@@ -24,31 +26,8 @@ pub struct RunArgs {
     /// Tokens to generate at most.
     #[arg(short = 'n', long = "n-predict", default_value_t = 256)]
     pub n_predict: usize,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long = "temp", default_value_t = 0.8)]
-    pub temp: f32,
-    /// Keep only the K most likely tokens (0 = off).
-    #[arg(long = "top-k", default_value_t = 40)]
-    pub top_k: usize,
-    /// Nucleus sampling threshold (1 = off).
-    #[arg(long = "top-p", default_value_t = 0.95)]
-    pub top_p: f32,
-    /// Drop tokens less likely than P times the most likely (0 = off).
-    #[arg(long = "min-p", default_value_t = 0.05)]
-    pub min_p: f32,
-    /// Penalize repeats of recent tokens (1 = off).
-    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
-    pub repeat_penalty: f32,
-    /// Recent tokens the penalties look at.
-    #[arg(long = "repeat-last-n", default_value_t = 64)]
-    pub repeat_last_n: usize,
-    #[arg(long = "presence-penalty", default_value_t = 0.0)]
-    pub presence_penalty: f32,
-    #[arg(long = "frequency-penalty", default_value_t = 0.0)]
-    pub frequency_penalty: f32,
-    /// Random seed (default: random). The same seed reproduces a run.
-    #[arg(short = 's', long = "seed")]
-    pub seed: Option<u64>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     /// Stop before this string (repeatable).
     #[arg(long = "stop")]
     pub stop: Vec<String>,
@@ -116,20 +95,11 @@ pub fn run(args: RunArgs) -> Result<()> {
     if threads == 0 {
         bail!("the thread count must be positive");
     }
-    let seed = args.seed.unwrap_or_else(mica_engine::random_seed);
+    let sampling = args.sampling.params(mica_engine::random_seed());
+    let seed = sampling.seed;
     let params = GenerateParams {
         max_tokens: args.n_predict,
-        sampling: SamplingParams {
-            temperature: args.temp,
-            top_k: args.top_k,
-            top_p: args.top_p,
-            min_p: args.min_p,
-            repeat_penalty: args.repeat_penalty,
-            presence_penalty: args.presence_penalty,
-            frequency_penalty: args.frequency_penalty,
-            penalty_last_n: args.repeat_last_n,
-            seed,
-        },
+        sampling,
         stop: args.stop.clone(),
         ignore_eos: args.ignore_eos,
     };

@@ -3,21 +3,18 @@
 //! Parsing is kept apart from acting on a command so every malformed command can be tested
 //! to produce a one-line hint (the `Err` of [`parse`]) and never reach the model.
 
-use mica_engine::{GenerateParams, SamplingParams};
+use mica_engine::GenerateParams;
+
+use crate::sampling_args::SamplingArgs;
 
 /// Sampling and length settings of the chat, changed by `/temp`, `/top-p`, `/tokens`,
-/// `/seed`.
+/// `/seed`. A fixed seed samples every answer from it; without one each answer draws a
+/// fresh random seed.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    pub temp: f32,
-    pub top_k: usize,
-    pub top_p: f32,
-    pub min_p: f32,
-    pub repeat_penalty: f32,
+    pub sampling: SamplingArgs,
     /// Tokens per answer at most.
     pub max_tokens: usize,
-    /// Fixed seed (every answer sampled from it), or a fresh random one per answer.
-    pub seed: Option<u64>,
 }
 
 impl Settings {
@@ -25,15 +22,7 @@ impl Settings {
     pub fn params(&self, seed: u64) -> GenerateParams {
         GenerateParams {
             max_tokens: self.max_tokens,
-            sampling: SamplingParams {
-                temperature: self.temp,
-                top_k: self.top_k,
-                top_p: self.top_p,
-                min_p: self.min_p,
-                repeat_penalty: self.repeat_penalty,
-                seed: self.seed.unwrap_or(seed),
-                ..SamplingParams::default()
-            },
+            sampling: self.sampling.params(seed),
             stop: Vec::new(),
             ignore_eos: false,
         }
@@ -217,18 +206,29 @@ mod tests {
 
     #[test]
     fn settings_become_params() {
-        let s = Settings {
-            temp: 0.0,
-            top_k: 40,
-            top_p: 0.9,
-            min_p: 0.05,
-            repeat_penalty: 1.0,
+        let mut s = Settings {
+            sampling: SamplingArgs {
+                temp: 0.0,
+                top_k: 40,
+                top_p: 0.9,
+                min_p: 0.05,
+                repeat_penalty: 1.1,
+                repeat_last_n: 32,
+                presence_penalty: 0.5,
+                frequency_penalty: 0.25,
+                seed: Some(3),
+            },
             max_tokens: 5,
-            seed: Some(3),
         };
         let p = s.params(99);
         assert_eq!(p.sampling.seed, 3);
         assert_eq!(p.max_tokens, 5);
-        assert_eq!(Settings { seed: None, ..s }.params(99).sampling.seed, 99);
+        assert_eq!(p.sampling.top_p, 0.9);
+        assert_eq!(p.sampling.repeat_penalty, 1.1);
+        assert_eq!(p.sampling.penalty_last_n, 32);
+        assert_eq!(p.sampling.presence_penalty, 0.5);
+        assert_eq!(p.sampling.frequency_penalty, 0.25);
+        s.sampling.seed = None;
+        assert_eq!(s.params(99).sampling.seed, 99);
     }
 }

@@ -20,6 +20,7 @@ use mica_engine::Session;
 use mica_models::LoadedModel;
 
 use crate::download;
+use crate::sampling_args::SamplingArgs;
 use crate::store;
 use commands::Settings;
 use conversation::Conversation;
@@ -35,23 +36,11 @@ pub struct ChatArgs {
     /// System prompt.
     #[arg(long = "system")]
     pub system: Option<String>,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long = "temp", default_value_t = 0.8)]
-    pub temp: f32,
-    #[arg(long = "top-k", default_value_t = 40)]
-    pub top_k: usize,
-    #[arg(long = "top-p", default_value_t = 0.95)]
-    pub top_p: f32,
-    #[arg(long = "min-p", default_value_t = 0.05)]
-    pub min_p: f32,
-    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
-    pub repeat_penalty: f32,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     /// Most tokens per answer.
     #[arg(short = 'n', long = "tokens", default_value_t = 1024)]
     pub tokens: usize,
-    /// Fixed sampling seed (default: a new random one per answer).
-    #[arg(short = 's', long = "seed")]
-    pub seed: Option<u64>,
     /// Compute threads (default: physical cores).
     #[arg(short = 't', long = "threads")]
     pub threads: Option<usize>,
@@ -62,13 +51,8 @@ pub struct ChatArgs {
 
 pub fn chat(args: ChatArgs) -> Result<()> {
     let settings = Settings {
-        temp: args.temp,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        min_p: args.min_p,
-        repeat_penalty: args.repeat_penalty,
+        sampling: args.sampling.clone(),
         max_tokens: args.tokens,
-        seed: args.seed,
     };
     settings
         .params(0)

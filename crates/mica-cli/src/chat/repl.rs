@@ -223,17 +223,17 @@ impl Chat<'_, '_> {
                 self.conv.system = text;
                 println!("system prompt {}", if cleared { "cleared" } else { "set" });
             }
-            Command::Temp(None) => println!("temperature {} (0 = greedy)", s.temp),
+            Command::Temp(None) => println!("temperature {} (0 = greedy)", s.sampling.temp),
             Command::Temp(Some(v)) => {
-                s.temp = v;
+                s.sampling.temp = v;
                 println!(
                     "temperature set to {v}{}",
                     if v == 0.0 { " (greedy)" } else { "" }
                 );
             }
-            Command::TopP(None) => println!("top-p {}", s.top_p),
+            Command::TopP(None) => println!("top-p {}", s.sampling.top_p),
             Command::TopP(Some(v)) => {
-                s.top_p = v;
+                s.sampling.top_p = v;
                 println!("top-p set to {v}");
             }
             Command::Tokens(None) => println!("at most {} tokens per answer", s.max_tokens),
@@ -241,12 +241,12 @@ impl Chat<'_, '_> {
                 s.max_tokens = n;
                 println!("at most {n} tokens per answer");
             }
-            Command::Seed(None) => match s.seed {
+            Command::Seed(None) => match s.sampling.seed {
                 Some(seed) => println!("seed {seed}"),
                 None => println!("seed: random per answer"),
             },
             Command::Seed(Some(seed)) => {
-                s.seed = seed;
+                s.sampling.seed = seed;
                 match seed {
                     Some(n) => println!("seed set to {n}"),
                     None => println!("seed: random per answer"),
@@ -357,10 +357,19 @@ impl Chat<'_, '_> {
             self.threads
         );
         println!(
-            "sampling:     temp {}, top-k {}, top-p {}, min-p {}, repeat penalty {}",
-            s.temp, s.top_k, s.top_p, s.min_p, s.repeat_penalty
+            "sampling:     temp {}, top-k {}, top-p {}, min-p {}, repeat penalty {} (last {}), \
+             presence {}, frequency {}",
+            s.sampling.temp,
+            s.sampling.top_k,
+            s.sampling.top_p,
+            s.sampling.min_p,
+            s.sampling.repeat_penalty,
+            s.sampling.repeat_last_n,
+            s.sampling.presence_penalty,
+            s.sampling.frequency_penalty
         );
         let seed = s
+            .sampling
             .seed
             .map_or("random per answer".to_string(), |n| n.to_string());
         println!("answers:      at most {} tokens, seed {seed}", s.max_tokens);
