@@ -21,6 +21,41 @@ pub struct RopeConfig {
     pub freq_factors: Option<Vec<f32>>,
 }
 
+/// Phi-3's LongRoPE ("su") scaling: per-pair frequency divisors for short and long
+/// contexts, and a factor on the rotated dimensions of queries and keys (on cos and sin).
+///
+/// transformers switches to the long factors when a forward's sequence (the largest position
+/// + 1) exceeds `original_ctx`, so a cached prefix keeps the short rotation while later tokens
+/// get the long one. mica decides once per cache, as llama.cpp does (`n_ctx_seq >
+/// n_ctx_orig_yarn`): the long factors when the cache holds more than `original_ctx` tokens
+/// per sequence, the short ones otherwise — every key of a sequence is rotated alike and
+/// the result does not depend on how a prompt is split into batches. This equals
+/// transformers' full-sequence forward whenever the cache size and the sequence are on the
+/// same side of `original_ctx`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LongRope {
+    /// `[n_dims / 2]`
+    pub short: Vec<f32>,
+    /// `[n_dims / 2]`
+    pub long: Vec<f32>,
+    /// The context length the short factors were trained for.
+    pub original_ctx: usize,
+    /// Multiplies cos and sin (transformers' `attention_scaling`).
+    pub attn_factor: f32,
+}
+
+impl LongRope {
+    /// The factors and cos/sin scale for a cache of `n_ctx` tokens per sequence.
+    pub fn for_ctx(&self, n_ctx: usize) -> (&[f32], f32) {
+        let f = if n_ctx > self.original_ctx {
+            &self.long
+        } else {
+            &self.short
+        };
+        (f, self.attn_factor)
+    }
+}
+
 /// The activation of the gated feed-forward block: `down(act(gate(x)) * up(x))`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Activation {
@@ -50,6 +85,8 @@ pub struct ModelConfig {
     pub rope: RopeConfig,
     /// RoPE of sliding-window layers when it differs (Gemma 3: base 10 000 locally).
     pub rope_local: Option<RopeConfig>,
+    /// LongRoPE scaling (Phi-3 128k); replaces `rope.freq_factors` when set.
+    pub long_rope: Option<LongRope>,
     /// `[n_layer]` the sliding window of each layer (`None`: global attention).
     pub layer_window: Vec<Option<usize>>,
     /// Multiplies the token embeddings (Gemma: `sqrt(n_embd)`).
@@ -246,6 +283,7 @@ impl ModelConfig {
                 freq_factors: None,
             },
             rope_local: None,
+            long_rope: None,
             layer_window: vec![None; n_layer],
             embd_scale: None,
             q_scale: None,

@@ -7,7 +7,7 @@
 //! decoder shares into a [`ModelConfig`], with an error naming any required field that is
 //! missing or invalid. Family-specific fields are resolved by the architecture files.
 
-use crate::config::{Activation, ModelConfig, RopeConfig};
+use crate::config::{Activation, LongRope, ModelConfig, RopeConfig};
 use crate::error::{ModelError, Result};
 use crate::names::NameTable;
 use crate::weights::WeightLoader;
@@ -30,6 +30,8 @@ pub struct HfConfig {
     pub head_dim: Option<usize>,
     pub intermediate_size: Option<usize>,
     pub max_position_embeddings: Option<usize>,
+    /// transformers < 5 (Phi-3 LongRoPE): the pre-training context.
+    pub original_max_position_embeddings: Option<usize>,
     pub rms_norm_eps: Option<f64>,
     pub rope_theta: Option<f64>,
     /// transformers < 5: `{"rope_type" | "type": ..., "factor": ...}`.
@@ -56,6 +58,8 @@ pub struct HfConfig {
     /// Mixture-of-experts (Qwen2-MoE / Qwen3-MoE): experts, experts per token, expert and
     /// shared-expert widths, renormalization, which layers are sparse.
     pub num_experts: Option<usize>,
+    /// Mixtral's name for `num_experts`.
+    pub num_local_experts: Option<usize>,
     pub num_experts_per_tok: Option<usize>,
     pub moe_intermediate_size: Option<usize>,
     pub shared_expert_intermediate_size: Option<usize>,
@@ -175,7 +179,9 @@ impl HfFolder {
             ));
         }
         let norm_eps = c.rms_norm_eps.unwrap_or(1e-6) as f32;
-        let rope = self.rope(self.rope_params("full_attention"), head_dim)?;
+        let params = self.rope_params("full_attention");
+        let rope = self.rope(params.clone(), head_dim)?;
+        let long_rope = self.long_rope(&params, rope.n_dims)?;
         Ok(ModelConfig {
             arch: arch.to_string(),
             name: self
@@ -193,6 +199,7 @@ impl HfFolder {
             norm_eps,
             rope,
             rope_local: None,
+            long_rope,
             layer_window: vec![None; n_layer],
             embd_scale: None,
             q_scale: None,
@@ -305,16 +312,83 @@ impl HfFolder {
                 }
             },
             "llama3" => rope.freq_factors = Some(llama3_factors(&p, n_dims, freq_base)),
+            // The factors depend on the context: [`HfFolder::long_rope`].
+            "longrope" | "su" => {}
             other => {
                 return Err(self.field_err(
                     "rope_scaling.rope_type",
                     format!(
-                        "RoPE scaling '{other}' is not supported yet (default, linear, llama3 are)"
+                        "RoPE scaling '{other}' is not supported yet (default, linear, llama3, longrope are)"
                     ),
                 ));
             }
         }
         Ok(rope)
+    }
+}
+
+impl HfFolder {
+    /// LongRoPE ("longrope", or "su" in older Phi-3 configs) from a RoPE parameter object:
+    /// `short_factor` and `long_factor` (`n_dims / 2` each), `original_max_position_embeddings`
+    /// (in the object or at the top of config.json), and the cos/sin factor as transformers
+    /// computes it: `attention_factor` if given, else `sqrt(1 + ln f / ln original)` with
+    /// `f` = `factor`, or `max_position_embeddings / original` (1 when `f ≤ 1`).
+    pub fn long_rope(&self, p: &Value, n_dims: usize) -> Result<Option<LongRope>> {
+        let kind = p["rope_type"].as_str().or(p["type"].as_str());
+        if !matches!(kind, Some("longrope" | "su")) {
+            return Ok(None);
+        }
+        let factors = |key: &str| -> Result<Vec<f32>> {
+            let field = format!("rope_scaling.{key}");
+            let v = p[key]
+                .as_array()
+                .ok_or_else(|| self.field_err(&field, "missing (LongRoPE needs it)"))?;
+            let f: Vec<f32> = v
+                .iter()
+                .map(|x| x.as_f64().filter(|f| f.is_finite() && *f > 0.0))
+                .collect::<Option<Vec<f64>>>()
+                .ok_or_else(|| self.field_err(&field, "must be a list of positive numbers"))?
+                .into_iter()
+                .map(|x| x as f32)
+                .collect();
+            if f.len() != n_dims / 2 {
+                return Err(self.field_err(
+                    &field,
+                    format!(
+                        "{} entries, expected {} (half the rotary width)",
+                        f.len(),
+                        n_dims / 2
+                    ),
+                ));
+            }
+            Ok(f)
+        };
+        let (short, long) = (factors("short_factor")?, factors("long_factor")?);
+        let orig = p["original_max_position_embeddings"]
+            .as_u64()
+            .map(|v| v as usize)
+            .or(self.config.original_max_position_embeddings)
+            .filter(|&v| v > 1)
+            .ok_or_else(|| {
+                self.field_err(
+                    "original_max_position_embeddings",
+                    "missing or < 2 (LongRoPE needs the pre-training context)",
+                )
+            })?;
+        let factor = p["factor"].as_f64().unwrap_or_else(|| {
+            self.config.max_position_embeddings.unwrap_or(orig) as f64 / orig as f64
+        });
+        let attn_factor = match p["attention_factor"].as_f64() {
+            Some(a) => a,
+            None if factor <= 1.0 => 1.0,
+            None => (1.0 + factor.ln() / (orig as f64).ln()).sqrt(),
+        };
+        Ok(Some(LongRope {
+            short,
+            long,
+            original_ctx: orig,
+            attn_factor: attn_factor as f32,
+        }))
     }
 }
 

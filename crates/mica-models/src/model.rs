@@ -209,6 +209,7 @@ impl Model {
             self.rope(
                 batch,
                 cfg.rope_of(l),
+                kv.n_ctx(),
                 &mut ws.q[..n * qd],
                 &mut ws.k[..n * kvd],
                 &mut ws.cos_sin,
@@ -377,11 +378,13 @@ impl Model {
         Ok(())
     }
 
-    /// Applies rotary embeddings to every head of `q` (`[n, q_dim]`) and `k` (`[n, kv_dim]`).
+    /// Applies rotary embeddings to every head of `q` (`[n, q_dim]`) and `k` (`[n, kv_dim]`);
+    /// `n_ctx` (the cache's tokens per sequence) picks LongRoPE's factors.
     fn rope(
         &self,
         batch: &Batch,
         r: &RopeConfig,
+        n_ctx: usize,
         q: &mut [f32],
         k: &mut [f32],
         cos_sin: &mut Vec<f32>,
@@ -389,15 +392,18 @@ impl Model {
         let cfg = &self.config;
         let cs = grow(cos_sin, r.n_dims);
         let hd = cfg.head_dim;
+        let (factors, mscale) = match &cfg.long_rope {
+            Some(lr) => {
+                let (f, s) = lr.for_ctx(n_ctx);
+                (Some(f), s)
+            }
+            None => (r.freq_factors.as_deref(), 1.0),
+        };
         for (t, &p) in batch.pos.iter().enumerate() {
-            rope_angles(
-                p as f32,
-                r.n_dims,
-                r.freq_base,
-                r.freq_scale,
-                r.freq_factors.as_deref(),
-                cs,
-            );
+            rope_angles(p as f32, r.n_dims, r.freq_base, r.freq_scale, factors, cs);
+            if mscale != 1.0 {
+                ops::scale(cs, mscale);
+            }
             for head in q[t * cfg.q_dim()..(t + 1) * cfg.q_dim()].chunks_exact_mut(hd) {
                 rope_apply(head, r.n_dims, r.style, cs);
             }

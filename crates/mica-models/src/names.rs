@@ -107,9 +107,9 @@ pub static PHI3_HF: NameTable = NameTable {
     ],
 };
 
-/// Qwen2-MoE: one set of matrices per expert (`mlp.experts.{e}.*`), the router
-/// (`mlp.gate`), a shared expert and its gate.
-pub static QWEN2MOE_HF: NameTable = NameTable {
+/// Qwen2-MoE / Qwen3-MoE: one set of matrices per expert (`mlp.experts.{e}.*`), the router
+/// (`mlp.gate`), a shared expert and its gate (Qwen2-MoE).
+pub static QWEN_MOE_HF: NameTable = NameTable {
     layer_prefix: "model.layers.{i}.",
     global: DECODER_GLOBAL,
     layer: decoder_layer_names![
@@ -134,6 +134,29 @@ pub static QWEN2MOE_HF: NameTable = NameTable {
             "mlp.shared_expert.down_proj.weight"
         ),
         ("ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight"),
+    ],
+};
+
+/// Mixtral: the router `block_sparse_moe.gate`, experts `block_sparse_moe.experts.{e}.w1`
+/// (gate), `w3` (up), `w2` (down).
+pub static MIXTRAL_HF: NameTable = NameTable {
+    layer_prefix: "model.layers.{i}.",
+    global: DECODER_GLOBAL,
+    layer: decoder_layer_names![
+        ("ffn_norm.weight", "post_attention_layernorm.weight"),
+        ("ffn_gate_inp.weight", "block_sparse_moe.gate.weight"),
+        (
+            "ffn_gate_exp.{e}.weight",
+            "block_sparse_moe.experts.{e}.w1.weight"
+        ),
+        (
+            "ffn_up_exp.{e}.weight",
+            "block_sparse_moe.experts.{e}.w3.weight"
+        ),
+        (
+            "ffn_down_exp.{e}.weight",
+            "block_sparse_moe.experts.{e}.w2.weight"
+        ),
     ],
 };
 

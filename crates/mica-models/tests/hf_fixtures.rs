@@ -29,14 +29,45 @@ fn load(family: &str) -> (Model, Value, Vec<f32>) {
     let d = dir(family);
     let folder = HfFolder::open(&d).unwrap_or_else(|e| panic!("{family}: {e}"));
     let model = mica_models::arch::load_hf(&folder).unwrap_or_else(|e| panic!("{family}: {e}"));
+    let (exp, logits) = expected(&d);
+    (model, exp, logits)
+}
+
+/// `expected.json` and the logits file it names.
+fn expected(d: &std::path::Path) -> (Value, Vec<f32>) {
     let exp: Value =
         serde_json::from_str(&std::fs::read_to_string(d.join("expected.json")).unwrap()).unwrap();
-    let bytes = std::fs::read(d.join(exp["logits_file"].as_str().unwrap())).unwrap();
-    let logits = bytes
+    let logits = read_f32(&d.join(exp["logits_file"].as_str().unwrap()));
+    (exp, logits)
+}
+
+fn read_f32(path: &std::path::Path) -> Vec<f32> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    bytes
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-        .collect();
-    (model, exp, logits)
+        .collect()
+}
+
+/// Max |Δ| between mica's logits for `seq` (a cache of `n_ctx` tokens) and `want`.
+fn max_diff(family: &str, model: &Model, seq: &[u32], n_ctx: usize, want: &[f32]) -> f32 {
+    let pool = ThreadPool::new(2);
+    let mut kv = KvCache::new(&model.config, n_ctx, 1);
+    let mut ws = Workspace::default();
+    ws.attention = AttentionPolicy::Vector;
+    let got = model
+        .forward(
+            &pool,
+            &Batch::for_sequence(seq, 0, 0, true),
+            &mut kv,
+            &mut ws,
+        )
+        .unwrap_or_else(|e| panic!("{family}: {e}"));
+    assert_eq!(got.len(), want.len(), "{family}: logits size");
+    got.iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max)
 }
 
 fn ids(v: &Value) -> Vec<u32> {
@@ -59,6 +90,10 @@ fn argmax(x: &[f32]) -> u32 {
 
 fn check(family: &str) {
     let (model, exp, want) = load(family);
+    check_model(family, &model, &exp, &want);
+}
+
+fn check_model(family: &str, model: &Model, exp: &Value, want: &[f32]) {
     assert_eq!(
         model.config.arch,
         exp["architecture"].as_str().unwrap(),
@@ -165,4 +200,79 @@ fn phi3_matches_transformers() {
 #[test]
 fn qwen2moe_matches_transformers() {
     check("qwen2moe");
+}
+
+#[test]
+fn mixtral_matches_transformers() {
+    check("mixtral");
+}
+
+#[test]
+fn qwen3moe_matches_transformers() {
+    check("qwen3moe");
+}
+
+/// LongRoPE: a cache longer than `original_max_position_embeddings` takes the long factors
+/// (transformers does for the fixture sequences, longer than it); a cache that fits takes
+/// the short ones (transformers does for a sequence that fits).
+#[test]
+fn phi3_longrope_matches_transformers() {
+    check("phi3_longrope");
+    let (model, exp, _) = load("phi3_longrope");
+    let lr = model.config.long_rope.as_ref().expect("LongRoPE config");
+    let seq = ids(&exp["short_sequence"]);
+    assert_eq!(
+        seq.len(),
+        lr.original_ctx,
+        "the short sequence fills the original context"
+    );
+    let want = read_f32(&dir("phi3_longrope").join(exp["short_logits_file"].as_str().unwrap()));
+    let short = max_diff("phi3_longrope", &model, &seq, lr.original_ctx, &want);
+    println!("phi3_longrope short factors: max |Δlogit| {short:.2e}");
+    assert!(short <= MAX_ABS, "short factors: {short:.2e}");
+    // The long factors on the short sequence give other logits: the choice matters.
+    let long = max_diff("phi3_longrope", &model, &seq, 64, &want);
+    assert!(
+        long > 10.0 * MAX_ABS,
+        "long factors on a short cache: {long:.2e}"
+    );
+}
+
+/// The MoE fixtures converted to GGUF by llama.cpp's convert_hf_to_gguf.py (fixtures/converted,
+/// stacked `ffn_*_exps` experts) against transformers on the converted model.
+fn check_converted(family: &str) {
+    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/converted")
+        .join(family);
+    let (exp, want) = expected(&d);
+    let file = mica_formats::GgufFile::open(d.join(exp["gguf"].as_str().unwrap()))
+        .unwrap_or_else(|e| panic!("{family}: {e}"));
+    let model = mica_models::arch::load_gguf(std::sync::Arc::new(file))
+        .unwrap_or_else(|e| panic!("{family}: {e}"));
+    assert!(
+        model
+            .layers
+            .iter()
+            .any(|l| matches!(l.ffn, mica_models::model::Ffn::Moe(_))),
+        "{family}: no sparse layer"
+    );
+    let mut exp = exp;
+    // The GGUF names its architecture the llama.cpp way.
+    exp["architecture"] = model.config.arch.clone().into();
+    check_model(&format!("{family} (GGUF)"), &model, &exp, &want);
+}
+
+#[test]
+fn mixtral_gguf_matches_transformers() {
+    check_converted("mixtral");
+}
+
+#[test]
+fn qwen2moe_gguf_matches_transformers() {
+    check_converted("qwen2moe");
+}
+
+#[test]
+fn qwen3moe_gguf_matches_transformers() {
+    check_converted("qwen3moe");
 }

@@ -7,10 +7,12 @@
 //! were permuted by llama.cpp's converter for adjacent-pair RoPE; every other layout (and
 //! every transformers checkpoint) rotates halves. Llama-3 RoPE scaling arrives as
 //! `rope_freqs.weight` in GGUF, as `rope_scaling` in config.json. Mistral's sliding window
-//! applies to every layer when configured.
+//! applies to every layer when configured. A GGUF file of these architectures with
+//! `{arch}.expert_count` (Mixtral) loads as a mixture of experts ([`super::experts`]).
 
 use super::Source;
 use super::decoder::{Parts, build, token_embedding};
+use super::experts;
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::model::Model;
@@ -39,6 +41,11 @@ pub(super) fn load_qwen3(src: &Source, arch: &str) -> Result<Model> {
 fn load(src: &Source, arch: &str, gguf_style: RopeStyle, parts: Parts) -> Result<Model> {
     match src {
         Source::Gguf(file) => {
+            // Mixtral (and other MoE files of these architectures): stacked experts,
+            // renormalized top-k as llama.cpp's LLaMA graph does.
+            if let Some(m) = experts::load_gguf(file, arch, gguf_style, parts, true)? {
+                return Ok(m);
+            }
             let w = WeightLoader::gguf(file, arch);
             let n_embd = file
                 .get_u64(&format!("{arch}.embedding_length"))

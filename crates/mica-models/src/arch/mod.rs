@@ -3,10 +3,13 @@
 //! turns its tensors and hyper-parameters into a [`Model`]. One line per alias.
 
 mod decoder;
+mod experts;
 mod gemma3;
 mod llama;
+mod mixtral;
 mod phi3;
 mod qwen2moe;
+mod qwen3moe;
 
 use crate::error::{ModelError, Result};
 use crate::hf::HfFolder;
@@ -30,6 +33,8 @@ const REGISTRY: &[(&str, Loader)] = &[
     ("qwen3", llama::load_qwen3),
     ("gemma3", gemma3::load),
     ("phi3", phi3::load),
+    ("qwen2moe", qwen2moe::load),
+    ("qwen3moe", qwen3moe::load),
     ("LlamaForCausalLM", llama::load_llama),
     ("MistralForCausalLM", llama::load_llama),
     ("Qwen2ForCausalLM", llama::load_qwen2),
@@ -37,6 +42,8 @@ const REGISTRY: &[(&str, Loader)] = &[
     ("Gemma3ForCausalLM", gemma3::load),
     ("Phi3ForCausalLM", phi3::load),
     ("Qwen2MoeForCausalLM", qwen2moe::load),
+    ("Qwen3MoeForCausalLM", qwen3moe::load),
+    ("MixtralForCausalLM", mixtral::load),
 ];
 
 /// Names of the supported architectures.

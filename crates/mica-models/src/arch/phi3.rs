@@ -4,17 +4,18 @@
 //! NeoX-style RoPE, optionally over part of each head (`partial_rotary_factor`); a sliding
 //! window on every layer where configured.
 //!
-//! Not yet: LongRoPE / "su" scaling (the 128k models' per-dimension short and long factors
-//! with their attention factor) — such models fail with an error naming the RoPE type (HF)
-//! or the `rope_factors_long.weight` tensor (GGUF).
+//! LongRoPE / "su" scaling (the 128k models): per-pair short and long frequency factors and
+//! an attention factor, from `rope_scaling` (HF) or the `rope_factors_{short,long}.weight`
+//! tensors with `rope.scaling.{original_context_length,attn_factor}` (GGUF); which factors
+//! apply is decided by the cache size ([`crate::config::LongRope`]).
 //!
 //! References: Phi-3 technical report (2024); llama.cpp `src/models/phi3.cpp`; transformers
 //! `models/phi3/modeling_phi3.py`.
 
 use super::Source;
 use super::decoder::{Parts, build, token_embedding};
-use crate::config::ModelConfig;
-use crate::error::{ModelError, Result};
+use crate::config::{LongRope, ModelConfig};
+use crate::error::Result;
 use crate::model::Model;
 use crate::names::PHI3_HF;
 use crate::weights::WeightLoader;
@@ -31,13 +32,6 @@ pub(super) fn load(src: &Source, arch: &str) -> Result<Model> {
     match src {
         Source::Gguf(file) => {
             let w = WeightLoader::gguf(file, arch);
-            if w.info("rope_factors_long.weight").is_some() {
-                return Err(ModelError::Config {
-                    path: file.path().to_path_buf(),
-                    key: "rope_factors_long.weight".into(),
-                    msg: "LongRoPE (Phi-3 128k) is not supported yet".into(),
-                });
-            }
             let n_embd = file
                 .get_u64(&format!("{arch}.embedding_length"))
                 .unwrap_or(0);
@@ -45,6 +39,18 @@ pub(super) fn load(src: &Source, arch: &str) -> Result<Model> {
             let mut cfg = ModelConfig::from_gguf(file, arch, RopeStyle::Neox, tok_embd.rows)?;
             if let Some(win) = file.get_u64(&format!("{arch}.attention.sliding_window")) {
                 cfg.layer_window = vec![Some(win as usize).filter(|&w| w > 0); cfg.n_layer];
+            }
+            if w.info("rope_factors_long.weight").is_some() {
+                let half = cfg.rope.n_dims / 2;
+                let key = |k: &str| format!("{arch}.rope.scaling.{k}");
+                cfg.long_rope = Some(LongRope {
+                    short: w.vector("rope_factors_short.weight", half)?,
+                    long: w.vector("rope_factors_long.weight", half)?,
+                    original_ctx: file
+                        .get_u64(&key("original_context_length"))
+                        .map_or(cfg.n_ctx_train, |v| v as usize),
+                    attn_factor: file.get_f32(&key("attn_factor")).unwrap_or(1.0),
+                });
             }
             build(&w, cfg, tok_embd, PARTS, Some((*file).clone()))
         }

@@ -1,0 +1,49 @@
+//! Mixtral: the Mistral decoder (GQA, sliding window where configured) whose every MLP is a
+//! mixture of `num_local_experts` SwiGLU experts: softmax over the router logits, the top
+//! `num_experts_per_tok` renormalized to sum 1, no shared expert ([`crate::blocks::moe`]).
+//!
+//! From Hugging Face folders (`block_sparse_moe.gate`, `block_sparse_moe.experts.{e}.w1` gate,
+//! `w3` up, `w2` down). GGUF files call it `llama` with `llama.expert_count`: the LLaMA
+//! loader hands those to [`super::experts::load_gguf`] (stacked experts, renormalized).
+//! Reference: transformers `models/mixtral/modeling_mixtral.py`; Mixtral of Experts (2024).
+
+use super::Source;
+use super::decoder::{Parts, build_with, token_embedding};
+use super::experts::MoeSpec;
+use crate::error::Result;
+use crate::model::Model;
+use crate::names::MIXTRAL_HF;
+
+pub(super) fn load(src: &Source, arch: &str) -> Result<Model> {
+    let hf = match src {
+        Source::Gguf(_) => return super::llama::load_llama(src, arch),
+        Source::Hf(hf) => hf,
+    };
+    let w = hf.weights(arch, &MIXTRAL_HF);
+    let tok_embd = token_embedding(&w, hf.config.hidden_size.unwrap_or(0))?;
+    let mut cfg = hf.decoder_config(arch, tok_embd.rows)?;
+    cfg.layer_window = hf.layer_windows(cfg.n_layer, true, None)?;
+    let c = &hf.config;
+    let n_expert = hf.required("num_local_experts", c.num_local_experts)?;
+    let top_k = hf.required("num_experts_per_tok", c.num_experts_per_tok)?;
+    if top_k > n_expert {
+        return Err(hf.field_err(
+            "num_experts_per_tok",
+            format!("{top_k} experts per token of {n_expert}"),
+        ));
+    }
+    let spec = MoeSpec {
+        n_expert,
+        top_k,
+        n_ff: cfg.n_ff,
+        norm_topk: true,
+        shared_ff: None,
+        dense_layers: Vec::new(),
+        sparse_step: 1,
+        stacked: false,
+    };
+    let d = cfg.n_embd;
+    build_with(&w, cfg, tok_embd, Parts::default(), None, &|i| {
+        spec.layer(&w, i, d)
+    })
+}
