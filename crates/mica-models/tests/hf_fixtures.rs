@@ -238,9 +238,10 @@ fn phi3_longrope_matches_transformers() {
     );
 }
 
-/// The MoE fixtures converted to GGUF by llama.cpp's convert_hf_to_gguf.py (fixtures/converted,
-/// stacked `ffn_*_exps` experts) against transformers on the converted model.
-fn check_converted(family: &str) {
+/// Fixtures converted to GGUF by llama.cpp's convert_hf_to_gguf.py (fixtures/converted: MoE
+/// with stacked `ffn_*_exps` experts, LongRoPE factors as tensors) against transformers on
+/// the converted model.
+fn check_converted(family: &str) -> Model {
     let d = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../fixtures/converted")
         .join(family);
@@ -249,6 +250,15 @@ fn check_converted(family: &str) {
         .unwrap_or_else(|e| panic!("{family}: {e}"));
     let model = mica_models::arch::load_gguf(std::sync::Arc::new(file))
         .unwrap_or_else(|e| panic!("{family}: {e}"));
+    let mut exp = exp;
+    // The GGUF names its architecture the llama.cpp way.
+    exp["architecture"] = model.config.arch.clone().into();
+    check_model(&format!("{family} (GGUF)"), &model, &exp, &want);
+    model
+}
+
+fn check_converted_moe(family: &str) {
+    let model = check_converted(family);
     assert!(
         model
             .layers
@@ -256,23 +266,32 @@ fn check_converted(family: &str) {
             .any(|l| matches!(l.ffn, mica_models::model::Ffn::Moe(_))),
         "{family}: no sparse layer"
     );
-    let mut exp = exp;
-    // The GGUF names its architecture the llama.cpp way.
-    exp["architecture"] = model.config.arch.clone().into();
-    check_model(&format!("{family} (GGUF)"), &model, &exp, &want);
+}
+
+#[test]
+fn phi3_longrope_gguf_matches_transformers() {
+    let model = check_converted("phi3_longrope");
+    let (hf, _, _) = load("phi3_longrope");
+    assert_eq!(model.config.long_rope, hf.config.long_rope, "GGUF and config.json agree");
+    // The converted weights are the folder's: its short-sequence reference applies.
+    let (exp, _) = expected(&dir("phi3_longrope"));
+    let want = read_f32(&dir("phi3_longrope").join(exp["short_logits_file"].as_str().unwrap()));
+    let seq = ids(&exp["short_sequence"]);
+    let short = max_diff("phi3_longrope (GGUF)", &model, &seq, seq.len(), &want);
+    assert!(short <= MAX_ABS, "short factors: {short:.2e}");
 }
 
 #[test]
 fn mixtral_gguf_matches_transformers() {
-    check_converted("mixtral");
+    check_converted_moe("mixtral");
 }
 
 #[test]
 fn qwen2moe_gguf_matches_transformers() {
-    check_converted("qwen2moe");
+    check_converted_moe("qwen2moe");
 }
 
 #[test]
 fn qwen3moe_gguf_matches_transformers() {
-    check_converted("qwen3moe");
+    check_converted_moe("qwen3moe");
 }
