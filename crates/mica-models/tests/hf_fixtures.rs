@@ -272,7 +272,10 @@ fn check_converted_moe(family: &str) {
 fn phi3_longrope_gguf_matches_transformers() {
     let model = check_converted("phi3_longrope");
     let (hf, _, _) = load("phi3_longrope");
-    assert_eq!(model.config.long_rope, hf.config.long_rope, "GGUF and config.json agree");
+    assert_eq!(
+        model.config.long_rope, hf.config.long_rope,
+        "GGUF and config.json agree"
+    );
     // The converted weights are the folder's: its short-sequence reference applies.
     let (exp, _) = expected(&dir("phi3_longrope"));
     let want = read_f32(&dir("phi3_longrope").join(exp["short_logits_file"].as_str().unwrap()));
@@ -294,4 +297,74 @@ fn qwen2moe_gguf_matches_transformers() {
 #[test]
 fn qwen3moe_gguf_matches_transformers() {
     check_converted_moe("qwen3moe");
+}
+
+/// The converted MoE fixtures quantized to Q8_0 by llama.cpp: mica's greedy continuation
+/// equals llama.cpp's on the same file, and its logits along the path match llama.cpp's
+/// (fixtures/converted/llama_cpp_ref.py recorded both; measured identical).
+fn check_llama_cpp_q8(family: &str) {
+    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/converted")
+        .join(family);
+    let refj: Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("llama_cpp.json")).unwrap()).unwrap();
+    let file = mica_formats::GgufFile::open(d.join(refj["gguf"].as_str().unwrap()))
+        .unwrap_or_else(|e| panic!("{family}: {e}"));
+    let model = mica_models::arch::load_gguf(std::sync::Arc::new(file))
+        .unwrap_or_else(|e| panic!("{family}: {e}"));
+    let pool = ThreadPool::new(2);
+    let prompt = ids(&refj["prompt"]);
+    let want = ids(&refj["greedy_ids"]);
+    let mut kv = KvCache::new(&model.config, 64, 1);
+    let mut ws = Workspace::default();
+    // Every position's logits, as llama.cpp computed them: the prompt as one batch, then
+    // one token at a time.
+    let mut all = model
+        .forward(
+            &pool,
+            &Batch::for_sequence(&prompt, 0, 0, true),
+            &mut kv,
+            &mut ws,
+        )
+        .unwrap()
+        .to_vec();
+    let v = model.config.n_vocab;
+    let mut got = Vec::new();
+    for step in 0..want.len() {
+        let t = argmax(&all[all.len() - v..]);
+        got.push(t);
+        let b = Batch::for_sequence(&[t], prompt.len() + step, 0, true);
+        all.extend_from_slice(model.forward(&pool, &b, &mut kv, &mut ws).unwrap());
+    }
+    assert_eq!(
+        got, want,
+        "{family} Q8_0: greedy tokens differ from llama.cpp's"
+    );
+    let lc = read_f32(&d.join(refj["logits_file"].as_str().unwrap()));
+    assert_eq!(lc.len(), all.len(), "{family}: llama.cpp logits size");
+    let worst = all
+        .iter()
+        .zip(&lc)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    println!("{family} Q8_0: greedy identical, max |Δlogit| vs llama.cpp {worst:.1e}");
+    assert!(
+        worst <= 1e-4,
+        "{family} Q8_0: max |Δlogit| vs llama.cpp {worst:.2e}"
+    );
+}
+
+#[test]
+fn mixtral_q8_0_matches_llama_cpp() {
+    check_llama_cpp_q8("mixtral");
+}
+
+#[test]
+fn qwen2moe_q8_0_matches_llama_cpp() {
+    check_llama_cpp_q8("qwen2moe");
+}
+
+#[test]
+fn qwen3moe_q8_0_matches_llama_cpp() {
+    check_llama_cpp_q8("qwen3moe");
 }
