@@ -99,6 +99,43 @@ impl BpeEncoder {
         Ok(BpeEncoder { hf })
     }
 
+    /// SentencePiece-style BPE from a `tokenizer.json` (LLaMA-2, Gemma): ranked merges over
+    /// the characters of the whole fragment (spaces already `▁`; no pre-tokenizer, no byte
+    /// mapping), a character the vocabulary lacks spelled as its `<0xNN>` byte tokens
+    /// (`byte_fallback`), or `unk` when those are missing too. HF runs it, so the ids are
+    /// HF's by construction.
+    pub fn new_spm(tokens: &[String], merges: &[String], unk: Option<&str>) -> Result<BpeEncoder> {
+        let vocab: Vocab = tokens
+            .iter()
+            .enumerate()
+            .map(|(id, text)| (text.clone(), id as u32))
+            .collect();
+        let pairs = merges
+            .iter()
+            .enumerate()
+            .map(|(index, entry)| {
+                let (l, r) = split_merge(entry).ok_or_else(|| TokenizerError::BadMerge {
+                    index,
+                    entry: entry.clone(),
+                })?;
+                Ok((l.to_string(), r.to_string()))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut builder = BPE::builder()
+            .vocab_and_merges(vocab, pairs)
+            .byte_fallback(true)
+            .fuse_unk(true);
+        if let Some(u) = unk {
+            builder = builder.unk_token(u.to_string());
+        }
+        let model = builder
+            .build()
+            .map_err(|e| TokenizerError::Backend(format!("building BPE model: {e}")))?;
+        Ok(BpeEncoder {
+            hf: HfTokenizer::new(model),
+        })
+    }
+
     /// Appends the ids of one plain-text fragment.
     pub fn encode(&self, text: &str, out: &mut Vec<u32>) -> Result<()> {
         let encoding = self

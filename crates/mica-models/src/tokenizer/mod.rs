@@ -9,7 +9,10 @@
 //!    - `gpt2`: byte-level BPE run by the Hugging Face `tokenizers` crate (`bpe.rs`), with the
 //!      word-splitting regexes llama.cpp uses for the file's `tokenizer.ggml.pre`
 //!      (`pretokenize.rs`);
-//!    - `llama`: SentencePiece BPE by token score with `<0xNN>` byte fallback (`spm.rs`).
+//!    - `llama`: SentencePiece BPE by token score with `<0xNN>` byte fallback (`spm.rs`); or,
+//!      for a SentencePiece-style `tokenizer.json` (ranked merges, no scores), HF's BPE with
+//!      byte fallback on the `▁`-escaped fragment (`bpe.rs`), as the `tokenizers` library
+//!      runs that file.
 //!
 //! BOS/EOS are added when the caller asks for special tokens and the model wants them
 //! (`tokenizer.ggml.add_bos_token`, defaulting as llama.cpp does: yes for SentencePiece, no
@@ -33,7 +36,7 @@ use std::sync::Arc;
 
 pub use decode::{DecodeOptions, TokenStreamDecoder};
 pub use error::{Result, TokenizerError};
-pub use spec::{TokenType, TokenizerSpec};
+pub use spec::{SpacePrefix, TokenType, TokenizerSpec};
 
 use bpe::BpeEncoder;
 use vocab::attr;
@@ -59,6 +62,8 @@ enum Model {
         scores: Vec<f32>,
         byte_tokens: Box<[Option<u32>; 256]>,
     },
+    /// SentencePiece-style vocabulary with ranked merges (a `tokenizer.json`).
+    SpmMerges(Box<BpeEncoder>),
 }
 
 struct Inner {
@@ -193,8 +198,10 @@ impl Tokenizer {
             out.extend(inner.ids.bos);
         }
         // SentencePiece adds a leading space to text that opens the input or follows a
-        // special token, when the model says so (`add_space_prefix`).
+        // special token, when the model says so (`add_space_prefix`), as `space_prefix_rule`
+        // refines it.
         let mut prev_special = true;
+        let mut first = true;
         for fragment in inner.specials.partition(text, parse_special) {
             match fragment {
                 Fragment::Token(id) => {
@@ -202,17 +209,29 @@ impl Tokenizer {
                     prev_special = true;
                 }
                 Fragment::Text(plain) => {
+                    let prefix = inner.ids.add_space_prefix
+                        && prev_special
+                        && match inner.ids.space_prefix_rule {
+                            SpacePrefix::EveryFragment => true,
+                            SpacePrefix::EveryUnlessSpace => !plain.starts_with(' '),
+                            SpacePrefix::FirstUnlessSpace => first && !plain.starts_with(' '),
+                        };
+                    let escape = |plain: &str| {
+                        let mut escaped = String::with_capacity(plain.len() + 3);
+                        if prefix {
+                            escaped.push('▁');
+                        }
+                        escaped.extend(plain.chars().map(|c| if c == ' ' { '▁' } else { c }));
+                        escaped
+                    };
                     match &inner.model {
                         Model::Bpe(bpe) => bpe.encode(plain, &mut out)?,
+                        Model::SpmMerges(bpe) => bpe.encode(&escape(plain), &mut out)?,
                         Model::Spm {
                             scores,
                             byte_tokens,
                         } => {
-                            let mut escaped = String::with_capacity(plain.len() + 3);
-                            if inner.ids.add_space_prefix && prev_special {
-                                escaped.push('▁');
-                            }
-                            escaped.extend(plain.chars().map(|c| if c == ' ' { '▁' } else { c }));
+                            let escaped = escape(plain);
                             let vocab = spm::SpmVocab {
                                 token_to_id: &inner.token_to_id,
                                 scores,
@@ -225,6 +244,7 @@ impl Tokenizer {
                     prev_special = false;
                 }
             }
+            first = false;
         }
         if add_special && inner.ids.add_eos {
             out.extend(inner.ids.eos);
@@ -380,6 +400,15 @@ fn build_model(
             .ok_or(TokenizerError::MissingKey("tokenizer.ggml.merges"))?;
         let bpe = BpeEncoder::new(&spec.tokens, merges, pre, warnings)?;
         return Ok(Model::Bpe(Box::new(bpe)));
+    }
+    // Ranked merges and no scores: a SentencePiece-style tokenizer.json.
+    if let (None, Some(merges)) = (&spec.scores, &spec.merges) {
+        let unk = spec
+            .unk_id
+            .and_then(|u| spec.tokens.get(u as usize))
+            .map(String::as_str);
+        let bpe = BpeEncoder::new_spm(&spec.tokens, merges, unk)?;
+        return Ok(Model::SpmMerges(Box::new(bpe)));
     }
     // The `<0xNN>` token of each byte, or failing that the one-character token (ASCII).
     let mut byte_tokens = Box::new([None; 256]);

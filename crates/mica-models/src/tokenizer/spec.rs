@@ -37,6 +37,19 @@ impl TokenType {
     }
 }
 
+/// Which text fragments SentencePiece's space prefix (`add_space_prefix`) goes before.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SpacePrefix {
+    /// Text that opens the input or follows a special token (llama.cpp; HF's `Prepend`
+    /// normalizer of LLaMA-2's legacy tokenizer.json).
+    #[default]
+    EveryFragment,
+    /// The same, unless the text already starts with a space (HF's Metaspace "always").
+    EveryUnlessSpace,
+    /// Only text opening the input, unless it starts with a space (HF's Metaspace "first").
+    FirstUnlessSpace,
+}
+
 /// The tokenizer description of a model: the `tokenizer.ggml.*` GGUF keys, unvalidated.
 /// [`Tokenizer::from_spec`](super::Tokenizer::from_spec) checks it.
 #[derive(Clone, Debug, Default)]
@@ -51,7 +64,8 @@ pub struct TokenizerSpec {
     pub scores: Option<Vec<f32>>,
     /// `tokenizer.ggml.token_type`, see [`TokenType::from_gguf`].
     pub token_types: Option<Vec<i32>>,
-    /// `tokenizer.ggml.merges`: `"left right"` entries, highest priority first.
+    /// `tokenizer.ggml.merges`: `"left right"` entries, highest priority first. A `llama`
+    /// vocabulary with merges and no scores (from a `tokenizer.json`) merges by rank.
     pub merges: Option<Vec<String>>,
     pub bos_id: Option<u32>,
     pub eos_id: Option<u32>,
@@ -71,6 +85,8 @@ pub struct TokenizerSpec {
     pub add_eos: Option<bool>,
     /// `tokenizer.ggml.add_space_prefix` (SentencePiece only).
     pub add_space_prefix: Option<bool>,
+    /// Which fragments get the space prefix (no GGUF key: llama.cpp's rule).
+    pub space_prefix_rule: SpacePrefix,
     /// `tokenizer.chat_template`.
     pub chat_template: Option<String>,
 }
@@ -181,6 +197,7 @@ impl TokenizerSpec {
             add_bos: bool_key("tokenizer.ggml.add_bos_token")?,
             add_eos: bool_key("tokenizer.ggml.add_eos_token")?,
             add_space_prefix: bool_key("tokenizer.ggml.add_space_prefix")?,
+            space_prefix_rule: SpacePrefix::default(),
             chat_template: str_key("tokenizer.chat_template")?,
         })
     }

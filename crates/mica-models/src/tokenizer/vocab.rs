@@ -82,6 +82,7 @@ pub(crate) struct SpecialTokens {
     pub add_bos: bool,
     pub add_eos: bool,
     pub add_space_prefix: bool,
+    pub space_prefix_rule: super::SpacePrefix,
     /// End-of-generation ids, ascending.
     pub eog: Vec<u32>,
 }
@@ -188,6 +189,7 @@ pub(crate) fn special_tokens(
         add_bos,
         add_eos,
         add_space_prefix: spec.add_space_prefix.unwrap_or(kind == VocabKind::Spm),
+        space_prefix_rule: spec.space_prefix_rule,
         eog,
     })
 }
