@@ -24,14 +24,14 @@ pub struct RopeConfig {
 /// Phi-3's LongRoPE ("su") scaling: per-pair frequency divisors for short and long
 /// contexts, and a factor on the rotated dimensions of queries and keys (on cos and sin).
 ///
-/// transformers switches to the long factors when a forward's sequence (the largest position
-/// + 1) exceeds `original_ctx`, so a cached prefix keeps the short rotation while later tokens
-/// get the long one. mica decides once per cache, as llama.cpp does (`n_ctx_seq >
-/// n_ctx_orig_yarn`): the long factors when the cache holds more than `original_ctx` tokens
-/// per sequence, the short ones otherwise — every key of a sequence is rotated alike and
-/// the result does not depend on how a prompt is split into batches. This equals
-/// transformers' full-sequence forward whenever the cache size and the sequence are on the
-/// same side of `original_ctx`.
+/// transformers switches to the long factors when a forward's sequence (its largest
+/// position plus one) exceeds `original_ctx`, so a cached prefix keeps the short rotation
+/// while later tokens get the long one. mica decides once per cache, as llama.cpp does
+/// (`n_ctx_seq > n_ctx_orig_yarn`): the long factors when the cache holds more than
+/// `original_ctx` tokens per sequence, the short ones otherwise. Every key of a sequence is
+/// then rotated alike, and the result does not depend on how a prompt is split into
+/// batches. This equals transformers' full-sequence forward whenever the cache size and the
+/// sequence are on the same side of `original_ctx`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LongRope {
     /// `[n_dims / 2]`
