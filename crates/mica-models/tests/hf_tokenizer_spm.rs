@@ -81,3 +81,41 @@ fn unsupported_normalizer_is_an_error() {
     let err = spec_from_hf(&tok, None, None).unwrap_err().to_string();
     assert!(err.contains("NFKC"), "{err}");
 }
+
+/// A real SentencePiece-style tokenizer.json: Gemma 3's, as transformers writes it from the
+/// GGUF (`python fixtures/tokenizers/make_spm_json.py --real-gemma MODELS_DIR OUT_DIR`, not
+/// committed: 32 MB). mica's ids from it equal HF's, and equal mica's (llama.cpp's) from the
+/// GGUF. Run: `MICA_HF_GEMMA_TOK=OUT_DIR MICA_TEST_MODELS=MODELS_DIR cargo test -p mica-models
+/// --test hf_tokenizer_spm -- --ignored`.
+#[test]
+#[ignore]
+fn real_gemma_tokenizer_json_matches_hf_and_gguf() {
+    let d = PathBuf::from(std::env::var_os("MICA_HF_GEMMA_TOK").expect("set MICA_HF_GEMMA_TOK"));
+    let models = PathBuf::from(std::env::var_os("MICA_TEST_MODELS").expect("set MICA_TEST_MODELS"));
+    let spec = spec_from_hf(
+        &read(d.join("tokenizer.json")),
+        Some(&read(d.join("tokenizer_config.json"))),
+        None,
+    )
+    .unwrap();
+    let tok = Tokenizer::from_spec(&spec).unwrap();
+    let gguf = mica_formats::GgufFile::open(models.join("gemma3-270m-q4_k_m.gguf")).unwrap();
+    let from_gguf = Tokenizer::from_gguf(&gguf).unwrap();
+    let exp = read(d.join("expected.json"));
+    for case in exp.as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let want: Vec<u32> = case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(tok.encode(text, false, true).unwrap(), want, "HF: {text:?}");
+        assert_eq!(
+            from_gguf.encode(text, false, true).unwrap(),
+            want,
+            "GGUF: {text:?}"
+        );
+    }
+    println!("{} strings identical", exp.as_array().unwrap().len());
+}
