@@ -368,3 +368,51 @@ fn qwen2moe_q8_0_matches_llama_cpp() {
 fn qwen3moe_q8_0_matches_llama_cpp() {
     check_llama_cpp_q8("qwen3moe");
 }
+
+/// A copy of a fixture folder whose config.json `edit` changes; the load error must name
+/// `field`.
+fn config_error_names(family: &str, field: &str, edit: impl Fn(&mut Value)) {
+    let src = dir(family);
+    let tmp =
+        std::env::temp_dir().join(format!("mica-cfg-{family}-{field}-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    for f in ["model.safetensors", "generation_config.json"] {
+        std::fs::copy(src.join(f), tmp.join(f)).unwrap();
+    }
+    let mut cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    edit(&mut cfg);
+    std::fs::write(tmp.join("config.json"), cfg.to_string()).unwrap();
+    let err = HfFolder::open(&tmp)
+        .and_then(|f| mica_models::arch::load_hf(&f))
+        .err()
+        .unwrap_or_else(|| panic!("{family}: loads despite the bad {field}"))
+        .to_string();
+    std::fs::remove_dir_all(&tmp).unwrap();
+    assert!(
+        err.contains(field),
+        "{family}: error does not name {field}: {err}"
+    );
+}
+
+#[test]
+fn moe_and_longrope_config_errors_name_the_field() {
+    config_error_names("mixtral", "num_local_experts", |c| {
+        c.as_object_mut().unwrap().remove("num_local_experts");
+    });
+    config_error_names("mixtral", "num_experts_per_tok", |c| {
+        c["num_experts_per_tok"] = 5.into()
+    });
+    config_error_names("qwen3moe", "moe_intermediate_size", |c| {
+        c.as_object_mut().unwrap().remove("moe_intermediate_size");
+    });
+    config_error_names("phi3_longrope", "short_factor", |c| {
+        c["rope_parameters"]["short_factor"] = serde_json::json!([1.0, 2.0]);
+    });
+    config_error_names("phi3_longrope", "long_factor", |c| {
+        c["rope_parameters"]
+            .as_object_mut()
+            .unwrap()
+            .remove("long_factor");
+    });
+}
