@@ -66,6 +66,34 @@ impl Matrix {
     }
 }
 
+#[cfg(test)]
+impl Matrix {
+    /// An F32 matrix over owned values (`[rows × cols]`, row-major), for unit tests.
+    pub(crate) fn from_f32(name: &str, rows: usize, cols: usize, values: &[f32]) -> Matrix {
+        struct Owned(Vec<u8>);
+        impl TensorBytes for Owned {
+            fn bytes(&self) -> &[u8] {
+                &self.0
+            }
+        }
+        assert_eq!(values.len(), rows * cols);
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Matrix {
+            name: name.to_string(),
+            extra_paths: true,
+            dtype: DType::F32,
+            rows,
+            cols,
+            data: TensorData {
+                len: bytes.len(),
+                file: Arc::new(Owned(bytes)),
+                start: 0,
+            },
+            packed: None,
+        }
+    }
+}
+
 /// A projection `y = W x (+ b)`.
 #[derive(Clone)]
 pub struct Linear {

@@ -123,3 +123,83 @@ impl Moe {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::weights::Matrix;
+
+    fn lin(name: &str, rows: usize, cols: usize, f: impl Fn(usize) -> f32) -> Linear {
+        let v: Vec<f32> = (0..rows * cols).map(f).collect();
+        Linear {
+            w: Matrix::from_f32(name, rows, cols, &v),
+            bias: None,
+        }
+    }
+
+    fn expert(seed: usize, d: usize, ff: usize, poison: bool) -> Expert {
+        let val = move |i: usize| {
+            if poison {
+                f32::NAN
+            } else {
+                (((i * 7 + seed * 13) % 11) as f32 - 5.0) * 0.05
+            }
+        };
+        Expert {
+            gate: lin("gate", ff, d, val),
+            up: lin("up", ff, d, move |i| val(i + 3)),
+            down: lin("down", d, ff, move |i| val(i + 5)),
+        }
+    }
+
+    /// Expert 3's weights are NaN and the router never picks it (its logit is always far
+    /// below): the output stays finite, so the expert was never computed. A batch, grouped by
+    /// expert, gives each token what it gets alone.
+    #[test]
+    fn unselected_experts_are_not_computed_and_batches_group_by_expert() {
+        let (d, ff, n_exp) = (8, 4, 4);
+        // Router rows: experts 0-2 depend on the input, expert 3 is -100 · (sum of inputs
+        // that are all positive).
+        let router = lin("router", n_exp, d, |i| {
+            let (e, c) = (i / d, i % d);
+            if e == 3 {
+                -100.0
+            } else {
+                ((e * 5 + c * 3) % 7) as f32 * 0.1 - 0.3
+            }
+        });
+        let moe = Moe {
+            router,
+            experts: (0..n_exp).map(|e| expert(e, d, ff, e == 3)).collect(),
+            top_k: 2,
+            norm_topk: true,
+            shared: Some(expert(9, d, ff, false)),
+            shared_gate: Some(lin("shared_gate", 1, d, |c| 0.2 - 0.05 * c as f32)),
+        };
+        let pool = ThreadPool::new(1);
+        let n = 5;
+        let x: Vec<f32> = (0..n * d)
+            .map(|i| 0.1 + ((i * 3) % 5) as f32 * 0.2)
+            .collect();
+        let mut batch = vec![0f32; n * d];
+        moe.forward(&pool, &x, n, d, &mut batch);
+        assert!(
+            batch.iter().all(|v| v.is_finite()),
+            "a NaN expert was computed"
+        );
+        for t in 0..n {
+            let mut one = vec![0f32; d];
+            moe.forward(&pool, &x[t * d..(t + 1) * d], 1, d, &mut one);
+            for (a, b) in one.iter().zip(&batch[t * d..(t + 1) * d]) {
+                assert!(
+                    (a - b).abs() <= 1e-6,
+                    "token {t}: alone {a}, in the batch {b}"
+                );
+            }
+        }
+        assert!(
+            batch.iter().any(|&v| v.abs() > 1e-3),
+            "output is not trivially zero"
+        );
+    }
+}
