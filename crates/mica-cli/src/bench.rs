@@ -140,6 +140,8 @@ struct ModelInfo {
     size: u64,
     /// Elements of all tensors (llama.cpp's `llama_model_n_params`).
     n_params: u64,
+    /// The KV cache type the model runs with (f32 for float32 checkpoints).
+    kv_type: &'static str,
 }
 
 impl ModelInfo {
@@ -164,6 +166,7 @@ impl ModelInfo {
             format!("{:.1}B", n_params as f64 / 1e9)
         };
         ModelInfo {
+            kv_type: lm.model.config.numerics.kv_type().name(),
             filename: path.display().to_string(),
             desc: format!("{} {label} {ftype}", lm.model.config.arch),
             size,
@@ -404,8 +407,8 @@ fn record(
         n_batch: PROMPT_CHUNK,
         n_ubatch: PROMPT_CHUNK,
         n_threads,
-        type_k: "f16".into(),
-        type_v: "f16".into(),
+        type_k: info.kv_type.into(),
+        type_v: info.kv_type.into(),
         n_gpu_layers: 0,
         flash_attn: 1,
         n_prompt: spec.n_prompt,

@@ -155,6 +155,11 @@ fn resolved(lm: &LoadedModel, vocab_model: &str) {
         }
     );
     println!("context:       {} (trained)", c.n_ctx_train);
+    println!(
+        "numerics:      {:?} ({} KV cache)",
+        c.numerics,
+        c.numerics.kv_type().name()
+    );
     let t = &lm.tokenizer;
     let name = |id: Option<u32>| {
         id.map(|i| format!("{i} {:?}", t.token_text(i).unwrap_or("?")))

@@ -7,6 +7,7 @@ use mica_engine::{GenerateParams, Session};
 use crate::sampling_args::SamplingArgs;
 use mica_models::LoadedModel;
 use mica_models::chat::ChatMessage;
+use mica_models::config::Numerics;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -46,6 +47,10 @@ pub struct RunArgs {
     /// Context size in tokens (default: the model's, at most 4096).
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<usize>,
+    /// KV cache type: f16 (llama.cpp's numerics) or f32 (f32 cache and attention, GELU by
+    /// its formula). Default: f32 for float32 checkpoints, f16 otherwise.
+    #[arg(long = "kv-type", value_parser = ["f16", "f32"])]
+    pub kv_type: Option<String>,
     /// Print one JSON object (ids, text, timings) instead of streaming text.
     #[arg(long = "json")]
     pub json: bool,
@@ -63,8 +68,13 @@ pub fn run(args: RunArgs) -> Result<()> {
     };
     let path = crate::store::resolve_model(args.model.as_deref(), args.json)?;
     let t0 = Instant::now();
-    let lm = LoadedModel::open(&path)?;
+    let mut lm = LoadedModel::open(&path)?;
     let load_time = t0.elapsed();
+    match args.kv_type.as_deref() {
+        Some("f16") => lm.model.config.numerics = Numerics::LlamaCpp,
+        Some("f32") => lm.model.config.numerics = Numerics::F32,
+        _ => {}
+    }
 
     let text = if args.chat {
         if lm.template.is_fallback() {

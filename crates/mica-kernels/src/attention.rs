@@ -16,6 +16,9 @@
 //! acc[d] = fma-chain over j of v[j][d]·p[j]   (j ascending)
 //! ```
 //! and at the end `out = acc · (1/S)`. Rows whose whole key tile is masked skip it.
+//!
+//! The cache may hold f16 (llama.cpp's default, converted per tile) or f32 elements
+//! ([`KvElem`]); the arithmetic after the conversion is the same.
 
 use crate::ops::silu::expf_lane;
 use half::f16;
@@ -26,22 +29,61 @@ pub const Q_TILE: usize = 64;
 /// Cached positions per key/value tile (llama.cpp's `GGML_FA_TILE_KV`).
 pub const KV_TILE: usize = 64;
 
+/// An element type a KV cache stores: f16 (llama.cpp's default) or f32 (for float32
+/// checkpoints, where f16 rounding would be the largest error against the reference).
+pub trait KvElem: Copy + Default + Send + Sync + 'static {
+    fn to_f32(self) -> f32;
+    fn from_f32(x: f32) -> Self;
+    /// The tile kernel for this element type, picked once for this CPU.
+    fn tile_fn() -> TileFn<Self>;
+}
+
+impl KvElem for f16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+    fn tile_fn() -> TileFn<Self> {
+        static F: OnceLock<TileFn<f16>> = OnceLock::new();
+        *F.get_or_init(pick_tile_fn::<f16>)
+    }
+}
+
+impl KvElem for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+    fn tile_fn() -> TileFn<Self> {
+        static F: OnceLock<TileFn<f32>> = OnceLock::new();
+        *F.get_or_init(pick_tile_fn::<f32>)
+    }
+}
+
 /// The keys and values of one KV head of one sequence, as the cache stores them: rows of
-/// `stride` f16 values, the head's `head_dim` values starting at `offset`.
+/// `stride` values, the head's `head_dim` values starting at `offset`.
 #[derive(Clone, Copy)]
-pub struct KvHead<'a> {
-    pub keys: &'a [f16],
-    pub values: &'a [f16],
+pub struct KvHead<'a, T = f16> {
+    pub keys: &'a [T],
+    pub values: &'a [T],
     pub stride: usize,
     pub offset: usize,
     pub head_dim: usize,
 }
 
-impl KvHead<'_> {
-    fn key(&self, j: usize) -> &[f16] {
+impl<T> KvHead<'_, T> {
+    fn key(&self, j: usize) -> &[T] {
         &self.keys[j * self.stride + self.offset..][..self.head_dim]
     }
-    fn value(&self, j: usize) -> &[f16] {
+    fn value(&self, j: usize) -> &[T] {
         &self.values[j * self.stride + self.offset..][..self.head_dim]
     }
 }
@@ -100,21 +142,21 @@ pub struct TileScratch {
     sum: Vec<f32>,
 }
 
-type TileFn = fn(&KvHead, &[f32], &[usize], &ScoreMod, &mut TileScratch, &mut [f32]);
+/// A tile kernel over a cache of element type `T`.
+pub type TileFn<T> = fn(&KvHead<T>, &[f32], &[usize], &ScoreMod, &mut TileScratch, &mut [f32]);
 
-fn tile_fn() -> TileFn {
-    static F: OnceLock<TileFn> = OnceLock::new();
-    *F.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma") {
-            return |kv, q, pos, scale, s, out| unsafe { tile_avx512(kv, q, pos, scale, s, out) };
-        }
-        #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            return |kv, q, pos, scale, s, out| unsafe { tile_avx2(kv, q, pos, scale, s, out) };
-        }
-        tile_generic
-    })
+fn pick_tile_fn<T: KvElem>() -> TileFn<T> {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma") {
+        // SAFETY: the features were just detected.
+        return |kv, q, pos, scale, s, out| unsafe { tile_avx512(kv, q, pos, scale, s, out) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        // SAFETY: the features were just detected.
+        return |kv, q, pos, scale, s, out| unsafe { tile_avx2(kv, q, pos, scale, s, out) };
+    }
+    tile_generic::<T>
 }
 
 /// Attention of `pos.len()` query rows (`q` is `[rows][head_dim]`, row `r` at cache position
@@ -131,8 +173,8 @@ pub fn attend_tile(
 }
 
 /// [`attend_tile`] with soft-capping and a sliding window ([`ScoreMod`]).
-pub fn attend_tile_mod(
-    kv: &KvHead,
+pub fn attend_tile_mod<T: KvElem>(
+    kv: &KvHead<T>,
     q: &[f32],
     pos: &[usize],
     sm: &ScoreMod,
@@ -142,7 +184,7 @@ pub fn attend_tile_mod(
     debug_assert!(pos.len() <= Q_TILE);
     debug_assert_eq!(q.len(), pos.len() * kv.head_dim);
     debug_assert_eq!(out.len(), q.len());
-    tile_fn()(kv, q, pos, sm, scratch, out)
+    T::tile_fn()(kv, q, pos, sm, scratch, out)
 }
 
 /// The same computation without dispatch (the reference the SIMD build is tested against).
@@ -154,13 +196,13 @@ pub fn attend_tile_ref(
     scratch: &mut TileScratch,
     out: &mut [f32],
 ) {
-    tile_generic(kv, q, pos, &ScoreMod::scaled(scale), scratch, out)
+    tile_generic::<f16>(kv, q, pos, &ScoreMod::scaled(scale), scratch, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn tile_avx2(
-    kv: &KvHead,
+fn tile_avx2<T: KvElem>(
+    kv: &KvHead<T>,
     q: &[f32],
     pos: &[usize],
     sm: &ScoreMod,
@@ -172,8 +214,8 @@ fn tile_avx2(
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-fn tile_avx512(
-    kv: &KvHead,
+fn tile_avx512<T: KvElem>(
+    kv: &KvHead<T>,
     q: &[f32],
     pos: &[usize],
     sm: &ScoreMod,
@@ -183,8 +225,8 @@ fn tile_avx512(
     tile_body(kv, q, pos, sm, s, out)
 }
 
-fn tile_generic(
-    kv: &KvHead,
+fn tile_generic<T: KvElem>(
+    kv: &KvHead<T>,
     q: &[f32],
     pos: &[usize],
     sm: &ScoreMod,
@@ -205,8 +247,8 @@ fn reduce16(v: &[f32]) -> f32 {
 /// Written as plain loops over fixed-width lanes; compiled with FMA enabled the inner loops
 /// vectorize, and `mul_add` is a single fused operation either way (as in ggml).
 #[inline(always)]
-fn tile_body(
-    kv: &KvHead,
+fn tile_body<T: KvElem>(
+    kv: &KvHead<T>,
     q: &[f32],
     pos: &[usize],
     sm: &ScoreMod,

@@ -19,6 +19,24 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
+/// LayerNorm: `out[i] = (x[i] - mean) / sqrt(var + eps) * w[i] + b[i]`, the mean and the
+/// variance accumulated in f64 as ggml's `norm` does (GPT-2, GPT-NeoX).
+pub fn layer_norm(x: &[f32], w: &[f32], b: Option<&[f32]>, eps: f32, out: &mut [f32]) {
+    debug_assert!(x.len() == w.len() && x.len() == out.len());
+    let n = x.len() as f64;
+    let mean = (x.iter().map(|&v| v as f64).sum::<f64>() / n) as f32;
+    let var: f64 = x
+        .iter()
+        .map(|&v| ((v - mean) * (v - mean)) as f64)
+        .sum::<f64>()
+        / n;
+    let scale = 1.0 / (var as f32 + eps).sqrt();
+    for (i, (o, &v)) in out.iter_mut().zip(x).enumerate() {
+        let y = (v - mean) * scale * w[i];
+        *o = b.map_or(y, |b| y + b[i]);
+    }
+}
+
 /// How the rotated pairs are laid out inside a head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RopeStyle {
@@ -322,6 +340,13 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     silu::swiglu(gate, up)
 }
 
+/// SiLU in place, `x / (1 + e^-x)` with libm's `expf` (the ungated MLPs that use it).
+pub fn silu_in_place(x: &mut [f32]) {
+    for v in x.iter_mut() {
+        *v = silu::silu_libm(*v);
+    }
+}
+
 /// `y += x`.
 pub fn add_assign(y: &mut [f32], x: &[f32]) {
     debug_assert_eq!(y.len(), x.len());
@@ -531,7 +556,7 @@ pub mod f16v {
     }
 }
 
-pub use crate::gelu::{geglu, gelu};
+pub use crate::gelu::{geglu, geglu_precise, gelu, gelu_erf, gelu_precise};
 
 /// `y *= v` for every element (ggml_scale).
 pub fn scale(y: &mut [f32], v: f32) {
@@ -551,6 +576,20 @@ pub fn softcap(y: &mut [f32], cap: f32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn layer_norm_matches_definition() {
+        let x = [1.0f32, -2.0, 3.0, 0.5];
+        let (w, b) = ([1.0f32, 2.0, 0.5, -1.0], [0.1f32, 0.0, -0.2, 0.3]);
+        let mut out = [0f32; 4];
+        layer_norm(&x, &w, Some(&b), 1e-5, &mut out);
+        let mean = 0.625f64;
+        let var = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / 4.0;
+        for i in 0..4 {
+            let want = (x[i] as f64 - mean) / (var + 1e-5).sqrt() * w[i] as f64 + b[i] as f64;
+            assert!((out[i] as f64 - want).abs() < 1e-6, "{i}");
+        }
+    }
 
     #[test]
     fn rms_norm_matches_definition() {

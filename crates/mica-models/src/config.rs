@@ -5,6 +5,7 @@
 //! family uses (RoPE layout, biases, tied output) is decided by its architecture file.
 
 use crate::error::{ModelError, Result};
+use crate::kv_cache::KvType;
 use mica_formats::GgufFile;
 use mica_kernels::ops::RopeStyle;
 
@@ -56,13 +57,49 @@ impl LongRope {
     }
 }
 
-/// The activation of the gated feed-forward block: `down(act(gate(x)) * up(x))`.
+/// The activation of the feed-forward block: gated, `down(act(gate(x)) * up(x))`, or plain,
+/// `down(act(up(x)))` (which one is the layer's [`crate::model::Ffn`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Activation {
-    /// SwiGLU (LLaMA, Qwen, Mistral).
+    /// SiLU; gated: SwiGLU (LLaMA, Qwen, Mistral).
     Silu,
-    /// GeGLU with the tanh approximation of GELU (Gemma).
+    /// GELU, tanh approximation (Gemma's GeGLU, GPT-2's `gelu_new`).
     GeluTanh,
+    /// GELU with `erf` (transformers' `gelu`: GPT-NeoX / Pythia). llama.cpp computes it with
+    /// the tanh approximation; so does mica under [`Numerics::LlamaCpp`].
+    GeluErf,
+}
+
+/// The normalization before each sub-block and before the output head.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NormKind {
+    /// RMSNorm with a weight (LLaMA and most families since).
+    #[default]
+    Rms,
+    /// LayerNorm with a weight and a bias (GPT-2, GPT-NeoX).
+    Layer,
+}
+
+/// Which reference the arithmetic between the matrix products follows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Numerics {
+    /// llama.cpp's CPU rounding: f16 KV cache, f16 query and accumulator in decode
+    /// attention, GELU through an f16 table. Keeps quantized models on llama.cpp's tokens.
+    #[default]
+    LlamaCpp,
+    /// float32 throughout: f32 KV cache, f32 attention, GELU by its formula. What
+    /// transformers computes for a float32 checkpoint (chosen when every weight matrix is F32).
+    F32,
+}
+
+impl Numerics {
+    /// The KV cache element type these numerics use.
+    pub fn kv_type(self) -> KvType {
+        match self {
+            Numerics::LlamaCpp => KvType::F16,
+            Numerics::F32 => KvType::F32,
+        }
+    }
 }
 
 /// Hyper-parameters of the model, validated.
@@ -100,6 +137,13 @@ pub struct ModelConfig {
     /// Final logit soft-capping.
     pub final_softcap: Option<f32>,
     pub act: Activation,
+    pub norm: NormKind,
+    /// GPT-NeoX's parallel residual: `x + attn(norm1(x)) + ffn(norm2(x))`, both sub-blocks
+    /// reading the same input (otherwise the feed-forward block reads `x + attn(...)`).
+    pub parallel_residual: bool,
+    /// Rounding of the KV cache, attention and activations ([`crate::arch`] picks F32 for
+    /// float32 checkpoints; callers may override it before making a cache).
+    pub numerics: Numerics,
 }
 
 impl ModelConfig {
@@ -111,6 +155,11 @@ impl ModelConfig {
     /// Key/value width: `n_head_kv * head_dim`.
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
+    }
+
+    /// Whether layers rotate queries and keys (GPT-2 adds learned positions instead).
+    pub fn has_rope(&self) -> bool {
+        self.rope.n_dims > 0
     }
 
     /// The RoPE parameters of layer `l`.
@@ -290,6 +339,9 @@ impl ModelConfig {
             attn_softcap: None,
             final_softcap: None,
             act: Activation::Silu,
+            norm: NormKind::Rms,
+            parallel_residual: false,
+            numerics: Numerics::LlamaCpp,
         })
     }
 }

@@ -7,7 +7,7 @@
 //! decoder shares into a [`ModelConfig`], with an error naming any required field that is
 //! missing or invalid. Family-specific fields are resolved by the architecture files.
 
-use crate::config::{Activation, LongRope, ModelConfig, RopeConfig};
+use crate::config::{Activation, LongRope, ModelConfig, NormKind, Numerics, RopeConfig};
 use crate::error::{ModelError, Result};
 use crate::names::NameTable;
 use crate::weights::WeightLoader;
@@ -68,6 +68,49 @@ pub struct HfConfig {
     pub mlp_only_layers: Option<Vec<usize>>,
     pub bos_token_id: Option<Value>,
     pub eos_token_id: Option<Value>,
+    /// GPT-2's names of shared fields (folded into the shared ones by [`HfConfig::resolve_aliases`]).
+    pub n_embd: Option<usize>,
+    pub n_layer: Option<usize>,
+    pub n_head: Option<usize>,
+    pub n_positions: Option<usize>,
+    pub n_inner: Option<usize>,
+    pub layer_norm_epsilon: Option<f64>,
+    /// GPT-2: `gelu_new` (tanh approximation) and its synonyms.
+    pub activation_function: Option<String>,
+    pub scale_attn_weights: Option<bool>,
+    pub scale_attn_by_inverse_layer_idx: Option<bool>,
+    pub reorder_and_upcast_attn: Option<bool>,
+    /// GPT-NeoX: LayerNorm epsilon, parallel residual, and (transformers < 5) the rotary
+    /// fraction and base.
+    pub layer_norm_eps: Option<f64>,
+    pub use_parallel_residual: Option<bool>,
+    pub rotary_pct: Option<f64>,
+    pub rotary_emb_base: Option<f64>,
+}
+
+impl HfConfig {
+    /// Folds family-specific names of shared fields into the shared ones: GPT-2's `n_embd`,
+    /// `n_layer`, `n_head`, `n_positions`, `n_inner` (4 × `n_embd` when null),
+    /// `layer_norm_epsilon`; GPT-NeoX's `layer_norm_eps`, `rotary_pct`, `rotary_emb_base`.
+    /// (The epsilon lands in `rms_norm_eps`, which then is the norm's epsilon whatever the norm.)
+    fn resolve_aliases(&mut self) {
+        let gpt2 = self.model_type.as_deref() == Some("gpt2");
+        self.hidden_size = self.hidden_size.or(self.n_embd);
+        self.num_hidden_layers = self.num_hidden_layers.or(self.n_layer);
+        self.num_attention_heads = self.num_attention_heads.or(self.n_head);
+        self.max_position_embeddings = self.max_position_embeddings.or(self.n_positions);
+        self.intermediate_size = self.intermediate_size.or(self.n_inner);
+        if gpt2 && self.intermediate_size.is_none() {
+            self.intermediate_size = self.hidden_size.map(|d| 4 * d);
+        }
+        self.rms_norm_eps = self
+            .rms_norm_eps
+            .or(self.layer_norm_epsilon)
+            .or(self.layer_norm_eps);
+        self.partial_rotary_factor = self.partial_rotary_factor.or(self.rotary_pct);
+        self.rope_theta = self.rope_theta.or(self.rotary_emb_base);
+        self.hidden_act = self.hidden_act.take().or(self.activation_function.clone());
+    }
 }
 
 /// An open Hugging Face model folder.
@@ -92,8 +135,9 @@ impl HfFolder {
                 "missing from the folder",
             )
         })?;
-        let config: HfConfig = serde_json::from_value(config_json.clone())
+        let mut config: HfConfig = serde_json::from_value(config_json.clone())
             .map_err(|e| config_err(&dir.join("config.json"), "config.json", e.to_string()))?;
+        config.resolve_aliases();
         let generation = read_json(&dir.join("generation_config.json"))?;
         let weights = SafetensorsSet::open_dir(&dir)?;
         Ok(HfFolder {
@@ -206,6 +250,9 @@ impl HfFolder {
             attn_softcap: None,
             final_softcap: None,
             act: Activation::Silu,
+            norm: NormKind::Rms,
+            parallel_residual: false,
+            numerics: Numerics::LlamaCpp,
         })
     }
 

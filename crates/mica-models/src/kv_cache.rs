@@ -1,7 +1,8 @@
 //! The key/value cache, addressed by sequence (ARCHITECTURE decision 1), stored in pages.
 //!
 //! Keys and values live in a pool of fixed-size *blocks* of [`BLOCK_SIZE`] positions, one
-//! pool per layer, as f16 (llama.cpp's default cache type): `[n_blocks][BLOCK_SIZE][kv_dim]`,
+//! pool per layer, as f16 (llama.cpp's default cache type) or f32 ([`KvType`], from the
+//! model's [`crate::config::Numerics`]): `[n_blocks][BLOCK_SIZE][kv_dim]`,
 //! so one key of one head is a contiguous run of `head_dim` values. Each sequence has a
 //! *block table*: position `p` of the sequence lives in block `table[p / BLOCK_SIZE]`, row
 //! `p % BLOCK_SIZE` (vLLM's PagedAttention layout; Kwon et al., 2023).
@@ -22,6 +23,7 @@
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use half::f16;
+use mica_kernels::attention::KvElem;
 
 /// Identifies a sequence in the cache and in a [`crate::Batch`].
 pub type SeqId = usize;
@@ -34,6 +36,103 @@ pub const BLOCK_SIZE: usize = 16;
 const BLOCK_SHIFT: u32 = BLOCK_SIZE.trailing_zeros();
 const _: () = assert!(BLOCK_SIZE.is_power_of_two());
 
+/// The element type keys and values are stored in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvType {
+    /// llama.cpp's default: half the memory, and llama.cpp's rounding.
+    #[default]
+    F16,
+    /// Full precision, for float32 checkpoints checked against a float32 reference.
+    F32,
+}
+
+impl KvType {
+    /// Bytes per stored value.
+    pub fn size(self) -> usize {
+        match self {
+            KvType::F16 => 2,
+            KvType::F32 => 4,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F16 => "f16",
+            KvType::F32 => "f32",
+        }
+    }
+}
+
+/// The key and value pools of every layer in one element type:
+/// `[n_layer][n_blocks * BLOCK_SIZE * kv_dim]` each.
+pub(crate) struct Pools<T> {
+    k: Vec<Vec<T>>,
+    v: Vec<Vec<T>>,
+}
+
+impl<T: KvElem> Pools<T> {
+    fn new(n_layer: usize, size: usize) -> Self {
+        Pools {
+            k: (0..n_layer).map(|_| vec![T::default(); size]).collect(),
+            v: (0..n_layer).map(|_| vec![T::default(); size]).collect(),
+        }
+    }
+
+    fn grow(&mut self, size: usize) {
+        for pool in self.k.iter_mut().chain(self.v.iter_mut()) {
+            if pool.len() < size {
+                pool.resize(size, T::default());
+            }
+        }
+    }
+
+    fn copy(&mut self, s: usize, d: usize, n: usize) {
+        for pool in self.k.iter_mut().chain(self.v.iter_mut()) {
+            if pool.len() >= s.max(d) + n {
+                pool.copy_within(s..s + n, d);
+            }
+        }
+    }
+
+    fn write(&mut self, layer: usize, at: usize, k: &[f32], v: &[f32]) {
+        for (dst, src) in self.k[layer][at..at + k.len()].iter_mut().zip(k) {
+            *dst = T::from_f32(*src);
+        }
+        for (dst, src) in self.v[layer][at..at + v.len()].iter_mut().zip(v) {
+            *dst = T::from_f32(*src);
+        }
+    }
+}
+
+/// The cache's storage, in the element type it was made with.
+pub(crate) enum Store {
+    F16(Pools<f16>),
+    F32(Pools<f32>),
+}
+
+/// Element types a cache can hold, for code generic over them ([`KvCache::typed_view`]).
+pub(crate) trait CacheElem: KvElem {
+    fn pools(store: &Store) -> Option<&Pools<Self>>;
+}
+
+impl CacheElem for f16 {
+    fn pools(store: &Store) -> Option<&Pools<Self>> {
+        match store {
+            Store::F16(p) => Some(p),
+            Store::F32(_) => None,
+        }
+    }
+}
+
+impl CacheElem for f32 {
+    fn pools(store: &Store) -> Option<&Pools<Self>> {
+        match store {
+            Store::F32(p) => Some(p),
+            Store::F16(_) => None,
+        }
+    }
+}
+
 #[derive(Default, Clone)]
 struct SeqTable {
     /// Positions cached (keys and values written).
@@ -42,15 +141,13 @@ struct SeqTable {
     blocks: Vec<u32>,
 }
 
-/// Paged f16 key/value storage for every layer.
+/// Paged f16 or f32 key/value storage for every layer.
 pub struct KvCache {
     n_layer: usize,
     kv_dim: usize,
     n_ctx: usize,
-    /// `[n_layer][n_blocks * BLOCK_SIZE * kv_dim]` (grown on demand when self-managed)
-    k: Vec<Vec<f16>>,
-    /// `[n_layer][n_blocks * BLOCK_SIZE * kv_dim]`
-    v: Vec<Vec<f16>>,
+    /// Keys and values (grown on demand when self-managed).
+    store: Store,
     n_blocks: usize,
     seqs: Vec<SeqTable>,
     /// Blocks not yet handed out, when the cache manages its blocks itself (`None` when an
@@ -60,17 +157,17 @@ pub struct KvCache {
 
 /// The keys and values of one sequence in one layer, read through its block table.
 #[derive(Clone, Copy)]
-pub struct SeqKv<'a> {
+pub struct SeqKv<'a, T = f16> {
     /// `[n_blocks * BLOCK_SIZE][kv_dim]` the layer's key pool
-    pub keys: &'a [f16],
+    pub keys: &'a [T],
     /// `[n_blocks * BLOCK_SIZE][kv_dim]` the layer's value pool
-    pub values: &'a [f16],
+    pub values: &'a [T],
     /// Block id of each `BLOCK_SIZE` positions of the sequence.
     pub blocks: &'a [u32],
     pub kv_dim: usize,
 }
 
-impl<'a> SeqKv<'a> {
+impl<'a, T: Copy> SeqKv<'a, T> {
     /// Row index in the pool of position `p`.
     #[inline(always)]
     pub fn row(&self, p: usize) -> usize {
@@ -79,19 +176,19 @@ impl<'a> SeqKv<'a> {
 
     /// Key row (`kv_dim` values, every head) of position `p`.
     #[inline(always)]
-    pub fn key_row(&self, p: usize) -> &'a [f16] {
+    pub fn key_row(&self, p: usize) -> &'a [T] {
         &self.keys[self.row(p) * self.kv_dim..][..self.kv_dim]
     }
 
     /// Value row (`kv_dim` values) of position `p`.
     #[inline(always)]
-    pub fn value_row(&self, p: usize) -> &'a [f16] {
+    pub fn value_row(&self, p: usize) -> &'a [T] {
         &self.values[self.row(p) * self.kv_dim..][..self.kv_dim]
     }
 
     /// Keys and values of positions `0..n` as contiguous `[n][kv_dim]` slices, when the
     /// blocks holding them are consecutive in the pool (no copy needed).
-    pub fn contiguous(&self, n: usize) -> Option<(&'a [f16], &'a [f16])> {
+    pub fn contiguous(&self, n: usize) -> Option<(&'a [T], &'a [T])> {
         let nb = n.div_ceil(BLOCK_SIZE);
         let first = *self.blocks.first()? as usize;
         let consecutive = self.blocks[..nb]
@@ -109,7 +206,7 @@ impl<'a> SeqKv<'a> {
     }
 
     /// Copies keys and values of positions `0..n` into `k` and `v` (`[n][kv_dim]` each).
-    pub fn gather(&self, n: usize, k: &mut Vec<f16>, v: &mut Vec<f16>) {
+    pub fn gather(&self, n: usize, k: &mut Vec<T>, v: &mut Vec<T>) {
         k.clear();
         v.clear();
         let mut p = 0;
@@ -124,8 +221,8 @@ impl<'a> SeqKv<'a> {
 }
 
 impl KvCache {
-    /// A self-managed cache for up to `n_seq` sequences of up to `n_ctx` positions each.
-    /// Storage grows as sequences use it.
+    /// A self-managed cache for up to `n_seq` sequences of up to `n_ctx` positions each,
+    /// in the element type of the model's numerics. Storage grows as sequences use it.
     pub fn new(cfg: &ModelConfig, n_ctx: usize, n_seq: usize) -> KvCache {
         let n_seq = n_seq.max(1);
         let n_blocks = n_seq * n_ctx.div_ceil(BLOCK_SIZE);
@@ -133,8 +230,7 @@ impl KvCache {
             n_layer: cfg.n_layer,
             kv_dim: cfg.kv_dim(),
             n_ctx,
-            k: vec![Vec::new(); cfg.n_layer],
-            v: vec![Vec::new(); cfg.n_layer],
+            store: Store::new(cfg.numerics.kv_type(), cfg.n_layer, 0),
             n_blocks,
             seqs: vec![SeqTable::default(); n_seq],
             // Handed out lowest id first.
@@ -150,8 +246,7 @@ impl KvCache {
             n_layer: cfg.n_layer,
             kv_dim: cfg.kv_dim(),
             n_ctx,
-            k: (0..cfg.n_layer).map(|_| vec![f16::ZERO; size]).collect(),
-            v: (0..cfg.n_layer).map(|_| vec![f16::ZERO; size]).collect(),
+            store: Store::new(cfg.numerics.kv_type(), cfg.n_layer, size),
             n_blocks,
             seqs: vec![SeqTable::default(); n_seq.max(1)],
             free: None,
@@ -160,7 +255,15 @@ impl KvCache {
 
     /// Bytes one block takes across all layers (keys and values).
     pub fn bytes_per_block(cfg: &ModelConfig) -> usize {
-        2 * cfg.n_layer * BLOCK_SIZE * cfg.kv_dim() * std::mem::size_of::<f16>()
+        2 * cfg.n_layer * BLOCK_SIZE * cfg.kv_dim() * cfg.numerics.kv_type().size()
+    }
+
+    /// The element type of the keys and values.
+    pub fn kv_type(&self) -> KvType {
+        match self.store {
+            Store::F16(_) => KvType::F16,
+            Store::F32(_) => KvType::F32,
+        }
     }
 
     /// Positions each sequence can hold.
@@ -179,7 +282,7 @@ impl KvCache {
 
     /// Bytes of storage one full-length sequence takes.
     pub fn bytes_per_seq(&self) -> usize {
-        2 * self.n_layer * self.n_ctx * self.kv_dim * std::mem::size_of::<f16>()
+        2 * self.n_layer * self.n_ctx * self.kv_dim * self.kv_type().size()
     }
 
     /// Positions cached for `seq` (0 for an unknown or unused sequence).
@@ -231,10 +334,9 @@ impl KvCache {
     pub fn copy_block(&mut self, src: u32, dst: u32) {
         let n = BLOCK_SIZE * self.kv_dim;
         let (s, d) = (src as usize * n, dst as usize * n);
-        for pool in self.k.iter_mut().chain(self.v.iter_mut()) {
-            if pool.len() >= s.max(d) + n {
-                pool.copy_within(s..s + n, d);
-            }
+        match &mut self.store {
+            Store::F16(p) => p.copy(s, d, n),
+            Store::F32(p) => p.copy(s, d, n),
         }
     }
 
@@ -278,10 +380,9 @@ impl KvCache {
             self.seqs[seq].blocks.push(b);
         }
         let size = top * BLOCK_SIZE * self.kv_dim;
-        for pool in self.k.iter_mut().chain(self.v.iter_mut()) {
-            if pool.len() < size {
-                pool.resize(size, f16::ZERO);
-            }
+        match &mut self.store {
+            Store::F16(p) => p.grow(size),
+            Store::F32(p) => p.grow(size),
         }
         Ok(())
     }
@@ -293,21 +394,39 @@ impl KvCache {
         }
     }
 
-    /// Writes the key and value rows (`kv_dim` floats each) of one position, rounding to f16.
+    /// Writes the key and value rows (`kv_dim` floats each) of one position, rounding to
+    /// the cache's element type.
     pub(crate) fn write(&mut self, layer: usize, seq: SeqId, pos: usize, k: &[f32], v: &[f32]) {
-        let d = self.kv_dim;
-        let row = self.view(layer, seq).row(pos);
-        mica_kernels::ops::f32_to_f16(k, &mut self.k[layer][row * d..(row + 1) * d]);
-        mica_kernels::ops::f32_to_f16(v, &mut self.v[layer][row * d..(row + 1) * d]);
+        let blocks = &self.seqs[seq].blocks;
+        let row = ((blocks[pos >> BLOCK_SHIFT] as usize) << BLOCK_SHIFT) | (pos & (BLOCK_SIZE - 1));
+        let at = row * self.kv_dim;
+        match &mut self.store {
+            Store::F16(p) => p.write(layer, at, k, v),
+            Store::F32(p) => p.write(layer, at, k, v),
+        }
     }
 
-    /// The keys and values of `seq` in `layer`.
-    pub fn view(&self, layer: usize, seq: SeqId) -> SeqKv<'_> {
-        SeqKv {
-            keys: &self.k[layer],
-            values: &self.v[layer],
+    /// The keys and values of `seq` in `layer`, when the cache holds `T` (`None` otherwise).
+    pub(crate) fn typed_view<T: CacheElem>(
+        &self,
+        layer: usize,
+        seq: SeqId,
+    ) -> Option<SeqKv<'_, T>> {
+        let p = T::pools(&self.store)?;
+        Some(SeqKv {
+            keys: &p.k[layer],
+            values: &p.v[layer],
             blocks: &self.seqs[seq].blocks,
             kv_dim: self.kv_dim,
+        })
+    }
+}
+
+impl Store {
+    fn new(t: KvType, n_layer: usize, size: usize) -> Store {
+        match t {
+            KvType::F16 => Store::F16(Pools::new(n_layer, size)),
+            KvType::F32 => Store::F32(Pools::new(n_layer, size)),
         }
     }
 }

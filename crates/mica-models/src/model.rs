@@ -8,7 +8,7 @@
 use crate::batch::Batch;
 use crate::blocks::attention::{AttentionPolicy, AttnShape, attention};
 pub use crate::blocks::moe::{Expert, Moe};
-use crate::config::{Activation, ModelConfig, RopeConfig};
+use crate::config::{Activation, ModelConfig, NormKind, Numerics, RopeConfig};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::weights::{ActCache, Linear, Matrix};
@@ -17,11 +17,14 @@ use mica_kernels::ThreadPool;
 use mica_kernels::ops::{self, rms_norm, rope_angles, rope_apply};
 use std::sync::Arc;
 
-/// The weights of one transformer block (pre-norm attention + gated MLP, with the optional
-/// pieces some families add: per-head Q/K norms, post-norms of both sub-blocks).
+/// The weights of one transformer block (pre-norm attention + MLP, with the optional
+/// pieces some families add: per-head Q/K norms, post-norms of both sub-blocks, LayerNorm
+/// biases).
 pub struct DecoderLayer {
     /// `[n_embd]`
     pub attn_norm: Vec<f32>,
+    /// `[n_embd]` LayerNorm bias (GPT-2, GPT-NeoX).
+    pub attn_norm_b: Option<Vec<f32>>,
     /// `[head_dim]` RMSNorm of every query head before RoPE (Qwen3, Gemma 3).
     pub q_norm: Option<Vec<f32>>,
     /// `[head_dim]` RMSNorm of every key head before RoPE.
@@ -40,6 +43,8 @@ pub struct DecoderLayer {
     pub wo: Linear,
     /// `[n_embd]`
     pub ffn_norm: Vec<f32>,
+    /// `[n_embd]` LayerNorm bias.
+    pub ffn_norm_b: Option<Vec<f32>>,
     pub ffn: Ffn,
 }
 
@@ -51,6 +56,8 @@ pub enum Ffn {
     Dense(Expert),
     /// Routed experts (and a shared one), see [`Moe`].
     Moe(Moe),
+    /// `down(act(up(x)))`, `[n_ff × n_embd]` up, `[n_embd × n_ff]` down (GPT-2, GPT-NeoX).
+    Plain { up: Linear, down: Linear },
 }
 
 /// A model ready to run.
@@ -58,9 +65,13 @@ pub struct Model {
     pub config: ModelConfig,
     /// `[n_vocab × n_embd]`, rows looked up (dequantized) per token.
     pub tok_embd: Matrix,
+    /// `[n_ctx_train × n_embd]` learned position embeddings, added to the token's (GPT-2).
+    pub pos_embd: Option<Matrix>,
     pub layers: Vec<DecoderLayer>,
     /// `[n_embd]`
     pub output_norm: Vec<f32>,
+    /// `[n_embd]` LayerNorm bias.
+    pub output_norm_b: Option<Vec<f32>>,
     /// `[n_vocab × n_embd]`; the token embedding itself when the model ties them.
     pub output: Linear,
     /// The GGUF file, when the model came from one (a Hugging Face folder has none).
@@ -117,16 +128,25 @@ impl Model {
                     .chain(m.experts.iter().chain(&m.shared).flat_map(expert_matrices))
                     .chain(m.shared_gate.as_ref().map(|g| &g.w))
                     .collect(),
+                Ffn::Plain { up, down } => vec![&up.w, &down.w],
             };
             attn.into_iter().chain(ffn)
         });
         let head = (self.output.w.name != self.tok_embd.name).then_some(&self.output.w);
-        std::iter::once(&self.tok_embd).chain(layers).chain(head)
+        std::iter::once(&self.tok_embd)
+            .chain(&self.pos_embd)
+            .chain(layers)
+            .chain(head)
     }
 
     /// Bytes of the weight matrices as stored.
     pub fn weight_bytes(&self) -> usize {
         self.matrices().map(Matrix::n_bytes).sum()
+    }
+
+    /// Whether every weight matrix is stored as f32 (a float32 checkpoint).
+    pub fn float32_weights(&self) -> bool {
+        self.matrices().all(|m| m.dtype == mica_kernels::DType::F32)
     }
 
     /// Number of weights in the matrices (norms and biases aside).
@@ -157,6 +177,14 @@ impl Model {
         if let Some(s) = cfg.embd_scale {
             ops::scale(x, s);
         }
+        if let Some(pe) = &self.pos_embd {
+            let pe = pe.view();
+            let row = grow(&mut ws.proj, d);
+            for (t, &p) in batch.pos.iter().enumerate() {
+                pe.dequantize_row(p, row);
+                ops::add_assign(&mut ws.x[t * d..(t + 1) * d], row);
+            }
+        }
 
         let mut shape = AttnShape {
             n_head: cfg.n_head,
@@ -178,9 +206,9 @@ impl Model {
         for (l, layer) in self.layers.iter().enumerate() {
             // Attention sub-block.
             norm_rows(
+                cfg,
                 &ws.x[..n * d],
-                &layer.attn_norm,
-                cfg.norm_eps,
+                (&layer.attn_norm, layer.attn_norm_b.as_deref()),
                 grow(&mut ws.xn, n * d),
             );
             ws.acts.invalidate();
@@ -206,14 +234,16 @@ impl Model {
             if let Some(w) = &layer.k_norm {
                 norm_in_place(&mut ws.k[..n * kvd], w, cfg.norm_eps, &mut ws.cos_sin);
             }
-            self.rope(
-                batch,
-                cfg.rope_of(l),
-                kv.n_ctx(),
-                &mut ws.q[..n * qd],
-                &mut ws.k[..n * kvd],
-                &mut ws.cos_sin,
-            );
+            if cfg.has_rope() {
+                self.rope(
+                    batch,
+                    cfg.rope_of(l),
+                    kv.n_ctx(),
+                    &mut ws.q[..n * qd],
+                    &mut ws.k[..n * kvd],
+                    &mut ws.cos_sin,
+                );
+            }
             if let Some(s) = cfg.q_scale {
                 ops::scale(&mut ws.q[..n * qd], s);
             }
@@ -259,20 +289,35 @@ impl Model {
             if let Some(w) = &layer.post_attn_norm {
                 norm_in_place(proj, w, cfg.norm_eps, &mut ws.cos_sin);
             }
-            ops::add_assign(&mut ws.x[..rows * d], &ws.proj[..rows * d]);
+            // Feed-forward input: the residual stream after attention, or before it (parallel
+            // residual: both sub-blocks read the same `x`, their outputs are both added).
+            let ffn_norm = (&layer.ffn_norm[..], layer.ffn_norm_b.as_deref());
+            if cfg.parallel_residual {
+                norm_rows(cfg, &ws.x[..rows * d], ffn_norm, grow(&mut ws.xn, rows * d));
+                ops::add_assign(&mut ws.x[..rows * d], &ws.proj[..rows * d]);
+            } else {
+                ops::add_assign(&mut ws.x[..rows * d], &ws.proj[..rows * d]);
+                norm_rows(cfg, &ws.x[..rows * d], ffn_norm, grow(&mut ws.xn, rows * d));
+            }
 
-            // Feed-forward sub-block: down(act(gate(x)) * up(x)).
-            norm_rows(
-                &ws.x[..rows * d],
-                &layer.ffn_norm,
-                cfg.norm_eps,
-                grow(&mut ws.xn, rows * d),
-            );
+            // Feed-forward sub-block: down(act(gate(x)) * up(x)), or down(act(up(x))).
             ws.acts.invalidate();
             let xn = &ws.xn[..rows * d];
             let proj = grow(&mut ws.proj, rows * d);
             let dense = match &layer.ffn {
                 Ffn::Dense(e) => e,
+                Ffn::Plain { up, down } => {
+                    let ff = up.out_dim();
+                    let h = grow(&mut ws.up, rows * ff);
+                    up.forward(pool, ws.acts.get(pool, &up.w, xn, rows), h);
+                    activate(cfg, h);
+                    ws.acts.invalidate();
+                    let h = &ws.up[..rows * ff];
+                    let proj = grow(&mut ws.proj, rows * d);
+                    down.forward(pool, ws.acts.get(pool, &down.w, h, rows), proj);
+                    ops::add_assign(&mut ws.x[..rows * d], &ws.proj[..rows * d]);
+                    continue;
+                }
                 Ffn::Moe(moe) => {
                     moe.forward(pool, xn, rows, d, proj);
                     if let Some(w) = &layer.post_ffn_norm {
@@ -291,9 +336,11 @@ impl Model {
             dense
                 .up
                 .forward(pool, ws.acts.get(pool, &dense.up.w, xn, rows), up);
-            match cfg.act {
-                Activation::Silu => ops::swiglu(&mut ws.gate[..rows * ff], &ws.up[..rows * ff]),
-                Activation::GeluTanh => ops::geglu(&mut ws.gate[..rows * ff], &ws.up[..rows * ff]),
+            let (gate, up) = (&mut ws.gate[..rows * ff], &ws.up[..rows * ff]);
+            match (cfg.act, cfg.numerics) {
+                (Activation::Silu, _) => ops::swiglu(gate, up),
+                (_, Numerics::LlamaCpp) => ops::geglu(gate, up),
+                (_, Numerics::F32) => ops::geglu_precise(gate, up),
             }
             ws.acts.invalidate();
             let h = &ws.gate[..rows * ff];
@@ -313,9 +360,9 @@ impl Model {
             return Ok(&ws.logits[..0]);
         }
         norm_rows(
+            cfg,
             &ws.x[..n_out * d],
-            &self.output_norm,
-            cfg.norm_eps,
+            (&self.output_norm, self.output_norm_b.as_deref()),
             grow(&mut ws.xn, n_out * d),
         );
         ws.acts.invalidate();
@@ -348,6 +395,14 @@ impl Model {
             return Err(ModelError::Batch(format!(
                 "token id {bad} is outside the vocabulary of {}",
                 self.config.n_vocab
+            )));
+        }
+        if let Some(pe) = &self.pos_embd
+            && let Some(&p) = batch.pos.iter().find(|&&p| p >= pe.rows)
+        {
+            return Err(ModelError::Batch(format!(
+                "position {p} is past the {} learned position embeddings of this model",
+                pe.rows
             )));
         }
         // Each sequence's tokens must continue its cache: next position = cached length.
@@ -414,11 +469,26 @@ impl Model {
     }
 }
 
-/// RMS-normalizes each row of `x` with weight `w` into `out`.
-fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+/// Normalizes each row of `x` with weight and optional bias `(w, b)` into `out`, by the
+/// model's norm (RMSNorm or LayerNorm).
+fn norm_rows(cfg: &ModelConfig, x: &[f32], (w, b): (&[f32], Option<&[f32]>), out: &mut [f32]) {
     let d = w.len();
     for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
-        rms_norm(xr, w, eps, or);
+        match cfg.norm {
+            NormKind::Rms => rms_norm(xr, w, cfg.norm_eps, or),
+            NormKind::Layer => ops::layer_norm(xr, w, b, cfg.norm_eps, or),
+        }
+    }
+}
+
+/// The plain (ungated) MLP activation in place, with the model's numerics.
+fn activate(cfg: &ModelConfig, h: &mut [f32]) {
+    match (cfg.act, cfg.numerics) {
+        (Activation::Silu, _) => ops::silu_in_place(h),
+        // llama.cpp computes every GELU with its f16 table of the tanh approximation.
+        (_, Numerics::LlamaCpp) => ops::gelu(h),
+        (Activation::GeluTanh, Numerics::F32) => ops::gelu_precise(h),
+        (Activation::GeluErf, Numerics::F32) => ops::gelu_erf(h),
     }
 }
 

@@ -160,6 +160,59 @@ pub static MIXTRAL_HF: NameTable = NameTable {
     ],
 };
 
+/// GPT-2 (`transformer.h.{i}.*`): fused `c_attn` (Conv1D, `[in, out]`, transposed at
+/// load), learned positions `wpe`, LayerNorms with biases, head tied to `wte`.
+pub static GPT2_HF: NameTable = NameTable {
+    layer_prefix: "transformer.h.{i}.",
+    global: &[
+        ("token_embd.weight", "transformer.wte.weight"),
+        ("position_embd.weight", "transformer.wpe.weight"),
+        ("output_norm.weight", "transformer.ln_f.weight"),
+        ("output_norm.bias", "transformer.ln_f.bias"),
+        ("output.weight", "lm_head.weight"),
+    ],
+    layer: &[
+        ("attn_norm.weight", "ln_1.weight"),
+        ("attn_norm.bias", "ln_1.bias"),
+        ("attn_qkv.weight", "attn.c_attn.weight"),
+        ("attn_qkv.bias", "attn.c_attn.bias"),
+        ("attn_output.weight", "attn.c_proj.weight"),
+        ("attn_output.bias", "attn.c_proj.bias"),
+        ("ffn_norm.weight", "ln_2.weight"),
+        ("ffn_norm.bias", "ln_2.bias"),
+        ("ffn_up.weight", "mlp.c_fc.weight"),
+        ("ffn_up.bias", "mlp.c_fc.bias"),
+        ("ffn_down.weight", "mlp.c_proj.weight"),
+        ("ffn_down.bias", "mlp.c_proj.bias"),
+    ],
+};
+
+/// GPT-NeoX / Pythia (`gpt_neox.layers.{i}.*`): fused `query_key_value` (rows interleaved
+/// per head, regrouped at load), LayerNorms with biases, untied `embed_out`.
+pub static GPTNEOX_HF: NameTable = NameTable {
+    layer_prefix: "gpt_neox.layers.{i}.",
+    global: &[
+        ("token_embd.weight", "gpt_neox.embed_in.weight"),
+        ("output_norm.weight", "gpt_neox.final_layer_norm.weight"),
+        ("output_norm.bias", "gpt_neox.final_layer_norm.bias"),
+        ("output.weight", "embed_out.weight"),
+    ],
+    layer: &[
+        ("attn_norm.weight", "input_layernorm.weight"),
+        ("attn_norm.bias", "input_layernorm.bias"),
+        ("attn_qkv.weight", "attention.query_key_value.weight"),
+        ("attn_qkv.bias", "attention.query_key_value.bias"),
+        ("attn_output.weight", "attention.dense.weight"),
+        ("attn_output.bias", "attention.dense.bias"),
+        ("ffn_norm.weight", "post_attention_layernorm.weight"),
+        ("ffn_norm.bias", "post_attention_layernorm.bias"),
+        ("ffn_up.weight", "mlp.dense_h_to_4h.weight"),
+        ("ffn_up.bias", "mlp.dense_h_to_4h.bias"),
+        ("ffn_down.weight", "mlp.dense_4h_to_h.weight"),
+        ("ffn_down.bias", "mlp.dense_4h_to_h.bias"),
+    ],
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;

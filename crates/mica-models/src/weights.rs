@@ -155,6 +155,39 @@ impl ActCache {
     }
 }
 
+/// Tensor bytes made at load time: a layout the kernels need that the checkpoint does not
+/// store ([`WeightLoader::rewrite`]).
+struct OwnedBytes(Vec<u8>);
+
+impl TensorBytes for OwnedBytes {
+    fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// `[rows][cols]` elements of `es` bytes → `[cols][rows]`.
+pub fn transpose(bytes: &[u8], rows: usize, cols: usize, es: usize) -> Vec<u8> {
+    let mut out = vec![0u8; bytes.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            let (src, dst) = ((r * cols + c) * es, (c * rows + r) * es);
+            out[dst..dst + es].copy_from_slice(&bytes[src..src + es]);
+        }
+    }
+    out
+}
+
+/// Rows of `row_bytes` bytes reordered: row `i` of the result is row `from(i)` of `bytes`.
+pub fn reorder_rows(bytes: &[u8], row_bytes: usize, from: impl Fn(usize) -> usize) -> Vec<u8> {
+    let n = bytes.len() / row_bytes.max(1);
+    let mut out = Vec::with_capacity(bytes.len());
+    for i in 0..n {
+        let r = from(i);
+        out.extend_from_slice(&bytes[r * row_bytes..(r + 1) * row_bytes]);
+    }
+    out
+}
+
 /// Looks up and validates the tensors of one model for one architecture. Architectures ask
 /// by canonical (GGUF-style) name, `blk.{i}.attn_q.weight`; a Hugging Face checkpoint is
 /// read through its family's [`NameTable`].
@@ -252,6 +285,43 @@ impl WeightLoader {
                 got: t.shape.clone(),
             });
         }
+        Ok(())
+    }
+
+    /// Replaces tensor `name` (canonical) by a rearranged copy held in memory:
+    /// `f(bytes, element size)` returns the new bytes, of shape `shape` (innermost first).
+    /// The tensor must have shape `expected` and an element type (F32, F16, BF16), not a
+    /// block format. For checkpoints whose layout the kernels cannot read in place
+    /// (GPT-2's transposed Conv1D weights, GPT-NeoX's per-head fused qkv rows).
+    pub fn rewrite(
+        &mut self,
+        name: &str,
+        expected: &[u64],
+        shape: Vec<u64>,
+        f: impl FnOnce(&[u8], usize) -> Vec<u8>,
+    ) -> Result<()> {
+        let file_name = self.file_name(name);
+        let (t, bytes) = self.require(name)?;
+        self.check_shape(t, expected)?;
+        let dtype = self.dtype_of(t)?;
+        if dtype.block_size() != 1 {
+            return Err(ModelError::UnsupportedType {
+                path: self.path.clone(),
+                tensor: t.name.clone(),
+                ggml_type: t.ggml_type.name(),
+                supported: "F32, F16, BF16 (this tensor is rearranged at load)".into(),
+            });
+        }
+        let data = &bytes.bytes()[t.offset as usize..(t.offset + t.n_bytes) as usize];
+        let new = f(data, dtype.type_size());
+        let info = TensorInfo {
+            shape,
+            offset: 0,
+            n_bytes: new.len() as u64,
+            ..t.clone()
+        };
+        let owned: Arc<dyn TensorBytes> = Arc::new(OwnedBytes(new));
+        self.tensors.insert(file_name, (info, owned));
         Ok(())
     }
 
@@ -358,5 +428,22 @@ impl WeightLoader {
             w: self.matrix(&format!("{prefix}.weight"), rows, cols)?,
             bias: self.vector_opt(&format!("{prefix}.bias"), rows)?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transpose_and_reorder_rows_move_whole_elements() {
+        // [2][3] of 2-byte elements → [3][2].
+        let src: Vec<u8> = (0..12).collect();
+        let t = transpose(&src, 2, 3, 2);
+        assert_eq!(t, [0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11]);
+        assert_eq!(transpose(&t, 3, 2, 2), src);
+        // Rows of 4 bytes, reversed.
+        let r = reorder_rows(&src, 4, |i| 2 - i);
+        assert_eq!(r, [8, 9, 10, 11, 4, 5, 6, 7, 0, 1, 2, 3]);
     }
 }

@@ -4,11 +4,10 @@
 //! within [`MAX_ABS`] of transformers' float32 logits, and the folder's tokenizer.json must
 //! tokenize the prompt as transformers did.
 //!
-//! The issue asks for 1e-3; mica's f16 KV cache (llama.cpp's numerics, kept for GGUF parity)
-//! puts position 0 at 8.0e-4 and positions 1-4 at 6.2e-3, 1.1e-2, 1.7e-2, 1.3e-2 (logits of
-//! magnitude ~17: relative ~1e-3); transformers' own two runs (this folder and the shared
-//! reference) agree to 3.9e-5. Reaching 1e-3 needs an f32 KV cache for f32 checkpoints (not
-//! done yet: the cache is being replaced by the paged one).
+//! The folder is float32, so mica runs it with f32 numerics (f32 KV cache, f32 attention):
+//! measured max |Δlogit| per position 1.5e-5, 4.0e-5, 2.4e-5, 2.8e-5, 3.2e-5 (logits of
+//! magnitude ~17); with the f16 cache it was 8.0e-4..1.7e-2. transformers' own two runs
+//! (this folder and the shared reference) agree to 3.9e-5.
 //!
 //! Needs the folder: `python fixtures/hf/real_smollm2.py MODELS_DIR OUT_DIR`, then
 //! `MICA_HF_SMOLLM2=OUT_DIR cargo test -p mica-models --test hf_real -- --ignored`.
@@ -20,7 +19,7 @@ use mica_models::blocks::attention::AttentionPolicy;
 use mica_models::{Batch, KvCache, LoadedModel, Workspace};
 use std::path::PathBuf;
 
-const MAX_ABS: f32 = 2e-2;
+const MAX_ABS: f32 = 1e-3;
 
 #[test]
 #[ignore = "needs the converted SmolLM2 folder (fixtures/hf/real_smollm2.py, needs torch)"]

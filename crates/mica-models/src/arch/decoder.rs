@@ -1,7 +1,8 @@
 //! The pre-norm decoder every family here is an instance of, built from canonical tensor
 //! names: token embedding → layers (RMSNorm → attention → [post-norm] → residual; RMSNorm →
 //! gated MLP → [post-norm] → residual) → final RMSNorm → output head (tied to the embedding
-//! when the file has no `output.weight`). Which optional pieces a family has is [`Parts`].
+//! when the file has no `output.weight`). Which optional pieces a family has is [`Parts`]:
+//! GPT-2 and GPT-NeoX are the same skeleton with LayerNorms (biased) and an ungated MLP.
 
 use crate::config::ModelConfig;
 use crate::error::Result;
@@ -22,6 +23,17 @@ pub struct Parts {
     pub fused_qkv: bool,
     /// Gate and up stored as one matrix (`ffn_up` of `2 × n_ff` rows, gate first; Phi-3).
     pub fused_gate_up: bool,
+    /// LayerNorms with biases (`attn_norm.bias`, `ffn_norm.bias`, `output_norm.bias`).
+    pub norm_bias: bool,
+    /// An ungated MLP, `ffn_down(act(ffn_up(x)))` (GPT-2, GPT-NeoX).
+    pub plain_mlp: bool,
+}
+
+/// The LayerNorm epsilon of a GGUF file (`{arch}.attention.layer_norm_epsilon`, llama.cpp's
+/// default 1e-5 when absent).
+pub fn gguf_layer_norm_eps(file: &GgufFile, arch: &str) -> f32 {
+    file.get_f32(&format!("{arch}.attention.layer_norm_epsilon"))
+        .unwrap_or(1e-5)
 }
 
 /// The token embedding (`[n_vocab × n_embd]`); its row count is the vocabulary.
@@ -64,11 +76,23 @@ pub fn build_with(
             Ok(None)
         }
     };
-    // A fused matrix's rows as separate projections (views of the same bytes).
+    let bias = |on: bool, name: String, n: usize| -> Result<Option<Vec<f32>>> {
+        if on {
+            w.vector(&name, n).map(Some)
+        } else {
+            Ok(None)
+        }
+    };
+    // A fused matrix's rows as separate projections (views of the same bytes), with the
+    // matching part of its bias when it has one.
     let split = |name: String, first: usize, rows: usize, total: usize| -> Result<Linear> {
+        let b = match name.strip_suffix(".weight") {
+            Some(prefix) => w.vector_opt(&format!("{prefix}.bias"), total)?,
+            None => None,
+        };
         Ok(Linear {
             w: w.matrix_rows(&name, first, rows, total, d)?,
-            bias: None,
+            bias: b.map(|b| b[first..first + rows].to_vec()),
         })
     };
     let layers = (0..cfg.n_layer)
@@ -90,6 +114,10 @@ pub fn build_with(
             };
             let ffn = match ffn(i)? {
                 Some(f) => f,
+                None if parts.plain_mlp => Ffn::Plain {
+                    up: w.linear(&p("ffn_up"), ff, d)?,
+                    down: w.linear(&p("ffn_down"), d, ff)?,
+                },
                 None => {
                     let down = w.linear(&p("ffn_down"), d, ff)?;
                     let (gate, up) = if parts.fused_gate_up {
@@ -107,6 +135,7 @@ pub fn build_with(
             };
             Ok(DecoderLayer {
                 attn_norm: w.norm(&p("attn_norm.weight"), d)?,
+                attn_norm_b: bias(parts.norm_bias, p("attn_norm.bias"), d)?,
                 q_norm: opt(parts.qk_norm, p("attn_q_norm.weight"), hd)?,
                 k_norm: opt(parts.qk_norm, p("attn_k_norm.weight"), hd)?,
                 wq,
@@ -115,6 +144,7 @@ pub fn build_with(
                 wo: w.linear(&p("attn_output"), d, qd)?,
                 post_attn_norm: opt(parts.post_norms, p("post_attention_norm.weight"), d)?,
                 ffn_norm: w.norm(&p("ffn_norm.weight"), d)?,
+                ffn_norm_b: bias(parts.norm_bias, p("ffn_norm.bias"), d)?,
                 ffn,
                 post_ffn_norm: opt(parts.post_norms, p("post_ffw_norm.weight"), d)?,
             })
@@ -128,11 +158,14 @@ pub fn build_with(
             bias: None,
         },
     };
+    let output_norm_b = bias(parts.norm_bias, "output_norm.bias".into(), d)?;
     Ok(Model {
         config: cfg,
         tok_embd,
+        pos_embd: None,
         layers,
         output_norm,
+        output_norm_b,
         output,
         file,
     })

@@ -31,6 +31,8 @@ const PARTS: Parts = Parts {
     post_norms: true,
     fused_qkv: false,
     fused_gate_up: false,
+    norm_bias: false,
+    plain_mlp: false,
 };
 
 /// Every `DEFAULT_PATTERN`-th layer is global unless the model says otherwise.

@@ -5,12 +5,15 @@
 mod decoder;
 mod experts;
 mod gemma3;
+mod gpt2;
+mod gptneox;
 mod llama;
 mod mixtral;
 mod phi3;
 mod qwen2moe;
 mod qwen3moe;
 
+use crate::config::Numerics;
 use crate::error::{ModelError, Result};
 use crate::hf::HfFolder;
 use crate::model::Model;
@@ -35,6 +38,8 @@ const REGISTRY: &[(&str, Loader)] = &[
     ("phi3", phi3::load),
     ("qwen2moe", qwen2moe::load),
     ("qwen3moe", qwen3moe::load),
+    ("gpt2", gpt2::load),
+    ("gptneox", gptneox::load),
     ("LlamaForCausalLM", llama::load_llama),
     ("MistralForCausalLM", llama::load_llama),
     ("Qwen2ForCausalLM", llama::load_qwen2),
@@ -44,6 +49,8 @@ const REGISTRY: &[(&str, Loader)] = &[
     ("Qwen2MoeForCausalLM", qwen2moe::load),
     ("Qwen3MoeForCausalLM", qwen3moe::load),
     ("MixtralForCausalLM", mixtral::load),
+    ("GPT2LMHeadModel", gpt2::load),
+    ("GPTNeoXForCausalLM", gptneox::load),
 ];
 
 /// Names of the supported architectures.
@@ -53,7 +60,15 @@ pub fn supported() -> Vec<&'static str> {
 
 fn dispatch(src: &Source, path: &std::path::Path, arch: &str) -> Result<Model> {
     match REGISTRY.iter().find(|(n, _)| *n == arch) {
-        Some((_, load)) => load(src, arch),
+        Some((_, load)) => {
+            let mut model = load(src, arch)?;
+            // A float32 checkpoint is run in float32 throughout (its reference is float32);
+            // anything stored narrower keeps llama.cpp's rounding.
+            if model.float32_weights() {
+                model.config.numerics = Numerics::F32;
+            }
+            Ok(model)
+        }
         None => Err(ModelError::UnknownArchitecture {
             path: path.to_path_buf(),
             arch: arch.to_string(),

@@ -26,6 +26,8 @@ const PARTS: Parts = Parts {
     post_norms: false,
     fused_qkv: true,
     fused_gate_up: true,
+    norm_bias: false,
+    plain_mlp: false,
 };
 
 pub(super) fn load(src: &Source, arch: &str) -> Result<Model> {

@@ -1,4 +1,4 @@
-//! Causal grouped-query attention over the f16 KV cache.
+//! Causal grouped-query attention over the paged KV cache.
 //!
 //! Every query token attends to the cached positions `0..=pos` of its own sequence; query
 //! head `h` reads key/value head `h / (n_head / n_head_kv)`. Two numeric paths, chosen the
@@ -10,6 +10,10 @@
 //!   positions converted to f32 once per tile, with the arithmetic of llama.cpp's tiled
 //!   flash attention ([`mica_kernels::attention`]).
 //!
+//! With an f32 cache ([`crate::config::Numerics::F32`]) the vector path keeps everything in
+//! f32 (f32 query, f32 dot products and accumulator) and the tiled path reads the f32 rows
+//! as they are: no step rounds to f16.
+//!
 //! Keys and values are read through each sequence's block table ([`SeqKv`]): the vector path
 //! resolves every position through it; the tiled path hands the kernel contiguous rows,
 //! gathering a sequence's blocks into a per-thread buffer first unless they are already
@@ -18,12 +22,13 @@
 //! Reference: "Self-attention Does Not Need O(n²) Memory" (Rabe & Staats) for the online
 //! softmax; ggml-cpu `ggml_compute_forward_flash_attn_ext_f16` for the numerics.
 
-use crate::kv_cache::{KvCache, SeqId, SeqKv};
+use crate::kv_cache::{CacheElem, KvCache, KvType, SeqId, SeqKv};
 use half::f16;
 use mica_kernels::ThreadPool;
 use mica_kernels::attention::{KvHead, Q_TILE, ScoreMod, TileScratch, attend_tile_mod};
 use mica_kernels::ops::f16v;
 use mica_kernels::pool::split_range;
+use std::cell::RefCell;
 
 /// Batches with at least this many tokens use the f32 (tiled) path, as llama.cpp does.
 pub const TILED_MIN_TOKENS: usize = 64;
@@ -86,23 +91,88 @@ pub fn attention(
     q: &[f32],
     out: &mut [f32],
 ) {
+    match cache.kv_type() {
+        KvType::F16 => attention_typed::<f16>(pool, shape, cache, layer, seq, pos, q, out),
+        KvType::F32 => attention_typed::<f32>(pool, shape, cache, layer, seq, pos, q, out),
+    }
+}
+
+/// A cache element type with its vector-path arithmetic and its per-thread gather buffers.
+trait AttnElem: CacheElem {
+    /// Attention of one query head over positions `lo..n_kv` of one KV head.
+    fn head(
+        kv: &HeadKv<Self>,
+        q: &[f32],
+        sm: &ScoreMod,
+        lo: usize,
+        s: &mut Scratch,
+        out: &mut [f32],
+    );
+    /// Runs `f` with this thread's gather buffers (`[n_kv][kv_dim]` keys and values per
+    /// sequence of a tiled call, kept between calls).
+    fn with_gather<R>(f: impl FnOnce(&mut Vec<(Vec<Self>, Vec<Self>)>) -> R) -> R;
+}
+
+impl AttnElem for f16 {
+    fn head(
+        kv: &HeadKv<f16>,
+        q: &[f32],
+        sm: &ScoreMod,
+        lo: usize,
+        s: &mut Scratch,
+        out: &mut [f32],
+    ) {
+        head_f16(kv, q, sm, lo, s, out)
+    }
+    fn with_gather<R>(f: impl FnOnce(&mut Vec<(Vec<f16>, Vec<f16>)>) -> R) -> R {
+        GATHER.with_borrow_mut(f)
+    }
+}
+
+impl AttnElem for f32 {
+    fn head(
+        kv: &HeadKv<f32>,
+        q: &[f32],
+        sm: &ScoreMod,
+        lo: usize,
+        _: &mut Scratch,
+        out: &mut [f32],
+    ) {
+        head_f32(kv, q, sm, lo, out)
+    }
+    fn with_gather<R>(f: impl FnOnce(&mut Vec<(Vec<f32>, Vec<f32>)>) -> R) -> R {
+        GATHER_F32.with_borrow_mut(f)
+    }
+}
+
+/// [`attention`] over a cache holding `T`.
+fn attention_typed<T: AttnElem>(
+    pool: &ThreadPool,
+    shape: AttnShape,
+    cache: &KvCache,
+    layer: usize,
+    seq: &[SeqId],
+    pos: &[usize],
+    q: &[f32],
+    out: &mut [f32],
+) {
     let n_tok = seq.len();
     let q_dim = shape.n_head * shape.head_dim;
     debug_assert_eq!(q.len(), n_tok * q_dim);
     debug_assert_eq!(out.len(), n_tok * q_dim);
     match shape.policy {
         AttentionPolicy::Auto if n_tok >= TILED_MIN_TOKENS => {
-            attention_tiled(pool, shape, cache, layer, seq, pos, q, out, &[(0, n_tok)])
+            attention_tiled::<T>(pool, shape, cache, layer, seq, pos, q, out, &[(0, n_tok)])
         }
         AttentionPolicy::PerSequence if seq_runs(seq).any(|r| r.1 >= TILED_MIN_TOKENS) => {
             // Long runs tiled, the rest (decoding sequences, short chunks) by the vector path.
             let (long, short): (Vec<_>, Vec<_>) =
                 seq_runs(seq).partition(|r| r.1 >= TILED_MIN_TOKENS);
-            attention_tiled(pool, shape, cache, layer, seq, pos, q, out, &long);
+            attention_tiled::<T>(pool, shape, cache, layer, seq, pos, q, out, &long);
             let rows: Vec<usize> = short.iter().flat_map(|&(t, n)| t..t + n).collect();
-            attention_vector(pool, shape, cache, layer, seq, pos, q, out, Some(&rows));
+            attention_vector::<T>(pool, shape, cache, layer, seq, pos, q, out, Some(&rows));
         }
-        _ => attention_vector(pool, shape, cache, layer, seq, pos, q, out, None),
+        _ => attention_vector::<T>(pool, shape, cache, layer, seq, pos, q, out, None),
     }
 }
 
@@ -122,7 +192,7 @@ fn seq_runs(seq: &[SeqId]) -> impl Iterator<Item = (usize, usize)> + '_ {
 }
 
 /// The vector path for the tokens `rows` (every token when `None`).
-fn attention_vector(
+fn attention_vector<T: AttnElem>(
     pool: &ThreadPool,
     shape: AttnShape,
     cache: &KvCache,
@@ -151,12 +221,14 @@ fn attention_vector(
             // SAFETY: item (t, h) owns this slice of `out`; items are split disjointly.
             let o = unsafe { dst.slice(t * q_dim + h * shape.head_dim, shape.head_dim) };
             let kv = HeadKv {
-                kv: cache.view(layer, seq[t]),
+                kv: cache
+                    .typed_view::<T>(layer, seq[t])
+                    .expect("the cache's type"),
                 n_kv: pos[t] + 1,
                 offset: g * shape.head_dim,
                 head_dim: shape.head_dim,
             };
-            head_f16(&kv, qh, &sm, sm.first_visible(pos[t]), scratch, o);
+            T::head(&kv, qh, &sm, sm.first_visible(pos[t]), scratch, o);
         }
     };
     let run = |i: usize, nt: usize| SCRATCH.with_borrow_mut(|scratch| run_items(i, nt, scratch));
@@ -170,7 +242,7 @@ fn attention_vector(
 /// The tiled path for the token runs `runs` (`(first token, count)`, one sequence each):
 /// query rows grouped in tiles of up to [`Q_TILE`] consecutive tokens of one sequence, per
 /// head; each tile is one work item for the thread pool.
-fn attention_tiled(
+fn attention_tiled<T: AttnElem>(
     pool: &ThreadPool,
     shape: AttnShape,
     cache: &KvCache,
@@ -195,7 +267,7 @@ fn attention_tiled(
             t = end;
         }
     }
-    GATHER.with_borrow_mut(|gather| {
+    T::with_gather(|gather| {
         // Contiguous `[n_kv][kv_dim]` keys and values of each sequence with tiles: the pool
         // itself when its blocks are consecutive, else a copy.
         let mut spans: Vec<(SeqId, usize)> = Vec::new();
@@ -209,9 +281,9 @@ fn attention_tiled(
         if gather.len() < spans.len() {
             gather.resize_with(spans.len(), Default::default);
         }
-        let mut views: Vec<(SeqId, &[f16], &[f16])> = Vec::with_capacity(spans.len());
+        let mut views: Vec<(SeqId, &[T], &[T])> = Vec::with_capacity(spans.len());
         for (&(s, n_kv), buf) in spans.iter().zip(gather.iter_mut()) {
-            let view = cache.view(layer, s);
+            let view = cache.typed_view::<T>(layer, s).expect("the cache's type");
             match view.contiguous(n_kv) {
                 Some((k, v)) => views.push((s, k, v)),
                 None => {
@@ -257,18 +329,18 @@ fn attention_tiled(
 }
 
 /// One KV head of one sequence: positions `0..n_kv`, the head at `offset` of each row.
-struct HeadKv<'a> {
-    kv: SeqKv<'a>,
+struct HeadKv<'a, T> {
+    kv: SeqKv<'a, T>,
     n_kv: usize,
     offset: usize,
     head_dim: usize,
 }
 
-impl HeadKv<'_> {
-    fn key(&self, j: usize) -> &[f16] {
+impl<T: Copy> HeadKv<'_, T> {
+    fn key(&self, j: usize) -> &[T] {
         &self.kv.key_row(j)[self.offset..][..self.head_dim]
     }
-    fn value(&self, j: usize) -> &[f16] {
+    fn value(&self, j: usize) -> &[T] {
         &self.kv.value_row(j)[self.offset..][..self.head_dim]
     }
 }
@@ -288,20 +360,27 @@ impl Scratch {
 }
 
 thread_local! {
-    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
     /// The tile kernel's buffers plus the gathered query rows and the output rows of a tile.
-    static TILE_SCRATCH: std::cell::RefCell<(TileScratch, Vec<f32>, Vec<f32>)> =
-        std::cell::RefCell::new(Default::default());
+    static TILE_SCRATCH: RefCell<(TileScratch, Vec<f32>, Vec<f32>)> =
+        RefCell::new(Default::default());
     /// Per sequence of a tiled call: its keys and values gathered out of the block pool,
     /// `[n_kv][kv_dim]` each (kept between calls).
-    static GATHER: std::cell::RefCell<Vec<(Vec<f16>, Vec<f16>)>> =
-        const { std::cell::RefCell::new(Vec::new()) };
+    static GATHER: RefCell<Vec<(Vec<f16>, Vec<f16>)>> = const { RefCell::new(Vec::new()) };
+    static GATHER_F32: RefCell<Vec<(Vec<f32>, Vec<f32>)>> = const { RefCell::new(Vec::new()) };
 }
 
 /// The vector path: f16 query, online softmax, f16 accumulator, over cached positions
 /// `lo..n_kv` (positions before `lo` are outside the sliding window: ggml skips masked
 /// positions, so starting later is the same arithmetic).
-fn head_f16(kv: &HeadKv, q: &[f32], sm: &ScoreMod, lo: usize, s: &mut Scratch, out: &mut [f32]) {
+fn head_f16(
+    kv: &HeadKv<f16>,
+    q: &[f32],
+    sm: &ScoreMod,
+    lo: usize,
+    s: &mut Scratch,
+    out: &mut [f32],
+) {
     mica_kernels::ops::f32_to_f16(q, &mut s.q16);
     s.acc16.fill(f16::ZERO);
     let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
@@ -322,6 +401,34 @@ fn head_f16(kv: &HeadKv, q: &[f32], sm: &ScoreMod, lo: usize, s: &mut Scratch, o
     let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
     for (o, a) in out.iter_mut().zip(&s.acc16) {
         *o = a.to_f32() * inv;
+    }
+}
+
+/// The vector path over an f32 cache: f32 query, online softmax, f32 accumulator.
+fn head_f32(kv: &HeadKv<f32>, q: &[f32], sm: &ScoreMod, lo: usize, out: &mut [f32]) {
+    out.fill(0.0);
+    let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+    for j in lo..kv.n_kv {
+        let k = kv.key(j);
+        let score = sm.apply(q.iter().zip(k).fold(0f32, |a, (&x, &y)| x.mul_add(y, a)));
+        let (mut ms, mut vs) = (1f32, 1f32);
+        if score > m {
+            ms = (m - score).exp();
+            m = score;
+            for o in out.iter_mut() {
+                *o *= ms;
+            }
+        } else {
+            vs = (score - m).exp();
+        }
+        for (o, &v) in out.iter_mut().zip(kv.value(j)) {
+            *o = v.mul_add(vs, *o);
+        }
+        sum = sum.mul_add(ms, vs);
+    }
+    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+    for o in out.iter_mut() {
+        *o *= inv;
     }
 }
 
