@@ -146,20 +146,27 @@ fn matrix_kernels_equal_per_output_dots_bit_for_bit() {
     }
 }
 
-/// Large-ish products that cross the kernels' token tiles (64) and row groups.
+/// Large-ish products that cross the kernels' token tiles (64) and row groups, and the
+/// batch sizes where the legacy formats switch to the decoded prefill path (8 tokens): odd
+/// block counts, row counts that are not a multiple of the row groups (4, 8).
 #[test]
 fn matrix_kernels_cover_token_tiles() {
     let mut r = rng(32);
     let k = mica_kernels::simd::kernels();
     for t in [
+        DType::Q4_0,
         DType::Q4_1,
-        DType::Q8_0,
         DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
         DType::Q4_K,
         DType::Q6_K,
     ] {
         for path in paths(t) {
             check(k, t, path, 2 * 256, 21, 70, &mut r);
+            for (nblocks, rows, toks) in [(1, 8, 8), (3, 13, 8), (17, 7, 11), (33, 9, 135)] {
+                check(k, t, path, nblocks * t.block_size(), rows, toks, &mut r);
+            }
         }
     }
 }

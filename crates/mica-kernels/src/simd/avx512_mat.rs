@@ -386,6 +386,10 @@ unsafe fn legacy<F: Legacy, const PACKED: bool>(w: &WeightRows, x: &ActRows, out
     );
     assert!(x.data.len() == x.n * nb * x.dtype.type_size() && x.aux.len() == x.n * nb);
     let base = w.data.as_ptr();
+    if !PACKED && !F::WIDE && x.n >= DECODE_MIN_TOKENS {
+        // SAFETY: the sizes are checked above.
+        return unsafe { legacy_decoded::<F>(w, x, out) };
+    }
     for t0 in (0..x.n).step_by(TOK_TILE) {
         let t1 = (t0 + TOK_TILE).min(x.n);
         for r0 in (0..w.rows).step_by(4) {
@@ -410,6 +414,192 @@ unsafe fn legacy<F: Legacy, const PACKED: bool>(w: &WeightRows, x: &ActRows, out
                     3 => tokens::<F, PACKED, 3>(&rows, nb, x, t, out, r0, nr),
                     2 => tokens::<F, PACKED, 2>(&rows, nb, x, t, out, r0, nr),
                     1 => tokens::<F, PACKED, 1>(&rows, nb, x, t, out, r0, nr),
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prefill: row groups decoded once per token tile.
+//
+// For a batch of prompt tokens, unpacking every weight block again for each group of four
+// tokens (nibbles, fifth bits, four f16 scales gathered through general registers) costs
+// more than the products themselves. Here each group of eight rows is decoded once per token
+// tile into a small buffer (quants as the unsigned bytes `Legacy::quants` gives, scales
+// converted and spread), which every group of four tokens of the tile then streams from
+// L1/L2. The per-token work shares the activation loads and offsets between the two groups
+// of four rows. Per output, the arithmetic is `tile`'s, operation for operation.
+
+/// Token batches from this size on take the decoded path (fewer tokens do not repay the
+/// decoding).
+const DECODE_MIN_TOKENS: usize = 8;
+
+/// One block of eight weight rows, decoded: the quants of rows 0..4 (low, high halves) and
+/// of rows 4..8, each group's `d` spread per 128-bit chunk ([`spread`]) and its `m` (Q4_1,
+/// Q5_1; zero otherwise).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Decoded {
+    q: [__m512i; 4],
+    d: [__m512; 2],
+    m: __m256,
+}
+
+/// Decodes blocks `0..nb` of two groups of four rows into `buf`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn decode8<F: Legacy>(rows: &[Rows4; 2], nb: usize, buf: &mut Vec<Decoded>) {
+    buf.clear();
+    for b in 0..nb {
+        // SAFETY: block b < nb of every row (checked by the driver).
+        let ((qa, da), (qb, db)) = unsafe {
+            let g = |r: &Rows4| {
+                let wb = r.map(|p| p.add(b * F::BYTES));
+                (F::quants(&wb), F::scales(&wb))
+            };
+            (g(&rows[0]), g(&rows[1]))
+        };
+        buf.push(Decoded {
+            q: [qa.0, qa.1, qb.0, qb.1],
+            d: [spread(da.0, false).0, spread(db.0, false).0],
+            m: _mm256_set_m128(db.1, da.1),
+        });
+    }
+}
+
+/// Eight decoded rows × `C` tokens over all blocks of `wd` (`x`, `xb`, `xq`, `a` as in
+/// [`tile`]). Returns the four results of rows 0..4 and of rows 4..8 for each token.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tile8<F: Legacy, const C: usize>(
+    wd: &[Decoded],
+    x: [*const u8; C],
+    xb: usize,
+    xq: usize,
+    a: [*const BlockAux; C],
+) -> [[__m128; C]; 2] {
+    let mut acc0 = [[_mm512_setzero_ps(); C]; 2];
+    let mut acc1 = [[_mm512_setzero_ps(); C]; 2];
+    let mut summs = [_mm256_setzero_ps(); C];
+    for (b, e) in wd.iter().enumerate() {
+        for c in 0..C {
+            // SAFETY: block b of every token exists (checked by the driver).
+            unsafe {
+                let aux = &*a[c].add(b);
+                let y = x[c].add(b * xb + xq);
+                let y0 = _mm512_broadcast_i32x4(_mm_loadu_si128(y.cast()));
+                let y1 = _mm512_broadcast_i32x4(_mm_loadu_si128(y.add(16).cast()));
+                // Start the lanes at -2^SHIFT · Σy (the offset of the unsigned quants).
+                let (c0, c1) = match F::SHIFT {
+                    None => (_mm512_setzero_si512(), _mm512_setzero_si512()),
+                    Some(sh) => {
+                        let l = aux.neg_lane_sums.as_ptr();
+                        let sh = _mm_cvtsi32_si128(sh as i32);
+                        let lo = _mm512_broadcast_i32x4(_mm_loadu_si128(l.cast()));
+                        let hi = _mm512_broadcast_i32x4(_mm_loadu_si128(l.add(4).cast()));
+                        (_mm512_sll_epi32(lo, sh), _mm512_sll_epi32(hi, sh))
+                    }
+                };
+                let dx = _mm512_set1_ps(aux.d);
+                for g in 0..2 {
+                    let p0 = _mm512_dpbusd_epi32(c0, e.q[2 * g], y0);
+                    let p1 = _mm512_dpbusd_epi32(c1, e.q[2 * g + 1], y1);
+                    let d = _mm512_mul_ps(e.d[g], dx);
+                    acc0[g][c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p0), acc0[g][c]);
+                    acc1[g][c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p1), acc1[g][c]);
+                }
+                if F::MIN {
+                    summs[c] = _mm256_fmadd_ps(e.m, _mm256_set1_ps(aux.s), summs[c]);
+                }
+            }
+        }
+    }
+    std::array::from_fn(|g| {
+        std::array::from_fn(|c| {
+            let h = hsum4(acc0[g][c], acc1[g][c]);
+            if F::MIN {
+                let s = if g == 0 {
+                    _mm256_castps256_ps128(summs[c])
+                } else {
+                    _mm256_extractf128_ps(summs[c], 1)
+                };
+                _mm_add_ps(h, s)
+            } else {
+                h
+            }
+        })
+    })
+}
+
+/// Runs [`tile8`] for `C` tokens from `t` and stores the `nr` valid rows from `r0`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tokens8<F: Legacy, const C: usize>(
+    wd: &[Decoded],
+    x: &ActRows,
+    t: usize,
+    out: &mut MatOut,
+    r0: usize,
+    nr: usize,
+) {
+    let nb = wd.len();
+    let xb = x.dtype.type_size();
+    let rb = nb * xb;
+    let xq = if F::MIN { 4 } else { 2 };
+    // SAFETY: tokens t..t+C exist (the driver checks), so these are in bounds.
+    let (xp, ap) = unsafe {
+        (
+            std::array::from_fn(|c| x.data.as_ptr().add((t + c) * rb)),
+            std::array::from_fn(|c| x.aux.as_ptr().add((t + c) * nb)),
+        )
+    };
+    // SAFETY: as above.
+    let res = unsafe { tile8::<F, C>(wd, xp, xb, xq, ap) };
+    for c in 0..C {
+        let mut lanes = [0f32; 8];
+        // SAFETY: eight writable floats.
+        unsafe {
+            _mm_storeu_ps(lanes.as_mut_ptr(), res[0][c]);
+            _mm_storeu_ps(lanes.as_mut_ptr().add(4), res[1][c]);
+        }
+        for (i, &l) in lanes[..nr].iter().enumerate() {
+            out.set(t + c, r0 + i, l);
+        }
+    }
+}
+
+/// The decoded-path driver of [`legacy`] (file layout, 4- and 5-bit formats): token tiles of
+/// [`TOK_TILE`], row groups of eight decoded once per tile, micro-kernels of four tokens.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn legacy_decoded<F: Legacy>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
+    let nb = w.n / QK;
+    let base = w.data.as_ptr();
+    let mut buf: Vec<Decoded> = Vec::with_capacity(nb);
+    for t0 in (0..x.n).step_by(TOK_TILE) {
+        let t1 = (t0 + TOK_TILE).min(x.n);
+        for r0 in (0..w.rows).step_by(8) {
+            let nr = (w.rows - r0).min(8);
+            // SAFETY: rows r0..r0+nr exist (checked by `legacy`); missing rows repeat the
+            // last one.
+            let rows: [Rows4; 2] = std::array::from_fn(|g| {
+                std::array::from_fn(|i| unsafe {
+                    base.add((r0 + (4 * g + i).min(nr - 1)) * w.stride)
+                })
+            });
+            // SAFETY (all calls): blocks 0..nb of the rows; tokens t..t+C < t1 <= x.n.
+            unsafe {
+                decode8::<F>(&rows, nb, &mut buf);
+                let mut t = t0;
+                while t + 4 <= t1 {
+                    tokens8::<F, 4>(&buf, x, t, out, r0, nr);
+                    t += 4;
+                }
+                match t1 - t {
+                    3 => tokens8::<F, 3>(&buf, x, t, out, r0, nr),
+                    2 => tokens8::<F, 2>(&buf, x, t, out, r0, nr),
+                    1 => tokens8::<F, 1>(&buf, x, t, out, r0, nr),
                     _ => {}
                 }
             }
