@@ -547,13 +547,15 @@ unsafe fn dx_lanes<const C: usize>(x: &[*const u8; C]) -> __m512 {
 }
 
 /// `R` rows × `C` tokens (`R·C = 16`) over all `nb` super-blocks: the path's result per
-/// output, lane `r·C + c`.
+/// output, lane `r·C + c`. With `DEC`, `up[r]` points at row r's blocks already unpacked
+/// (unused otherwise).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tile<F: KFormat, P: BatchPath, const R: usize, const C: usize>(
+unsafe fn tile<F: KFormat, P: BatchPath, const R: usize, const C: usize, const DEC: bool>(
     w: [*const u8; R],
     x: [*const u8; C],
     nb: usize,
+    up: [*const Unpacked; R],
 ) -> __m512 {
     let mut acc = [_mm512_setzero_ps(); 2];
     for b in 0..nb {
@@ -571,7 +573,8 @@ unsafe fn tile<F: KFormat, P: BatchPath, const R: usize, const C: usize>(
                 dx: dx_lanes(&xb),
             };
             if P::PARTS {
-                let (part, min) = parts_tile::<F, R, C>(&wb, &xb);
+                let (part, min) =
+                    parts_tile::<F, R, C, DEC>(&wb, &xb, up.map(|p| p.wrapping_add(b)));
                 for k in 0..4 {
                     let min = F::MIN.then(|| _mm512_cvtepi32_ps(min[k]));
                     P::step(&mut acc, _mm512_cvtepi32_ps(part[k]), min, &d);
@@ -579,7 +582,7 @@ unsafe fn tile<F: KFormat, P: BatchPath, const R: usize, const C: usize>(
             } else {
                 let mut v = [_mm512_setzero_si512(); 16];
                 for r in 0..R {
-                    let u = F::unpack(wb[r]);
+                    let u = if DEC { *up[r].add(b) } else { F::unpack(wb[r]) };
                     for c in 0..C {
                         let s = lanes16(&u, xb[c]);
                         let g = group_lanes(&u, xb[c]);
@@ -606,15 +609,16 @@ unsafe fn tile<F: KFormat, P: BatchPath, const R: usize, const C: usize>(
 /// Per 64-element part k (lane = output): `(Σ sc·q·a, Σ min·bsum)` of one super-block.
 #[inline]
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vnni")]
-unsafe fn parts_tile<F: KFormat, const R: usize, const C: usize>(
+unsafe fn parts_tile<F: KFormat, const R: usize, const C: usize, const DEC: bool>(
     wb: &[*const u8; R],
     xb: &[*const u8; C],
+    ub: [*const Unpacked; R],
 ) -> ([__m512i; 4], [__m512i; 4]) {
     let mut p = [_mm512_setzero_si512(); 16];
     let mut m = [_mm512_setzero_si512(); 16];
     for r in 0..R {
-        // SAFETY: the caller's pointers hold whole blocks.
-        let u = unsafe { F::unpack(wb[r]) };
+        // SAFETY: the caller's pointers hold whole blocks (`ub`: unpacked, with `DEC`).
+        let u = unsafe { if DEC { *ub[r] } else { F::unpack(wb[r]) } };
         for c in 0..C {
             let mut s = [_mm512_setzero_si512(); 4];
             for (k, s) in s.iter_mut().enumerate() {
@@ -662,6 +666,7 @@ unsafe fn run_tile<F: KFormat, P: BatchPath, const R: usize, const C: usize>(
     out: &mut MatOut,
     r0: usize,
     t0: usize,
+    unpacked: Option<(&[Unpacked], usize)>,
 ) {
     let nb = w.n / QK_K;
     let nr = (w.rows - r0).min(R);
@@ -673,8 +678,20 @@ unsafe fn run_tile<F: KFormat, P: BatchPath, const R: usize, const C: usize>(
             std::array::from_fn(|c| x.data.as_ptr().add((t0 + c.min(nt - 1)) * nb * XB)),
         )
     };
-    // SAFETY: as above.
-    let v = unsafe { tile::<F, P, R, C>(wp, xp, nb) };
+    // SAFETY: as above; `unpacked` holds blocks 0..nb of rows `base..` (all of ours).
+    let v = unsafe {
+        match unpacked {
+            Some((buf, base)) => {
+                let up = std::array::from_fn(|i| {
+                    let r = r0 + i.min(nr - 1) - base;
+                    assert!((r + 1) * nb <= buf.len(), "unpacked rows");
+                    buf.as_ptr().add(r * nb)
+                });
+                tile::<F, P, R, C, true>(wp, xp, nb, up)
+            }
+            None => tile::<F, P, R, C, false>(wp, xp, nb, [std::ptr::null(); R]),
+        }
+    };
     let mut lanes = [0f32; 16];
     // SAFETY: 16 writable floats.
     unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), v) };
@@ -690,30 +707,47 @@ unsafe fn run_tile<F: KFormat, P: BatchPath, const R: usize, const C: usize>(
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn batch<F: KFormat, P: BatchPath>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
     check::<F>(w, x);
+    let nb = w.n / QK_K;
+    // Tiles of at least DECODE_MIN_TOKENS tokens unpack each block of their 16 rows once
+    // into `buf` (`[16][nb]`) for all their micro-kernels.
+    let mut buf: Vec<Unpacked> = Vec::new();
     for t0 in (0..x.n).step_by(TOK_TILE) {
         let t1 = (t0 + TOK_TILE).min(x.n);
+        let decode = t1 - t0 >= DECODE_MIN_TOKENS;
         for r0 in (0..w.rows).step_by(16) {
             let r1 = (r0 + 16).min(w.rows);
             let mut t = t0;
-            // SAFETY (all calls): r < w.rows, t < x.n.
+            // SAFETY (all calls): r < w.rows, t < x.n; `buf` holds rows r0..r1.
             unsafe {
+                if decode {
+                    buf.clear();
+                    for r in r0..r1 {
+                        let row = w.data.as_ptr().add(r * w.stride);
+                        buf.extend((0..nb).map(|b| F::unpack(row.add(b * F::BYTES))));
+                    }
+                }
+                let u = decode.then_some((buf.as_slice(), r0));
                 while t1 - t >= 3 {
                     for r in (r0..r1).step_by(4) {
-                        run_tile::<F, P, 4, 4>(w, x, out, r, t);
+                        run_tile::<F, P, 4, 4>(w, x, out, r, t, u);
                     }
                     t += 4.min(t1 - t);
                 }
                 if t1 - t == 2 {
                     for r in (r0..r1).step_by(8) {
-                        run_tile::<F, P, 8, 2>(w, x, out, r, t);
+                        run_tile::<F, P, 8, 2>(w, x, out, r, t, u);
                     }
                 } else if t1 - t == 1 {
-                    run_tile::<F, P, 16, 1>(w, x, out, r0, t);
+                    run_tile::<F, P, 16, 1>(w, x, out, r0, t, u);
                 }
             }
         }
     }
 }
+
+/// Token tiles from this size on unpack their rows once (fewer tokens do not repay the
+/// stores).
+const DECODE_MIN_TOKENS: usize = 8;
 
 /// Checks the sizes every kernel here relies on.
 fn check<F: KFormat>(w: &WeightRows, x: &ActRows) {

@@ -470,7 +470,8 @@ unsafe fn decode8<F: Legacy>(rows: &[Rows4; 2], nb: usize, buf: &mut Vec<Decoded
 }
 
 /// Eight decoded rows × `C` tokens over all blocks of `wd` (`x`, `xb`, `xq`, `a` as in
-/// [`tile`]). Returns the four results of rows 0..4 and of rows 4..8 for each token.
+/// [`tile`]; `o[c]`: token c's lane offsets `-2^SHIFT · Σy` per block, signed formats).
+/// Returns the four results of rows 0..4 and of rows 4..8 for each token.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn tile8<F: Legacy, const C: usize>(
@@ -479,6 +480,7 @@ unsafe fn tile8<F: Legacy, const C: usize>(
     xb: usize,
     xq: usize,
     a: [*const BlockAux; C],
+    o: [*const [i32; 8]; C],
 ) -> [[__m128; C]; 2] {
     let mut acc0 = [[_mm512_setzero_ps(); C]; 2];
     let mut acc1 = [[_mm512_setzero_ps(); C]; 2];
@@ -492,15 +494,14 @@ unsafe fn tile8<F: Legacy, const C: usize>(
                 let y0 = _mm512_broadcast_i32x4(_mm_loadu_si128(y.cast()));
                 let y1 = _mm512_broadcast_i32x4(_mm_loadu_si128(y.add(16).cast()));
                 // Start the lanes at -2^SHIFT · Σy (the offset of the unsigned quants).
-                let (c0, c1) = match F::SHIFT {
-                    None => (_mm512_setzero_si512(), _mm512_setzero_si512()),
-                    Some(sh) => {
-                        let l = aux.neg_lane_sums.as_ptr();
-                        let sh = _mm_cvtsi32_si128(sh as i32);
-                        let lo = _mm512_broadcast_i32x4(_mm_loadu_si128(l.cast()));
-                        let hi = _mm512_broadcast_i32x4(_mm_loadu_si128(l.add(4).cast()));
-                        (_mm512_sll_epi32(lo, sh), _mm512_sll_epi32(hi, sh))
-                    }
+                let (c0, c1) = if F::SHIFT.is_some() {
+                    let l = o[c].add(b).cast::<i32>();
+                    (
+                        _mm512_broadcast_i32x4(_mm_loadu_si128(l.cast())),
+                        _mm512_broadcast_i32x4(_mm_loadu_si128(l.add(4).cast())),
+                    )
+                } else {
+                    (_mm512_setzero_si512(), _mm512_setzero_si512())
                 };
                 let dx = _mm512_set1_ps(aux.d);
                 for g in 0..2 {
@@ -538,6 +539,7 @@ unsafe fn tile8<F: Legacy, const C: usize>(
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn tokens8<F: Legacy, const C: usize>(
     wd: &[Decoded],
+    offs: &[[i32; 8]],
     x: &ActRows,
     t: usize,
     out: &mut MatOut,
@@ -555,8 +557,15 @@ unsafe fn tokens8<F: Legacy, const C: usize>(
             std::array::from_fn(|c| x.aux.as_ptr().add((t + c) * nb)),
         )
     };
+    // `offs` holds the tile's tokens from `t0`; token t's offsets start at (t - t0)·nb.
+    let t0 = t - t % TOK_TILE;
+    assert!(
+        F::SHIFT.is_none() || offs.len() >= (t + C - t0) * nb,
+        "lane offsets"
+    );
+    let op = std::array::from_fn(|c| offs.as_ptr().wrapping_add((t + c - t0) * nb));
     // SAFETY: as above.
-    let res = unsafe { tile8::<F, C>(wd, xp, xb, xq, ap) };
+    let res = unsafe { tile8::<F, C>(wd, xp, xb, xq, ap, op) };
     for c in 0..C {
         let mut lanes = [0f32; 8];
         // SAFETY: eight writable floats.
@@ -577,8 +586,16 @@ unsafe fn legacy_decoded<F: Legacy>(w: &WeightRows, x: &ActRows, out: &mut MatOu
     let nb = w.n / QK;
     let base = w.data.as_ptr();
     let mut buf: Vec<Decoded> = Vec::with_capacity(nb);
+    // `[t1 - t0][nb]` the tile's lane offsets `-2^SHIFT · Σy`, shifted once here rather than
+    // once per row group.
+    let mut offs: Vec<[i32; 8]> = Vec::new();
     for t0 in (0..x.n).step_by(TOK_TILE) {
         let t1 = (t0 + TOK_TILE).min(x.n);
+        offs.clear();
+        if let Some(sh) = F::SHIFT {
+            let aux = &x.aux[t0 * nb..t1 * nb];
+            offs.extend(aux.iter().map(|a| a.neg_lane_sums.map(|v| v << sh)));
+        }
         for r0 in (0..w.rows).step_by(8) {
             let nr = (w.rows - r0).min(8);
             // SAFETY: rows r0..r0+nr exist (checked by `legacy`); missing rows repeat the
@@ -593,13 +610,13 @@ unsafe fn legacy_decoded<F: Legacy>(w: &WeightRows, x: &ActRows, out: &mut MatOu
                 decode8::<F>(&rows, nb, &mut buf);
                 let mut t = t0;
                 while t + 4 <= t1 {
-                    tokens8::<F, 4>(&buf, x, t, out, r0, nr);
+                    tokens8::<F, 4>(&buf, &offs, x, t, out, r0, nr);
                     t += 4;
                 }
                 match t1 - t {
-                    3 => tokens8::<F, 3>(&buf, x, t, out, r0, nr),
-                    2 => tokens8::<F, 2>(&buf, x, t, out, r0, nr),
-                    1 => tokens8::<F, 1>(&buf, x, t, out, r0, nr),
+                    3 => tokens8::<F, 3>(&buf, &offs, x, t, out, r0, nr),
+                    2 => tokens8::<F, 2>(&buf, &offs, x, t, out, r0, nr),
+                    1 => tokens8::<F, 1>(&buf, &offs, x, t, out, r0, nr),
                     _ => {}
                 }
             }
