@@ -6,25 +6,27 @@
 //! (the source is memory-mapped; its pages are the kernel's to evict). The writer builds
 //! the file under a temporary name and renames it only when complete.
 
+mod hf;
 mod rules;
+mod source;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use mica_formats::ggml_types::GgmlType;
 use mica_formats::gguf::TensorDecl;
-use mica_formats::{
-    Container, GgufFile, GgufStreamWriter, MetaArray, MetaValue, MicaWriter, TensorInfo, TensorSink,
-};
+use mica_formats::{GgufStreamWriter, MetaArray, MetaValue, MicaWriter, TensorInfo, TensorSink};
 use mica_kernels::DType;
 use mica_kernels::quant::{dequantize_row, quantize_row};
 use rules::{FileType, ModelShape, TensorDesc};
+use source::Source;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 #[derive(Args, Debug)]
 pub struct ConvertArgs {
-    /// Source: a GGUF file or a `.mica` file.
+    /// Source: a GGUF file, a `.mica` file, or a Hugging Face folder (config.json,
+    /// safetensors in F32/F16/BF16, tokenizer.json).
     pub src: PathBuf,
     /// Output file: `.mica` or `.gguf` (chosen by the extension).
     #[arg(short, long)]
@@ -68,24 +70,10 @@ fn check_source(src: &Path) -> Result<()> {
             src.display()
         );
     }
-    if src.is_dir() {
-        let has_st = std::fs::read_dir(src)
-            .map(|d| {
-                d.flatten()
-                    .any(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
-            })
-            .unwrap_or(false);
-        if has_st {
-            bail!(
-                "{}: Hugging Face folders (config.json + safetensors) are not readable yet: \
-                 converting them needs the safetensors reader and the config.json mapping of \
-                 the model-families work, which has not landed in this build. Convert the \
-                 folder to GGUF first (llama.cpp's convert_hf_to_gguf.py), then run mica convert",
-                src.display()
-            );
-        }
+    if src.is_dir() && !src.join("config.json").is_file() {
         bail!(
-            "{}: is a directory without safetensors weights; give a .gguf or .mica file",
+            "{}: is a directory without config.json; give a .gguf or .mica file or a \
+             Hugging Face model folder",
             src.display()
         );
     }
@@ -109,11 +97,13 @@ fn out_format(out: &Path) -> Result<OutFormat> {
 
 /// The plan: each tensor's source and target type.
 struct Planned<'a> {
+    /// Index in the source's tensor list.
+    idx: usize,
     info: &'a TensorInfo,
     target: GgmlType,
 }
 
-fn plan<'a>(src: &'a GgufFile, ft: Option<FileType>) -> Result<Vec<Planned<'a>>> {
+fn plan<'a>(src: &'a Source, ft: Option<FileType>) -> Result<Vec<Planned<'a>>> {
     let arch = src.get_str("general.architecture").unwrap_or("");
     let key = |k: &str| format!("{arch}.{k}");
     let n_head = src.get_u64(&key("attention.head_count")).unwrap_or(1);
@@ -123,10 +113,10 @@ fn plan<'a>(src: &'a GgufFile, ft: Option<FileType>) -> Result<Vec<Planned<'a>>>
     let shape = ModelShape {
         n_layer: src.get_u64(&key("block_count")).unwrap_or(0) as usize,
         n_gqa: (n_head / n_head_kv.max(1)) as usize,
-        tied_embeddings: src.tensor("output.weight").is_none(),
+        tied_embeddings: !src.has_tensor("output.weight"),
     };
     let mut out = Vec::with_capacity(src.tensors().len());
-    for t in src.tensors() {
+    for (idx, t) in src.tensors().iter().enumerate() {
         let target = match ft {
             None => t.ggml_type,
             Some(ft) => {
@@ -148,7 +138,11 @@ fn plan<'a>(src: &'a GgufFile, ft: Option<FileType>) -> Result<Vec<Planned<'a>>>
                 }
             }
         };
-        out.push(Planned { info: t, target });
+        out.push(Planned {
+            idx,
+            info: t,
+            target,
+        });
     }
     Ok(out)
 }
@@ -161,8 +155,20 @@ fn now_unix() -> u64 {
 }
 
 /// The output metadata: the source's, with the file type updated.
-fn out_metadata(src: &GgufFile, ft: Option<FileType>, any_quant: bool) -> Vec<(String, MetaValue)> {
-    let mut md: Vec<(String, MetaValue)> = src.metadata_entries().to_vec();
+fn out_metadata(src: &Source, ft: Option<FileType>, any_quant: bool) -> Vec<(String, MetaValue)> {
+    let mut md: Vec<(String, MetaValue)> = src.metadata().to_vec();
+    if ft.is_none()
+        && let Source::Hf(_) = src
+    {
+        // A copy of a folder: the file type of its matrices (llama_ftype ids).
+        let ty = src.tensors().iter().find(|t| t.shape.len() >= 2).map(|t| t.ggml_type.0);
+        let id = match ty.and_then(|t| DType::from_ggml_id(t)) {
+            Some(DType::F16) => 1,
+            Some(DType::BF16) => 32,
+            _ => 0,
+        };
+        set_key(&mut md, "general.file_type", MetaValue::U32(id));
+    }
     if let Some(ft) = ft {
         set_key(&mut md, "general.file_type", MetaValue::U32(ft.ftype_id()));
         if any_quant {
@@ -181,7 +187,7 @@ fn set_key(md: &mut Vec<(String, MetaValue)>, key: &str, v: MetaValue) {
 
 fn provenance(
     args: &ConvertArgs,
-    src: &GgufFile,
+    src: &Source,
     ft: Option<FileType>,
     requantized: bool,
     planned: &[Planned],
@@ -201,14 +207,8 @@ fn provenance(
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default()),
         ),
-        (
-            "mica.source.format".into(),
-            s(match src.container() {
-                Container::Gguf => "gguf",
-                Container::Mica => "mica",
-            }),
-        ),
-        ("mica.source.bytes".into(), MetaValue::U64(src.file_size())),
+        ("mica.source.format".into(), s(src.format_name())),
+        ("mica.source.bytes".into(), MetaValue::U64(src.size())),
         (
             "mica.recipe.type".into(),
             s(ft.map(FileType::name).unwrap_or("copy")),
@@ -247,7 +247,7 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
     if args.output.exists() && same_file(&args.src, &args.output) {
         bail!("the output would overwrite the source");
     }
-    let src = GgufFile::open(&args.src)?;
+    let src = Source::open(&args.src)?;
     let planned = plan(&src, ft)?;
     let requant: Vec<&Planned> = planned
         .iter()
@@ -318,7 +318,7 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
         changed,
         secs,
         written as f64 / 1e6 / secs,
-        src.file_size() as f64 / 1e6 / secs
+        src.size() as f64 / 1e6 / secs
     );
     Ok(())
 }
@@ -351,13 +351,14 @@ fn progress(total: u64, quiet: bool) -> ProgressBar {
 /// Streams one tensor into the sink: raw bytes when the type is unchanged, else chunks of
 /// rows converted through f32.
 fn write_tensor(
-    src: &GgufFile,
+    src: &Source,
     p: &Planned,
     sink: &mut dyn TensorSink,
     threads: usize,
     on_bytes: &mut dyn FnMut(u64),
 ) -> Result<()> {
-    let data = src.tensor_data(p.info);
+    let data = src.data(p.idx)?;
+    let data: &[u8] = &data;
     if p.target == p.info.ggml_type {
         for chunk in data.chunks(8 << 20) {
             sink.write_data(chunk)?;
