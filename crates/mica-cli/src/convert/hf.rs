@@ -110,6 +110,22 @@ impl HfSource {
         let n_vocab = embd.shape.get(1).copied().unwrap_or(0) as usize;
         let cfg = folder.decoder_config(fam.gguf, n_vocab)?;
 
+        // mica's HF loader resolves Mistral's window per layer; GGUF `llama` has no key for it.
+        let c = &folder.config;
+        let window_on = c
+            .use_sliding_window
+            .unwrap_or(c.model_type.as_deref() == Some("mistral"));
+        if let Some(w) = c
+            .sliding_window
+            .filter(|&w| window_on && w < cfg.n_ctx_train)
+        {
+            eprintln!(
+                "warning: the model attends within a sliding window of {w} tokens; GGUF '{}' \
+                 has no key for it (llama.cpp's converter drops it too), so the output attends \
+                 to the whole context and differs from the folder beyond {w} tokens",
+                fam.gguf
+            );
+        }
         let mut metadata = config_keys(fam.gguf, &folder, &cfg);
         match tokenizer_spec(dir)? {
             Some(spec) => metadata.extend(tokenizer_keys(&spec)),
@@ -228,9 +244,9 @@ fn checkpoint_tensors(
                 fam.gguf
             );
         };
-        let dtype = t.dtype().filter(|d| {
-            matches!(d, DType::F32 | DType::F16 | DType::BF16)
-        });
+        let dtype = t
+            .dtype()
+            .filter(|d| matches!(d, DType::F32 | DType::F16 | DType::BF16));
         if dtype.is_none() {
             bail!(
                 "tensor '{}' has type {}; mica converts F32, F16 and BF16 checkpoints",
@@ -439,7 +455,10 @@ mod tests {
             to_gguf(&LLAMA_HF, "model.embed_tokens.weight"),
             Some(("token_embd.weight".into(), None))
         );
-        assert_eq!(to_gguf(&LLAMA_HF, "model.layers.x.mlp.up_proj.weight"), None);
+        assert_eq!(
+            to_gguf(&LLAMA_HF, "model.layers.x.mlp.up_proj.weight"),
+            None
+        );
         assert_eq!(to_gguf(&LLAMA_HF, "model.layers.1.mystery"), None);
     }
 }

@@ -161,7 +161,11 @@ fn out_metadata(src: &Source, ft: Option<FileType>, any_quant: bool) -> Vec<(Str
         && let Source::Hf(_) = src
     {
         // A copy of a folder: the file type of its matrices (llama_ftype ids).
-        let ty = src.tensors().iter().find(|t| t.shape.len() >= 2).map(|t| t.ggml_type.0);
+        let ty = src
+            .tensors()
+            .iter()
+            .find(|t| t.shape.len() >= 2)
+            .map(|t| t.ggml_type.0);
         let id = match ty.and_then(|t| DType::from_ggml_id(t)) {
             Some(DType::F16) => 1,
             Some(DType::BF16) => 32,
