@@ -1,0 +1,97 @@
+//! `mica perplexity --kl-base`: KL-divergence of a model's next-token distributions from a
+//! base model's, as llama-perplexity's `--kl-divergence` reports it. A model against itself
+//! gives exactly 0 and the same top token everywhere; a Q8_0 requantization of the SmolLM2
+//! Q4_1 file gives a small positive divergence.
+
+mod common;
+
+use common::*;
+use std::path::Path;
+
+const SMOLLM: &str = "smollm2-135m-instruct-q4_1";
+
+/// The `NAME = X` numbers of the report.
+fn figure(out: &str, name: &str) -> f64 {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(name))
+        .unwrap_or_else(|| panic!("no '{name}' in:\n{out}"));
+    line[name.len()..]
+        .trim_start_matches([' ', '='])
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+fn kl(model: &Path, base: &Path) -> String {
+    let text = workspace().join("fixtures/text/GPL-3");
+    let (ok, out, err) = mica(&[
+        "perplexity",
+        "-m",
+        model.to_str().unwrap(),
+        "--kl-base",
+        base.to_str().unwrap(),
+        "-f",
+        text.to_str().unwrap(),
+        "-c",
+        "128",
+        "--chunks",
+        "2",
+        "-t",
+        "2",
+        "--quiet",
+    ]);
+    assert!(ok, "{err}");
+    out
+}
+
+#[test]
+fn kl_divergence_against_itself_and_a_requantization() {
+    let src = model_path(SMOLLM);
+    let out = kl(&src, &src);
+    assert_eq!(figure(&out, "Mean KLD"), 0.0, "{out}");
+    assert_eq!(figure(&out, "Same top p"), 100.0, "{out}");
+    assert_eq!(figure(&out, "PPL(base)"), figure(&out, "PPL"), "{out}");
+
+    let q8 = scratch("kl").join("q8_0.gguf");
+    let (ok, _, err) = mica(&[
+        "convert",
+        src.to_str().unwrap(),
+        "-o",
+        q8.to_str().unwrap(),
+        "--type",
+        "q8_0",
+        "--quiet",
+    ]);
+    assert!(ok, "{err}");
+    let out = kl(&q8, &src);
+    let kld = figure(&out, "Mean KLD");
+    println!("{out}");
+    assert!(
+        kld > 0.0 && kld < 0.02,
+        "Q8_0 vs Q4_1 mean KLD {kld}\n{out}"
+    );
+    assert!(figure(&out, "Same top p") > 90.0, "{out}");
+}
+
+#[test]
+fn kl_base_with_another_vocabulary_is_an_error() {
+    let dir = scratch("kl-vocab");
+    let tiny = dir.join("tiny.gguf");
+    write_tiny(&tiny, &Tiny::default());
+    let text = workspace().join("fixtures/text/GPL-3");
+    let (ok, _, err) = mica(&[
+        "perplexity",
+        "-m",
+        model_path(SMOLLM).to_str().unwrap(),
+        "--kl-base",
+        tiny.to_str().unwrap(),
+        "-f",
+        text.to_str().unwrap(),
+        "-c",
+        "128",
+    ]);
+    assert!(!ok && err.contains("same vocabulary"), "{err}");
+}
