@@ -110,6 +110,19 @@ pub struct Workspace {
     acts: ActCache,
 }
 
+impl Workspace {
+    /// Starts collecting importance statistics (mean squared input per column of every
+    /// projection) in the following forward passes; see [`crate::weights::ActStats`].
+    pub fn collect_act_stats(&mut self) {
+        self.acts.stats.get_or_insert_with(Default::default);
+    }
+
+    /// The statistics collected so far (collection stops).
+    pub fn take_act_stats(&mut self) -> Option<crate::weights::ActStats> {
+        self.acts.stats.take()
+    }
+}
+
 fn grow(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
     if v.len() < n {
         v.resize(n, 0.0);

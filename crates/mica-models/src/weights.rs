@@ -126,6 +126,37 @@ impl Linear {
 #[derive(Default)]
 pub struct ActCache {
     slots: Vec<(DType, QActs, bool)>,
+    /// Importance statistics, when collecting them ([`ActCache::get`] sees every matmul
+    /// input); `None` costs one branch per projection.
+    pub stats: Option<ActStats>,
+}
+
+/// Per weight matrix (by tensor name): the sum over input rows of each input column's
+/// square, and the number of rows — llama.cpp's importance matrix (`llama-imatrix`) before
+/// dividing.
+#[derive(Default, Debug)]
+pub struct ActStats {
+    /// name → (`[cols]` Σ x², rows summed)
+    pub sums: HashMap<String, (Vec<f64>, u64)>,
+}
+
+impl ActStats {
+    /// Adds the rows of `x` (`[n, cols]`) as inputs of `name`.
+    pub fn add(&mut self, name: &str, x: &[f32], n: usize, cols: usize) {
+        let (sum, count) = self
+            .sums
+            .entry(name.to_string())
+            .or_insert_with(|| (vec![0.0; cols], 0));
+        if sum.len() != cols {
+            return;
+        }
+        for row in x[..n * cols].chunks_exact(cols) {
+            for (s, &v) in sum.iter_mut().zip(row) {
+                *s += (v as f64) * (v as f64);
+            }
+        }
+        *count += n as u64;
+    }
 }
 
 impl ActCache {
@@ -138,6 +169,9 @@ impl ActCache {
 
     /// `x` (`[n, cols]`) quantized for a dot product with `w`.
     pub fn get(&mut self, pool: &ThreadPool, w: &Matrix, x: &[f32], n: usize) -> &QActs {
+        if let Some(st) = &mut self.stats {
+            st.add(&w.name, x, n, w.cols);
+        }
         let dt = w.dtype.vec_dot_type();
         let i = match self.slots.iter().position(|s| s.0 == dt) {
             Some(i) => i,

@@ -28,10 +28,10 @@ fn signed_absmax(x: &[f32]) -> (f32, f32) {
     (max, amax)
 }
 
-/// `make_qx_quants` with `rmse_type = 1` and no importance weights (weights `x^2`):
-/// symmetric quants `L` in `0..2*nmax` (offset by `nmax`), trying 18 scales around
-/// `-nmax / max` and keeping the best weighted least-squares fit. Returns the scale.
-fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
+/// `make_qx_quants` with `rmse_type = 1`: symmetric quants `L` in `0..2*nmax` (offset by
+/// `nmax`), trying 18 scales around `-nmax / max` and keeping the best weighted
+/// least-squares fit. Weights `w` (importance), or `x^2` without. Returns the scale.
+pub(crate) fn make_qx_quants(nmax: i32, x: &[f32], w: Option<&[f32]>, l_out: &mut [i8]) -> f32 {
     let (max, amax) = signed_absmax(x);
     if amax < GROUP_MAX_EPS {
         l_out.fill(0);
@@ -41,9 +41,9 @@ fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
     // Weighted sums of x*l and l*l for one candidate inverse scale.
     let sums = |iscale: f32| {
         let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
-        for &v in x {
+        for (i, &v) in x.iter().enumerate() {
             let l = quant(iscale, v) as f32;
-            let w = v * v;
+            let w = w.map_or(v * v, |w| w[i]);
             sumlx += w * v * l;
             suml2 += w * l * l;
         }
@@ -120,19 +120,24 @@ fn make_q3_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
 
 /// Search parameters of `make_qkx2_quants`: candidate inverse scales
 /// `(rmin + rdelta * is + nmax) / (max - min)` for `is` in `0..=nstep`.
-struct Qkx2 {
-    nmax: i32,
-    rmin: f32,
-    rdelta: f32,
-    nstep: i32,
+pub(crate) struct Qkx2 {
+    pub nmax: i32,
+    pub rmin: f32,
+    pub rdelta: f32,
+    pub nstep: i32,
     /// Minimize weighted absolute error instead of squared error.
-    use_mad: bool,
+    pub use_mad: bool,
 }
 
 /// `make_qkx2_quants`: asymmetric quants `L` in `0..=nmax` with `x ≈ scale * L - the_min`
 /// (the min clamped to be <= 0 before negation), fitted by weighted least squares over the
 /// candidate scales. Returns `(scale, the_min)`.
-fn make_qkx2_quants(p: &Qkx2, x: &[f32], weights: &[f32], l_out: &mut [u8]) -> (f32, f32) {
+pub(crate) fn make_qkx2_quants(
+    p: &Qkx2,
+    x: &[f32],
+    weights: &[f32],
+    l_out: &mut [u8],
+) -> (f32, f32) {
     let n = x.len();
     let (mut min, mut max) = (x[0], x[0]);
     let mut sum_w = weights[0];
@@ -163,7 +168,7 @@ fn make_qkx2_quants(p: &Qkx2, x: &[f32], weights: &[f32], l_out: &mut [u8]) -> (
     if p.nstep < 1 {
         return (scale, -min);
     }
-    let mut laux = [0u8; 32];
+    let mut laux = [0u8; 64];
     for is in 0..=p.nstep {
         iscale = (p.rmin + p.rdelta * is as f32 + nmax as f32) / (max - min);
         let (mut sum_l, mut sum_l2, mut sum_xl) = (0.0f32, 0.0f32, 0.0f32);
@@ -420,12 +425,29 @@ pub fn quantize_q5k(x: &[f32], y: &mut [BlockQ5K]) {
 }
 
 pub fn quantize_q6k(x: &[f32], y: &mut [BlockQ6K]) {
-    for (x, b) in x.chunks_exact(QK_K).zip(y) {
+    quantize_q6k_with(x, None, y)
+}
+
+/// Q6_K, optionally weighted by importance `imp` (`[x.len()]`, one per column): each
+/// sub-block's scale search then weighs element `i` by `imp[i] · sqrt(σ² + x_i²)` (σ² the
+/// block's mean square), as llama.cpp's `quantize_q6_K_impl` does.
+pub(crate) fn quantize_q6k_with(x: &[f32], imp: Option<&[f32]>, y: &mut [BlockQ6K]) {
+    for (bi, (x, b)) in x.chunks_exact(QK_K).zip(y).enumerate() {
         let mut l = [0i8; QK_K];
         let mut scales = [0.0f32; 16];
         let (mut max_scale, mut max_abs_scale) = (0.0f32, 0.0f32);
+        let imp = imp.map(|q| &q[bi * QK_K..(bi + 1) * QK_K]);
+        let sigma2 = x.iter().fold(0.0f32, |s, &v| s + v * v) / QK_K as f32;
         for j in 0..16 {
-            scales[j] = make_qx_quants(32, &x[16 * j..16 * j + 16], &mut l[16 * j..16 * j + 16]);
+            let xs = &x[16 * j..16 * j + 16];
+            let w: Option<[f32; 16]> = imp
+                .map(|q| std::array::from_fn(|i| q[16 * j + i] * (sigma2 + xs[i] * xs[i]).sqrt()));
+            scales[j] = make_qx_quants(
+                32,
+                xs,
+                w.as_ref().map(|w| &w[..]),
+                &mut l[16 * j..16 * j + 16],
+            );
             if scales[j].abs() > max_abs_scale {
                 max_abs_scale = scales[j].abs();
                 max_scale = scales[j];

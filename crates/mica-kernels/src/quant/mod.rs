@@ -19,12 +19,14 @@
 //! | `legacy` | Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 |
 //! | `kquants` | Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K (dequant, Q8_K quantizer, dots) |
 //! | `kquants_quantize` | reference quantizers for Q2_K ... Q6_K |
+//! | `weighted` | quantizers weighted by an importance matrix (Q4_0 ... Q6_K) |
 
 pub mod blocks;
 pub mod floats;
 pub mod kquants;
 pub mod kquants_quantize;
 pub mod legacy;
+pub mod weighted;
 
 pub use blocks::{
     Block, BlockLenError, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1,
