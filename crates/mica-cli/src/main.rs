@@ -5,6 +5,7 @@ mod bench;
 mod chat;
 mod convert;
 mod download;
+mod imatrix;
 mod inspect;
 mod perplexity;
 mod run;
@@ -47,8 +48,11 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Serve models over HTTP (OpenAI- and Ollama-compatible APIs, continuous batching).
     Serve(serve::ServeArgs),
-    /// Convert a GGUF or .mica file to .mica or GGUF, optionally quantizing it.
+    /// Convert a GGUF, .mica file or Hugging Face folder to .mica or GGUF, optionally
+    /// quantizing it.
     Convert(convert::ConvertArgs),
+    /// Compute an importance matrix over a text (as llama.cpp's llama-imatrix).
+    Imatrix(imatrix::ImatrixArgs),
     /// Check every tensor of a .mica file against its checksum.
     Verify(verify::VerifyArgs),
     /// Perplexity of a model over a text file (as llama.cpp's llama-perplexity).
@@ -67,6 +71,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::bench(args),
         Command::Serve(args) => serve::serve(args),
         Command::Convert(args) => convert::convert(args),
+        Command::Imatrix(args) => imatrix::imatrix(args),
         Command::Verify(args) => verify::verify(args),
         Command::Perplexity(args) => perplexity::perplexity(args),
     };

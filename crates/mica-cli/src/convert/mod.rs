@@ -7,9 +7,11 @@
 //! the file under a temporary name and renames it only when complete.
 
 mod hf;
+mod mix;
 mod rules;
 mod source;
 
+use crate::imatrix::Imatrix;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -17,6 +19,7 @@ use mica_formats::ggml_types::GgmlType;
 use mica_formats::gguf::TensorDecl;
 use mica_formats::{GgufStreamWriter, MetaArray, MetaValue, MicaWriter, TensorInfo, TensorSink};
 use mica_kernels::DType;
+use mica_kernels::quant::weighted::{has_weighted, quantize_row_weighted};
 use mica_kernels::quant::{dequantize_row, quantize_row};
 use rules::{FileType, ModelShape, TensorDesc};
 use source::Source;
@@ -35,6 +38,24 @@ pub struct ConvertArgs {
     /// q4_1, and the _s/_m/_l mixes). Without it every tensor keeps its type.
     #[arg(long = "type", value_name = "TYPE")]
     pub ty: Option<String>,
+    /// Mixed precision: choose a type per tensor for this average bits per weight (over
+    /// every tensor of the file), least estimated loss first (see docs/convert.md). Best
+    /// with --imatrix or --calibrate. Tensors the rules keep unquantized stay so.
+    #[arg(long, value_name = "BPW")]
+    pub mix: Option<f64>,
+    /// Importance matrix (llama-imatrix's GGUF or legacy .dat file, or `mica imatrix`'s):
+    /// weighs the quantizers' error by each column's mean squared activation.
+    #[arg(long, value_name = "FILE", conflicts_with = "calibrate")]
+    pub imatrix: Option<PathBuf>,
+    /// Compute the importance matrix by running the source model over this text.
+    #[arg(long, value_name = "TEXT")]
+    pub calibrate: Option<PathBuf>,
+    /// Window size for --calibrate, in tokens.
+    #[arg(long, default_value_t = 512, value_name = "N")]
+    pub calibrate_ctx: usize,
+    /// Use at most this many windows of the --calibrate text.
+    #[arg(long, value_name = "N")]
+    pub calibrate_chunks: Option<usize>,
     /// Threads for quantization (default: all cores).
     #[arg(short, long)]
     pub threads: Option<usize>,
@@ -195,6 +216,7 @@ fn provenance(
     ft: Option<FileType>,
     requantized: bool,
     planned: &[Planned],
+    quantizer: &str,
 ) -> Vec<(String, MetaValue)> {
     let s = |v: &str| MetaValue::String(v.to_string());
     let mut p = vec![
@@ -215,9 +237,12 @@ fn provenance(
         ("mica.source.bytes".into(), MetaValue::U64(src.size())),
         (
             "mica.recipe.type".into(),
-            s(ft.map(FileType::name).unwrap_or("copy")),
+            s(&match args.mix {
+                Some(b) => format!("mix {b} bpw"),
+                None => ft.map(FileType::name).unwrap_or("copy").to_string(),
+            }),
         ),
-        ("mica.recipe.quantizer".into(), s("reference (no imatrix)")),
+        ("mica.recipe.quantizer".into(), s(quantizer)),
         (
             "mica.recipe.requantized".into(),
             MetaValue::Bool(requantized),
@@ -248,11 +273,48 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
                 .with_context(|| format!("unknown type '{t}' (one of: {})", FileType::names()))?,
         ),
     };
+    if let Some(b) = args.mix
+        && !(1.0..=32.0).contains(&b)
+    {
+        bail!("--mix {b}: the budget is an average bits per weight, between 1 and 32");
+    }
+    // A mix starts from Q4_K_M's rules (which tensors are quantized at all).
+    let ft = ft.or(args.mix.map(|_| FileType::Q4_K_M));
+    if args.mix.is_some() && ft.is_some_and(|f| !is_quantized_ft(f)) {
+        bail!("--mix chooses among quantized types; --type must be a quantized type");
+    }
     if args.output.exists() && same_file(&args.src, &args.output) {
         bail!("the output would overwrite the source");
     }
     let src = Source::open(&args.src)?;
-    let planned = plan(&src, ft)?;
+    let mut planned = plan(&src, ft)?;
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
+    let (imatrix, quantizer) = importance(&args, ft, threads)?;
+    let mut mix_note = None;
+    if let Some(bpw) = args.mix {
+        if imatrix.is_none() {
+            eprintln!(
+                "warning: --mix without --imatrix or --calibrate: sensitivities assume equal \
+                 activations in every column"
+            );
+        }
+        let mixable: Vec<usize> = planned
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| is_quantized(p.target) && p.target != p.info.ggml_type)
+            .map(|(i, _)| i)
+            .collect();
+        let (got, loss) =
+            mix::choose(&src, &mut planned, &mixable, imatrix.as_ref(), bpw, threads)?;
+        eprintln!("mix: {got:.4} bits per weight (budget {bpw}), estimated loss {loss:.4e}");
+        for &i in &mixable {
+            eprintln!("  {} = {}", planned[i].info.name, planned[i].target.name());
+        }
+        mix_note = Some((bpw, got));
+    }
     let requant: Vec<&Planned> = planned
         .iter()
         .filter(|p| p.target != p.info.ggml_type && is_quantized(p.info.ggml_type))
@@ -267,10 +329,27 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
         );
     }
     let any_quant = planned.iter().any(|p| is_quantized(p.target));
-    let md = out_metadata(&src, ft, any_quant);
+    let mut md = out_metadata(&src, ft, any_quant);
+    if let Some((bpw, got)) = mix_note {
+        // GGUF has no provenance section: the recipe goes into the metadata (llama.cpp
+        // ignores keys it does not know).
+        md.push(("mica.recipe.mix_bpw".into(), MetaValue::F64(bpw)));
+        md.push(("mica.recipe.bpw".into(), MetaValue::F64(got)));
+        if fmt == OutFormat::Gguf {
+            md.push((
+                "mica.recipe.tensor_types".into(),
+                MetaValue::Array(MetaArray::String(
+                    planned
+                        .iter()
+                        .map(|p| format!("{}={}", p.info.name, p.target.name()))
+                        .collect(),
+                )),
+            ));
+        }
+    }
     let mut sink: Box<dyn TensorSink> = match fmt {
         OutFormat::Mica => {
-            let prov = provenance(&args, &src, ft, !requant.is_empty(), &planned);
+            let prov = provenance(&args, &src, ft, !requant.is_empty(), &planned, &quantizer);
             Box::new(MicaWriter::create(&args.output, &md, &prov)?)
         }
         OutFormat::Gguf => {
@@ -290,16 +369,26 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
         .map(|p| p.target.n_bytes(&p.info.shape).unwrap_or(0))
         .sum();
     let bar = progress(total, args.quiet);
-    let threads = args
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-        .max(1);
     let t0 = Instant::now();
     let mut done = 0u64;
     for p in &planned {
         bar.set_message(p.info.name.clone());
         sink.begin_tensor(&p.info.name, p.target, &p.info.shape)?;
-        write_tensor(&src, p, sink.as_mut(), threads, &mut |n| {
+        let imp = imatrix.as_ref().and_then(|m| m.weights(&p.info.name));
+        let imp = imp.filter(|w| {
+            let ok = w.len() as u64 == p.info.row_len();
+            if !ok {
+                eprintln!(
+                    "warning: the importance matrix has {} columns for '{}', whose rows have {}; \
+                     quantizing it unweighted",
+                    w.len(),
+                    p.info.name,
+                    p.info.row_len()
+                );
+            }
+            ok
+        });
+        write_tensor(&src, p, imp.as_deref(), sink.as_mut(), threads, &mut |n| {
             done += n;
             bar.set_position(done);
         })?;
@@ -327,11 +416,66 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
     Ok(())
 }
 
+/// The importance matrix (read, or computed on the calibration text with the source model)
+/// and how the provenance describes the quantizer.
+fn importance(
+    args: &ConvertArgs,
+    ft: Option<FileType>,
+    threads: usize,
+) -> Result<(Option<Imatrix>, String)> {
+    if ft.is_none() && (args.imatrix.is_some() || args.calibrate.is_some()) {
+        bail!("--imatrix and --calibrate need a quantized --type");
+    }
+    if let Some(p) = &args.imatrix {
+        let m = Imatrix::read(p)?;
+        eprintln!(
+            "importance matrix {}: {} matrices, {} windows",
+            p.display(),
+            m.entries.len(),
+            m.chunk_count
+        );
+        let name = p.file_name().map(|n| n.to_string_lossy().into_owned());
+        return Ok((
+            Some(m),
+            format!("importance-weighted (imatrix {})", name.unwrap_or_default()),
+        ));
+    }
+    if let Some(text_path) = &args.calibrate {
+        let text = std::fs::read_to_string(text_path)
+            .with_context(|| format!("reading {}", text_path.display()))?;
+        let lm = mica_models::LoadedModel::open(&args.src)
+            .context("--calibrate runs the source model, which failed to load")?;
+        let name = text_path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let m = crate::imatrix::collect(
+            &lm,
+            &text,
+            &name,
+            args.calibrate_ctx,
+            args.calibrate_chunks,
+            threads,
+            args.quiet,
+        )?;
+        let q = format!(
+            "importance-weighted (calibrated on {name}: {} windows of {})",
+            m.chunk_count, m.chunk_size
+        );
+        return Ok((Some(m), q));
+    }
+    Ok((None, "reference (no imatrix)".into()))
+}
+
 fn same_file(a: &Path, b: &Path) -> bool {
     match (a.canonicalize(), b.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,
         _ => false,
     }
+}
+
+fn is_quantized_ft(f: FileType) -> bool {
+    !matches!(f, FileType::F32 | FileType::F16 | FileType::BF16)
 }
 
 fn is_quantized(t: GgmlType) -> bool {
@@ -357,6 +501,7 @@ fn progress(total: u64, quiet: bool) -> ProgressBar {
 fn write_tensor(
     src: &Source,
     p: &Planned,
+    imp: Option<&[f32]>,
     sink: &mut dyn TensorSink,
     threads: usize,
     on_bytes: &mut dyn FnMut(u64),
@@ -397,6 +542,7 @@ fn write_tensor(
             (in_row, out_row),
             src_bytes,
             dst,
+            imp,
             threads,
         );
         sink.write_data(dst)?;
@@ -414,8 +560,10 @@ fn convert_rows(
     (in_row, out_row): (usize, usize),
     src: &[u8],
     dst: &mut [u8],
+    imp: Option<&[f32]>,
     threads: usize,
 ) {
+    let imp = imp.filter(|_| has_weighted(to));
     let n_rows = dst.len() / out_row;
     let per = n_rows.div_ceil(threads.max(1)).max(1);
     std::thread::scope(|s| {
@@ -425,7 +573,10 @@ fn convert_rows(
                 let mut f = vec![0f32; row_len];
                 for (j, drow) in d.chunks_mut(out_row).enumerate() {
                     dequantize_row(from, &sr[j * in_row..(j + 1) * in_row], &mut f);
-                    quantize_row(to, &f, drow);
+                    match imp {
+                        Some(w) => quantize_row_weighted(to, &f, w, drow),
+                        None => quantize_row(to, &f, drow),
+                    }
                 }
             });
         }
