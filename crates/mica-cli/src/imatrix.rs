@@ -244,7 +244,9 @@ pub fn collect(
         lm.model
             .forward(
                 &pool,
-                &Batch::for_sequence(&window, 0, 0, false),
+                // All rows produce logits: the forward otherwise skips the last layer's
+                // work on rows whose logits nobody reads, and their statistics with it.
+                &Batch::for_sequence(&window, 0, 0, true),
                 &mut kv,
                 &mut ws,
             )

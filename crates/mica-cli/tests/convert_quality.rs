@@ -1,0 +1,137 @@
+//! Importance matrices and mixed precision in `mica convert`: `mica imatrix` writes a file
+//! llama.cpp's loader format describes (one entry per projection, one value per input
+//! column); `--imatrix` changes what the k-quant quantizers write and records itself in the
+//! provenance; `--mix BPW` meets its budget (measured from the written tensors) and records
+//! the recipe; impossible budgets are clear errors.
+
+mod common;
+
+use common::*;
+use mica_formats::GgufFile;
+use std::path::Path;
+
+const SMOLLM: &str = "smollm2-135m-instruct-q4_1";
+
+fn convert(src: &Path, out: &Path, extra: &[&str]) -> String {
+    let mut args = vec![
+        "convert",
+        src.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--quiet",
+    ];
+    args.extend_from_slice(extra);
+    let (ok, _, err) = mica(&args);
+    assert!(ok, "convert {args:?}: {err}");
+    err
+}
+
+/// Average bits per weight of a file's tensors.
+fn bpw(path: &Path) -> f64 {
+    let f = GgufFile::open(path).unwrap();
+    let (bits, n) = f.tensors().iter().fold((0f64, 0f64), |(b, n), t| {
+        (b + 8.0 * t.n_bytes as f64, n + t.n_elements() as f64)
+    });
+    bits / n
+}
+
+#[test]
+fn mix_meets_the_budget_and_records_the_recipe() {
+    let src = workspace().join("fixtures/hf/llama");
+    let dir = scratch("mix");
+    for budget in [5.0, 6.0, 7.5] {
+        let out = dir.join(format!("mix-{budget}.gguf"));
+        let log = convert(&src, &out, &["--mix", &budget.to_string()]);
+        let got = bpw(&out);
+        println!("--mix {budget}: {got:.4} bpw");
+        assert!(got <= budget + 1e-9, "--mix {budget}: {got} bpw\n{log}");
+        // Greedy fills the budget to within one upgrade of this small model's tensors.
+        assert!(got > budget - 0.6, "--mix {budget}: only {got} bpw\n{log}");
+        let f = GgufFile::open(&out).unwrap();
+        let recipe = f.get_str_array("mica.recipe.tensor_types").unwrap();
+        assert!(recipe.iter().any(|r| r.starts_with("blk.0.attn_q.weight=")));
+        assert_eq!(f.get_f32("mica.recipe.mix_bpw").map(f64::from), Some(budget));
+    }
+    let out = dir.join("too-small.gguf");
+    let (ok, _, err) = mica(&[
+        "convert",
+        src.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--mix",
+        "2",
+    ]);
+    assert!(!ok && err.contains("smallest mix"), "{err}");
+    assert!(!out.exists());
+}
+
+#[test]
+fn imatrix_is_written_read_and_used() {
+    let src = model_path(SMOLLM);
+    let dir = scratch("imatrix");
+    let text = workspace().join("fixtures/text/calibration.txt");
+    let im = dir.join("smol.imatrix.gguf");
+    let (ok, _, err) = mica(&[
+        "imatrix",
+        "-m",
+        src.to_str().unwrap(),
+        "-f",
+        text.to_str().unwrap(),
+        "-o",
+        im.to_str().unwrap(),
+        "-c",
+        "64",
+        "--chunks",
+        "2",
+        "-t",
+        "2",
+        "--quiet",
+    ]);
+    assert!(ok, "{err}");
+    let f = GgufFile::open(&im).unwrap();
+    assert_eq!(f.get_str("general.type"), Some("imatrix"));
+    assert_eq!(f.get_u32("imatrix.chunk_count"), Some(2));
+    let q = f.tensor("blk.0.attn_q.weight.in_sum2").expect("attn_q entry");
+    assert_eq!(q.shape, vec![576, 1]);
+    let c = f.tensor("blk.29.ffn_down.weight.counts").expect("ffn_down counts");
+    let count = f32::from_le_bytes(f.tensor_data(c)[..4].try_into().unwrap());
+    assert_eq!(count, 128.0, "2 windows of 64 tokens");
+
+    let plain = dir.join("plain.gguf");
+    let weighted = dir.join("weighted.gguf");
+    convert(&src, &plain, &["--type", "q4_k"]);
+    convert(
+        &src,
+        &weighted,
+        &["--type", "q4_k", "--imatrix", im.to_str().unwrap()],
+    );
+    let (a, b) = (
+        GgufFile::open(&plain).unwrap(),
+        GgufFile::open(&weighted).unwrap(),
+    );
+    let differs = |name: &str| {
+        a.tensor_data(a.tensor(name).unwrap()) != b.tensor_data(b.tensor(name).unwrap())
+    };
+    // ffn_down is Q4_K/Q6_K (1536-wide rows): weighted; attn_q is Q5_0 (576-wide): weighted.
+    assert!(differs("blk.3.ffn_down.weight"));
+    assert!(differs("blk.3.attn_q.weight"));
+    // The .mica provenance names the quantizer.
+    let m = dir.join("weighted.mica");
+    convert(&src, &m, &["--type", "q4_k", "--imatrix", im.to_str().unwrap()]);
+    let (ok, out, err) = mica(&["inspect", m.to_str().unwrap(), "--metadata"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("importance-weighted"), "{out}");
+
+    // Not an imatrix: a clear error.
+    let (ok, _, err) = mica(&[
+        "convert",
+        src.to_str().unwrap(),
+        "-o",
+        dir.join("x.gguf").to_str().unwrap(),
+        "--type",
+        "q4_k",
+        "--imatrix",
+        text.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("imatrix"), "{err}");
+}
