@@ -50,7 +50,10 @@ fn mix_meets_the_budget_and_records_the_recipe() {
         let f = GgufFile::open(&out).unwrap();
         let recipe = f.get_str_array("mica.recipe.tensor_types").unwrap();
         assert!(recipe.iter().any(|r| r.starts_with("blk.0.attn_q.weight=")));
-        assert_eq!(f.get_f32("mica.recipe.mix_bpw").map(f64::from), Some(budget));
+        assert_eq!(
+            f.get_f32("mica.recipe.mix_bpw").map(f64::from),
+            Some(budget)
+        );
     }
     let out = dir.join("too-small.gguf");
     let (ok, _, err) = mica(&[
@@ -91,9 +94,13 @@ fn imatrix_is_written_read_and_used() {
     let f = GgufFile::open(&im).unwrap();
     assert_eq!(f.get_str("general.type"), Some("imatrix"));
     assert_eq!(f.get_u32("imatrix.chunk_count"), Some(2));
-    let q = f.tensor("blk.0.attn_q.weight.in_sum2").expect("attn_q entry");
+    let q = f
+        .tensor("blk.0.attn_q.weight.in_sum2")
+        .expect("attn_q entry");
     assert_eq!(q.shape, vec![576, 1]);
-    let c = f.tensor("blk.29.ffn_down.weight.counts").expect("ffn_down counts");
+    let c = f
+        .tensor("blk.29.ffn_down.weight.counts")
+        .expect("ffn_down counts");
     let count = f32::from_le_bytes(f.tensor_data(c)[..4].try_into().unwrap());
     assert_eq!(count, 128.0, "2 windows of 64 tokens");
 
@@ -117,7 +124,11 @@ fn imatrix_is_written_read_and_used() {
     assert!(differs("blk.3.attn_q.weight"));
     // The .mica provenance names the quantizer.
     let m = dir.join("weighted.mica");
-    convert(&src, &m, &["--type", "q4_k", "--imatrix", im.to_str().unwrap()]);
+    convert(
+        &src,
+        &m,
+        &["--type", "q4_k", "--imatrix", im.to_str().unwrap()],
+    );
     let (ok, out, err) = mica(&["inspect", m.to_str().unwrap(), "--metadata"]);
     assert!(ok, "{err}");
     assert!(out.contains("importance-weighted"), "{out}");

@@ -206,7 +206,7 @@ impl HfSource {
 /// llama.cpp's `LlamaModel.permute` on rows: within each of `n_head` heads of `hd` rows,
 /// output row `2i + j` is input row `j·hd/2 + i`.
 pub fn permute_rows(src: &[u8], n_rows: usize, row_bytes: usize, n_head: usize) -> Result<Vec<u8>> {
-    if n_head == 0 || n_rows % n_head != 0 || (n_rows / n_head) % 2 != 0 {
+    if n_head == 0 || !n_rows.is_multiple_of(n_head) || !(n_rows / n_head).is_multiple_of(2) {
         bail!("cannot split {n_rows} rows into {n_head} heads of an even size");
     }
     let hd = n_rows / n_head;

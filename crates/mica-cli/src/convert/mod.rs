@@ -187,7 +187,7 @@ fn out_metadata(src: &Source, ft: Option<FileType>, any_quant: bool) -> Vec<(Str
             .iter()
             .find(|t| t.shape.len() >= 2)
             .map(|t| t.ggml_type.0);
-        let id = match ty.and_then(|t| DType::from_ggml_id(t)) {
+        let id = match ty.and_then(DType::from_ggml_id) {
             Some(DType::F16) => 1,
             Some(DType::BF16) => 32,
             _ => 0,
