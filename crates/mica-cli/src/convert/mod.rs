@@ -402,13 +402,15 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
         .iter()
         .filter(|p| p.target != p.info.ggml_type)
         .count();
+    let n_weights: u64 = planned.iter().map(|p| p.info.n_elements()).sum();
     eprintln!(
-        "wrote {} ({:.1} MiB, {} tensors, {} converted) in {:.2} s: {:.1} MB/s of output, \
-         {:.1} MB/s of source",
+        "wrote {} ({:.1} MiB, {} tensors, {} converted, {:.4} bits per weight) in {:.2} s: \
+         {:.1} MB/s of output, {:.1} MB/s of source",
         args.output.display(),
         written as f64 / (1 << 20) as f64,
         planned.len(),
         changed,
+        total as f64 * 8.0 / n_weights.max(1) as f64,
         secs,
         written as f64 / 1e6 / secs,
         src.size() as f64 / 1e6 / secs
