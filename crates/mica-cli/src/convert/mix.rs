@@ -114,7 +114,8 @@ fn options(src: &Source, p: &Planned, imatrix: Option<&Imatrix>, idx: usize) -> 
 }
 
 /// Chooses the types of the mixable tensors of `planned` for an average of `bpw` bits per
-/// weight over the whole file. Returns (achieved BPW, estimated loss, recipe lines).
+/// weight over the whole file. Returns the achieved BPW and each mixed tensor's
+/// (planned index, estimated loss).
 pub fn choose(
     src: &Source,
     planned: &mut [Planned],
@@ -122,7 +123,7 @@ pub fn choose(
     imatrix: Option<&Imatrix>,
     bpw: f64,
     threads: usize,
-) -> Result<(f64, f64)> {
+) -> Result<(f64, Vec<(usize, f64)>)> {
     let n_weights: f64 = planned.iter().map(|p| p.info.n_elements() as f64).sum();
     let budget = bpw * n_weights;
     let fixed: f64 = planned
@@ -188,13 +189,13 @@ pub fn choose(
         total += opts[k].choices[j].1 - opts[k].choices[at[k]].1;
         at[k] = j;
     }
-    let mut loss = 0.0;
+    let mut losses = Vec::with_capacity(opts.len());
     for (k, o) in opts.iter().enumerate() {
         let (t, _, l) = o.choices[at[k]];
         planned[o.planned].target = GgmlType(t.ggml_id());
-        loss += l;
+        losses.push((o.planned, l));
     }
-    Ok((total / n_weights, loss))
+    Ok((total / n_weights, losses))
 }
 
 #[cfg(test)]

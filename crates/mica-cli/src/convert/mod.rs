@@ -307,11 +307,16 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
             .filter(|(_, p)| is_quantized(p.target) && p.target != p.info.ggml_type)
             .map(|(i, _)| i)
             .collect();
-        let (got, loss) =
+        let (got, losses) =
             mix::choose(&src, &mut planned, &mixable, imatrix.as_ref(), bpw, threads)?;
-        eprintln!("mix: {got:.4} bits per weight (budget {bpw}), estimated loss {loss:.4e}");
-        for &i in &mixable {
-            eprintln!("  {} = {}", planned[i].info.name, planned[i].target.name());
+        let total: f64 = losses.iter().map(|l| l.1).sum();
+        eprintln!("mix: {got:.4} bits per weight (budget {bpw}), estimated loss {total:.4e}");
+        for (i, l) in losses {
+            eprintln!(
+                "  {} = {} (estimated loss {l:.3e})",
+                planned[i].info.name,
+                planned[i].target.name()
+            );
         }
         mix_note = Some((bpw, got));
     }
