@@ -429,8 +429,8 @@ pub fn quantize_q6k(x: &[f32], y: &mut [BlockQ6K]) {
 }
 
 /// Q6_K, optionally weighted by importance `imp` (`[x.len()]`, one per column): each
-/// sub-block's scale search then weighs element `i` by `imp[i] · sqrt(σ² + x_i²)` (σ² the
-/// block's mean square), as llama.cpp's `quantize_q6_K_impl` does.
+/// sub-block's scale search then weighs element `i` by `imp[i]` alone, as llama.cpp's
+/// `quantize_row_q6_K_impl` does.
 pub(crate) fn quantize_q6k_with(x: &[f32], imp: Option<&[f32]>, y: &mut [BlockQ6K]) {
     for (bi, (x, b)) in x.chunks_exact(QK_K).zip(y).enumerate() {
         let mut l = [0i8; QK_K];

@@ -6,7 +6,8 @@
 //! `quant_weights`. The method follows llama.cpp's; the code is mica's:
 //!
 //! - symmetric formats (Q4_0, Q5_0, Q6_K sub-blocks): the 18-candidate least-squares scale
-//!   search of `make_qx_quants`, with the importance weights;
+//!   search of `make_qx_quants`, with the importance weights (Q6_K: the importance alone,
+//!   as llama.cpp's `quantize_row_q6_K_impl`; the legacy formats take σ² over the row);
 //! - scale + min formats (Q4_1, Q5_1, Q4_K, Q5_K sub-blocks): the candidate-scale weighted
 //!   least-squares fit of `make_qkx2_quants`, searched more finely (37 candidates from
 //!   `nmax − 0.9`);
@@ -90,33 +91,38 @@ fn high_bits(q: &[u8; QK]) -> [u8; 4] {
     qh.to_le_bytes()
 }
 
-/// Symmetric block: `x ≈ d · (L − nmax)`, L in `0..2·nmax`.
-fn symmetric_block(x: &[f32], imp: &[f32], nmax: i32) -> (f32, [u8; QK]) {
-    let w: [f32; QK] = element_weights(x, imp, mean_square(x));
+/// Symmetric block: `x ≈ d · (L − nmax)`, L in `0..2·nmax`; `sigma2`: the row's mean square.
+fn symmetric_block(x: &[f32], imp: &[f32], nmax: i32, sigma2: f32) -> (f32, [u8; QK]) {
+    let w: [f32; QK] = element_weights(x, imp, sigma2);
     let mut l = [0i8; QK];
     let d = make_qx_quants(nmax, x, Some(&w), &mut l);
     (d, l.map(|v| v as u8))
 }
 
-/// Scale + min block: `x ≈ d · L + m`, L in `0..=nmax`, m ≤ 0.
-fn affine_block(x: &[f32], imp: &[f32], nmax: i32) -> (f32, f32, [u8; QK]) {
-    let w: [f32; QK] = element_weights(x, imp, mean_square(x));
+/// Scale + min block: `x ≈ d · L + m`, L in `0..=nmax`, m ≤ 0; `sigma2`: the row's mean
+/// square.
+fn affine_block(x: &[f32], imp: &[f32], nmax: i32, sigma2: f32) -> (f32, f32, [u8; QK]) {
+    let w: [f32; QK] = element_weights(x, imp, sigma2);
     let mut l = [0u8; QK];
     let (d, neg_min) = make_qkx2_quants(&fine_search(nmax), x, &w, &mut l);
     (d, -neg_min, l)
 }
 
 fn q4_0(x: &[f32], imp: &[f32], y: &mut [BlockQ4_0]) {
+    // The legacy formats weigh by the whole row's mean square.
+    let sigma2 = mean_square(x);
     for ((x, imp), b) in x.chunks_exact(QK).zip(imp.chunks_exact(QK)).zip(y) {
-        let (d, l) = symmetric_block(x, imp, 8);
+        let (d, l) = symmetric_block(x, imp, 8, sigma2);
         b.d = f32_to_f16(d);
         b.qs = nibbles(&l);
     }
 }
 
 fn q5_0(x: &[f32], imp: &[f32], y: &mut [BlockQ5_0]) {
+    // The legacy formats weigh by the whole row's mean square.
+    let sigma2 = mean_square(x);
     for ((x, imp), b) in x.chunks_exact(QK).zip(imp.chunks_exact(QK)).zip(y) {
-        let (d, l) = symmetric_block(x, imp, 16);
+        let (d, l) = symmetric_block(x, imp, 16, sigma2);
         b.d = f32_to_f16(d);
         b.qs = nibbles(&l);
         b.qh = high_bits(&l);
@@ -124,8 +130,10 @@ fn q5_0(x: &[f32], imp: &[f32], y: &mut [BlockQ5_0]) {
 }
 
 fn q4_1(x: &[f32], imp: &[f32], y: &mut [BlockQ4_1]) {
+    // The legacy formats weigh by the whole row's mean square.
+    let sigma2 = mean_square(x);
     for ((x, imp), b) in x.chunks_exact(QK).zip(imp.chunks_exact(QK)).zip(y) {
-        let (d, m, l) = affine_block(x, imp, 15);
+        let (d, m, l) = affine_block(x, imp, 15, sigma2);
         b.d = f32_to_f16(d);
         b.m = f32_to_f16(m);
         b.qs = nibbles(&l);
@@ -133,8 +141,10 @@ fn q4_1(x: &[f32], imp: &[f32], y: &mut [BlockQ4_1]) {
 }
 
 fn q5_1(x: &[f32], imp: &[f32], y: &mut [BlockQ5_1]) {
+    // The legacy formats weigh by the whole row's mean square.
+    let sigma2 = mean_square(x);
     for ((x, imp), b) in x.chunks_exact(QK).zip(imp.chunks_exact(QK)).zip(y) {
-        let (d, m, l) = affine_block(x, imp, 31);
+        let (d, m, l) = affine_block(x, imp, 31, sigma2);
         b.d = f32_to_f16(d);
         b.m = f32_to_f16(m);
         b.qs = nibbles(&l);
@@ -174,15 +184,17 @@ pub(crate) fn quantize_scales(v: &[f32; 8], w: &[f32; 8]) -> (f32, [u8; 8]) {
     let mut l: [i32; 8] = std::array::from_fn(|j| nearest_int(best * v[j]).min(NMAX));
     let (mut slx, mut sl2) = (0.0f32, 0.0f32);
     for j in 0..8 {
-        slx += w[j] * v[j] * l[j] as f32;
-        sl2 += w[j] * (l[j] * l[j]) as f32;
+        let lj = l[j] as f32;
+        slx += w[j] * v[j] * lj;
+        sl2 += w[j] * lj * lj;
     }
     // Coordinate moves: maximizing slx²/sl2 minimizes the error at the optimal scale.
     for _ in 0..5 {
         let mut changed = false;
         for j in 0..8 {
-            let a = slx - w[j] * v[j] * l[j] as f32;
-            let b = sl2 - w[j] * (l[j] * l[j]) as f32;
+            let lj = l[j] as f32;
+            let a = slx - w[j] * v[j] * lj;
+            let b = sl2 - w[j] * lj * lj;
             if a <= 0.0 || b <= 0.0 {
                 continue;
             }
