@@ -437,17 +437,10 @@ pub(crate) fn quantize_q6k_with(x: &[f32], imp: Option<&[f32]>, y: &mut [BlockQ6
         let mut scales = [0.0f32; 16];
         let (mut max_scale, mut max_abs_scale) = (0.0f32, 0.0f32);
         let imp = imp.map(|q| &q[bi * QK_K..(bi + 1) * QK_K]);
-        let sigma2 = x.iter().fold(0.0f32, |s, &v| s + v * v) / QK_K as f32;
         for j in 0..16 {
             let xs = &x[16 * j..16 * j + 16];
-            let w: Option<[f32; 16]> = imp
-                .map(|q| std::array::from_fn(|i| q[16 * j + i] * (sigma2 + xs[i] * xs[i]).sqrt()));
-            scales[j] = make_qx_quants(
-                32,
-                xs,
-                w.as_ref().map(|w| &w[..]),
-                &mut l[16 * j..16 * j + 16],
-            );
+            let w = imp.map(|q| &q[16 * j..16 * j + 16]);
+            scales[j] = make_qx_quants(32, xs, w, &mut l[16 * j..16 * j + 16]);
             if scales[j].abs() > max_abs_scale {
                 max_abs_scale = scales[j].abs();
                 max_scale = scales[j];
