@@ -21,7 +21,8 @@ pub struct ServeArgs {
     /// file name without extension. Without it (and without --models-dir), the default model.
     #[arg(short = 'm', long = "model", conflicts_with = "models_dir")]
     pub model: Option<String>,
-    /// Serve every GGUF in this folder (loaded on first request).
+    /// Serve every model in this folder — GGUF and `.mica` files and Hugging Face folders
+    /// (config.json + safetensors) — by file or folder name, each loaded on first request.
     #[arg(long = "models-dir")]
     pub models_dir: Option<PathBuf>,
     #[arg(long, default_value = "127.0.0.1")]
@@ -56,9 +57,15 @@ pub struct ServeArgs {
     /// Requests per lane allowed to wait before new ones get 429.
     #[arg(long = "queue-limit", default_value_t = 256)]
     pub queue_limit: usize,
-    /// Models kept loaded at once (with --models-dir).
+    /// Models kept loaded at once (with --models-dir); the least recently used one is
+    /// unloaded to make room.
     #[arg(long = "max-loaded", default_value_t = 1)]
     pub max_loaded: usize,
+    /// Memory all loaded models may take together, estimated as weight file sizes plus
+    /// --kv-mem each (e.g. 8G). A load that would not fit even alone is refused (HTTP 503).
+    /// Default: the memory the system reports available at each load.
+    #[arg(long = "mem-limit")]
+    pub mem_limit: Option<String>,
 }
 
 /// `512M`, `2G`, `1.5GiB`, `1048576` → bytes.
@@ -87,7 +94,10 @@ fn config(args: &ServeArgs) -> Result<ServerConfig> {
             let found = ServerConfig::discover(dir)
                 .with_context(|| format!("cannot read models folder {}", dir.display()))?;
             if found.is_empty() {
-                bail!("no .gguf models in {}", dir.display());
+                bail!(
+                    "no models in {} (looked for .gguf and .mica files and Hugging Face folders)",
+                    dir.display()
+                );
             }
             found
         }
@@ -118,6 +128,13 @@ fn config(args: &ServeArgs) -> Result<ServerConfig> {
     if threads == 0 {
         bail!("the thread count must be positive");
     }
+    if args.max_loaded == 0 {
+        bail!("--max-loaded must be at least 1");
+    }
+    let mem_limit = match &args.mem_limit {
+        Some(s) => Some(parse_size(s).context("--mem-limit")? as u64),
+        None => None,
+    };
     Ok(ServerConfig {
         models,
         api_keys,
@@ -136,7 +153,7 @@ fn config(args: &ServeArgs) -> Result<ServerConfig> {
         },
         max_waiting_per_lane: args.queue_limit,
         max_loaded: args.max_loaded,
-        mem_limit: None,
+        mem_limit,
     })
 }
 

@@ -15,6 +15,16 @@
 //!
 //! A request whose sink reports its client gone is cancelled at the next step and its blocks
 //! return to the pool at once.
+//!
+//! **Abandoned steps.** A step cannot be cut short once the forward pass runs, so a request
+//! arriving just after a long step began would wait for all of it. Instead, when a request
+//! arrives whose lane is higher than every prompt chunk of the running step
+//! ([`StepPlan::prompt_lane`](crate::scheduler::StepPlan); decodes alone never qualify, nor
+//! does anything under FIFO), the step is abandoned between two layers and nothing it
+//! computed counts: no position is marked computed (the keys and values it wrote in some
+//! layers are rewritten when those positions are next computed), nothing is sampled and no
+//! block enters the prefix cache; its decodes simply run again in the next step, which the
+//! new request's prompt joins. Results are the same as if the step had never been planned.
 
 use crate::error::EngineError;
 use crate::generate::{FinishReason, GenerateParams, StopMatcher};
@@ -28,7 +38,7 @@ use mica_models::kv_cache::BLOCK_SIZE;
 use mica_models::tokenizer::{DecodeOptions, TokenStreamDecoder};
 use mica_models::{Batch, KvCache, LoadedModel, Workspace};
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError, channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -47,6 +57,10 @@ pub struct EngineConfig {
     pub prefix_caching: bool,
     /// Most completions per request (`n`).
     pub max_n: usize,
+    /// Diagnostics: abandon every N-th step half-way through its forward pass, as if a
+    /// more urgent request had arrived (0: never). Abandoned steps must not change any
+    /// result; tests use this to prove it.
+    pub abandon_every: u64,
 }
 
 impl EngineConfig {
@@ -135,11 +149,66 @@ enum Command {
     Shutdown,
 }
 
+/// What submitters know of the step running now, so that a more urgent request can have it
+/// abandoned (see the module docs).
+#[derive(Default)]
+struct StepGate {
+    /// `step << 9 | ABANDONED? | lane floor`: the running step's number, whether it was
+    /// abandoned, and the index of the highest lane of its prompt work (`NO_FLOOR`: not
+    /// abandonable, or no step running). The step number makes a stale read harmless: a
+    /// compare-and-swap against it cannot abandon a later step.
+    word: AtomicU64,
+    /// Requests sent per lane (counted before they enter the channel).
+    sent: [AtomicU64; 3],
+}
+
+const NO_FLOOR: u64 = 0xff;
+const ABANDONED: u64 = 1 << 8;
+
+impl StepGate {
+    fn new() -> StepGate {
+        let g = StepGate::default();
+        g.word.store(NO_FLOOR, SeqCst);
+        g
+    }
+
+    /// Marks step `step` as running with prompt work of `floor` at best.
+    fn open(&self, step: u64, floor: Option<Lane>) {
+        let f = floor.map_or(NO_FLOOR, |l| l.index() as u64);
+        self.word.store(step << 9 | f, SeqCst);
+    }
+
+    /// No step running.
+    fn close(&self) {
+        self.word.store(NO_FLOOR, SeqCst);
+    }
+
+    /// Abandons the running step if its prompt work is all of a lower lane than `lane`.
+    fn interrupt_for(&self, lane: Lane) {
+        let mut w = self.word.load(SeqCst);
+        loop {
+            let floor = w & 0xff;
+            if w & ABANDONED != 0 || floor == NO_FLOOR || lane.index() as u64 >= floor {
+                return;
+            }
+            match self.word.compare_exchange(w, w | ABANDONED, SeqCst, SeqCst) {
+                Ok(_) => return,
+                Err(now) => w = now,
+            }
+        }
+    }
+
+    fn abandoned(&self) -> bool {
+        self.word.load(SeqCst) & ABANDONED != 0
+    }
+}
+
 /// The caller's side of a running engine.
 pub struct EngineHandle {
     tx: Mutex<Sender<Command>>,
     metrics: Arc<EngineMetrics>,
     queued: Arc<[AtomicUsize; 3]>,
+    gate: Arc<StepGate>,
     next_id: AtomicU64,
     cfg: EngineConfig,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -177,7 +246,13 @@ impl EngineHandle {
         metrics.kv_blocks_total.store(cfg.kv_blocks as u64, Relaxed);
         let queued: Arc<[AtomicUsize; 3]> = Arc::new(Default::default());
         let (tx, rx) = channel();
-        let mut core = Core::new(model, &cfg, rx, metrics.clone(), queued.clone());
+        let gate = Arc::new(StepGate::new());
+        let shared = Shared {
+            metrics: metrics.clone(),
+            queued: queued.clone(),
+            gate: gate.clone(),
+        };
+        let mut core = Core::new(model, &cfg, rx, shared);
         let thread = std::thread::Builder::new()
             .name("mica-engine".into())
             .spawn(move || core.run())
@@ -186,6 +261,7 @@ impl EngineHandle {
             tx: Mutex::new(tx),
             metrics,
             queued,
+            gate,
             next_id: AtomicU64::new(1),
             cfg,
             thread: Mutex::new(Some(thread)),
@@ -237,10 +313,14 @@ impl EngineHandle {
         }
         let id = self.next_id.fetch_add(1, Relaxed) << 8;
         let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        // Counted before it is sent, so a step planned without it sees it coming.
+        self.gate.sent[lane.index()].fetch_add(1, SeqCst);
         if tx.send(Command::Add(id, Box::new(req))).is_err() {
             q.fetch_sub(1, Relaxed);
             return Err(SubmitError::Stopped);
         }
+        drop(tx);
+        self.gate.interrupt_for(lane);
         Ok(id)
     }
 
@@ -290,6 +370,13 @@ struct Group {
     usage: Usage,
 }
 
+/// State the engine thread shares with its handle.
+struct Shared {
+    metrics: Arc<EngineMetrics>,
+    queued: Arc<[AtomicUsize; 3]>,
+    gate: Arc<StepGate>,
+}
+
 /// The engine thread's state.
 struct Core {
     model: Arc<LoadedModel>,
@@ -308,6 +395,12 @@ struct Core {
     /// Generated-token counts of recent steps, for the tokens/s gauge.
     recent: VecDeque<(Instant, usize)>,
     stopping: bool,
+    gate: Arc<StepGate>,
+    /// Requests received per lane (against `gate.sent`).
+    received: [u64; 3],
+    /// Steps executed (numbers the gate's steps).
+    step_no: u64,
+    abandon_every: u64,
 }
 
 impl Core {
@@ -315,8 +408,7 @@ impl Core {
         model: Arc<LoadedModel>,
         cfg: &EngineConfig,
         rx: Receiver<Command>,
-        metrics: Arc<EngineMetrics>,
-        queued: Arc<[AtomicUsize; 3]>,
+        shared: Shared,
     ) -> Core {
         let mcfg = &model.model.config;
         let kv = KvCache::paged(mcfg, cfg.kv_blocks, cfg.scheduler.max_running, cfg.n_ctx);
@@ -330,8 +422,8 @@ impl Core {
             ws,
             sched: Scheduler::new(cfg.scheduler.clone(), blocks),
             rx,
-            metrics,
-            queued,
+            metrics: shared.metrics,
+            queued: shared.queued,
             n_ctx: cfg.n_ctx,
             choices: HashMap::new(),
             groups: HashMap::new(),
@@ -339,6 +431,10 @@ impl Core {
             logits: Vec::new(),
             recent: VecDeque::new(),
             stopping: false,
+            gate: shared.gate,
+            received: [0; 3],
+            step_no: 0,
+            abandon_every: cfg.abandon_every,
             model,
         }
     }
@@ -391,7 +487,10 @@ impl Core {
                     self.stopping = true;
                     return;
                 }
-                Command::Add(id, req) => self.add(id, *req),
+                Command::Add(id, req) => {
+                    self.received[req.lane.index()] += 1;
+                    self.add(id, *req)
+                }
             }
         }
     }
@@ -506,12 +605,10 @@ impl Core {
                 self.queued[group.lane.index()].fetch_sub(1, Relaxed);
             }
         }
-        let logits =
-            self.model
-                .model
-                .forward(&self.pool, &self.batch, &mut self.kv, &mut self.ws)?;
-        self.logits.clear();
-        self.logits.extend_from_slice(logits);
+        if !self.forward(plan.prompt_lane)? {
+            self.metrics.abandoned_steps.fetch_add(1, Relaxed);
+            return Ok(());
+        }
         self.metrics.steps.fetch_add(1, Relaxed);
 
         // Update.
@@ -543,6 +640,38 @@ impl Core {
         self.logits = all_logits;
         self.record_rate(now, generated);
         Ok(())
+    }
+
+    /// Runs the batch into `self.logits`, unless the step is abandoned (false): a request
+    /// of a lane above `prompt_lane` arrived (or was already on its way when the step was
+    /// planned), or the diagnostic `abandon_every` says so.
+    fn forward(&mut self, prompt_lane: Option<Lane>) -> Result<bool, EngineError> {
+        self.step_no += 1;
+        self.gate.open(self.step_no, prompt_lane);
+        // A request sent before the gate opened saw no step to abandon: look for one.
+        let floor = prompt_lane.map_or(0, Lane::index);
+        let missed = (0..floor).any(|l| self.gate.sent[l].load(SeqCst) > self.received[l]);
+        let forced = self.abandon_every > 0 && self.step_no.is_multiple_of(self.abandon_every);
+        let n_layers = self.model.model.layers.len();
+        let (gate, mut layer) = (&self.gate, 0);
+        let mut stop = || {
+            layer += 1;
+            missed || gate.abandoned() || (forced && layer > n_layers / 2)
+        };
+        let out = self.model.model.forward_interruptible(
+            &self.pool,
+            &self.batch,
+            &mut self.kv,
+            &mut self.ws,
+            &mut stop,
+        );
+        self.gate.close();
+        let Some(logits) = out? else {
+            return Ok(false);
+        };
+        self.logits.clear();
+        self.logits.extend_from_slice(logits);
+        Ok(true)
     }
 
     /// Creates the other completions of group `g` as forks of `parent`.

@@ -35,6 +35,36 @@ impl Default for GenerateParams {
     }
 }
 
+/// Why a request's completion length can't be resolved ([`completion_budget`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BudgetError {
+    #[error("the prompt has {tokens} tokens but the model's context holds {n_ctx}; shorten it")]
+    PromptTooLong { tokens: usize, n_ctx: usize },
+    #[error("at least 1 token must be generated, got 0")]
+    Zero,
+}
+
+/// Tokens a completion of a `prompt_len`-token prompt may generate in a context of `n_ctx`:
+/// `requested`, or all the room the prompt leaves when nothing was asked for. (A request for
+/// more than the room is kept: generation then ends when the context is full.)
+pub fn completion_budget(
+    prompt_len: usize,
+    n_ctx: usize,
+    requested: Option<usize>,
+) -> std::result::Result<usize, BudgetError> {
+    if prompt_len >= n_ctx {
+        return Err(BudgetError::PromptTooLong {
+            tokens: prompt_len,
+            n_ctx,
+        });
+    }
+    match requested {
+        Some(0) => Err(BudgetError::Zero),
+        Some(n) => Ok(n),
+        None => Ok(n_ctx - prompt_len),
+    }
+}
+
 /// Why generation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FinishReason {
@@ -318,7 +348,23 @@ pub type StreamDecoder = TokenStreamDecoder;
 
 #[cfg(test)]
 mod tests {
-    use super::StopMatcher;
+    use super::{BudgetError, StopMatcher, completion_budget};
+
+    #[test]
+    fn completion_budget_is_the_request_or_the_room_left() {
+        assert_eq!(completion_budget(10, 100, Some(5)), Ok(5));
+        assert_eq!(completion_budget(10, 100, Some(500)), Ok(500));
+        assert_eq!(completion_budget(10, 100, None), Ok(90));
+        assert_eq!(completion_budget(99, 100, None), Ok(1));
+        assert_eq!(completion_budget(10, 100, Some(0)), Err(BudgetError::Zero));
+        assert_eq!(
+            completion_budget(100, 100, Some(1)),
+            Err(BudgetError::PromptTooLong {
+                tokens: 100,
+                n_ctx: 100
+            })
+        );
+    }
 
     #[test]
     fn stop_strings_across_pieces() {

@@ -15,7 +15,9 @@ pub use engine::{
     EngineConfig, EngineHandle, Event, EventSink, Request, SubmitError, TokenLogprob, Usage,
 };
 pub use error::{EngineError, Result};
-pub use generate::{FinishReason, GenerateParams, Generation, Session, Timings};
+pub use generate::{
+    BudgetError, FinishReason, GenerateParams, Generation, Session, Timings, completion_budget,
+};
 pub use kv_manager::{BlockManager, SeqBlocks};
 pub use metrics::{EngineMetrics, RequestStatus};
 pub use sampler::{Sampler, SamplingParams, random_seed};

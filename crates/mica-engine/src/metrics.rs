@@ -108,6 +108,8 @@ pub struct EngineMetrics {
     /// Generated tokens per second over the last few seconds, as f64 bits.
     tokens_per_s: AtomicU64,
     pub steps: AtomicU64,
+    /// Steps abandoned mid-way for a more urgent request (their work is redone).
+    pub abandoned_steps: AtomicU64,
     pub kv_blocks_total: AtomicU64,
     pub kv_blocks_used: AtomicU64,
     pub kv_blocks_cached: AtomicU64,
@@ -130,6 +132,7 @@ impl Default for EngineMetrics {
             generated_tokens: z(),
             tokens_per_s: z(),
             steps: z(),
+            abandoned_steps: z(),
             kv_blocks_total: z(),
             kv_blocks_used: z(),
             kv_blocks_cached: z(),
@@ -235,6 +238,12 @@ impl EngineMetrics {
                 "Engine steps (forward passes).",
                 "counter",
                 self.steps.load(Relaxed),
+            ),
+            (
+                "mica_abandoned_steps_total",
+                "Steps abandoned mid-way for a request of a higher lane (work redone later).",
+                "counter",
+                self.abandoned_steps.load(Relaxed),
             ),
             (
                 "mica_kv_blocks_total",

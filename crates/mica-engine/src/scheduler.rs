@@ -11,8 +11,11 @@
 //!    interactive prompt is in the step, bulk prompts wait for the next step, which keeps
 //!    that step short and the interactive time-to-first-token close to an idle server's.
 //!    For the same reason background and bulk prompts are cut into chunks of at most
-//!    [`SchedulerConfig::low_lane_chunk`] tokens (128): an interactive request arriving
-//!    mid-step waits for a short step, at some cost in bulk prompt throughput.
+//!    [`SchedulerConfig::low_lane_chunk`] tokens (128), and while interactive requests are
+//!    running or waiting, into one chunk of [`SchedulerConfig::low_lane_chunk_busy`] (64) per
+//!    step: the steps interactive sequences decode in stay short, at some cost in bulk
+//!    prompt throughput. A step whose prompt work is all of a lower lane than a request
+//!    that arrives while it runs is abandoned by the engine ([`StepPlan::prompt_lane`]).
 //!
 //! **Chunks** are all of what is left when it fits, else at least [`SchedulerConfig::min_chunk`]
 //! tokens leaving none or at least as many for later. With `min_chunk` = attention's
@@ -99,6 +102,11 @@ pub struct SchedulerConfig {
     /// that the step an interactive request arrives during ends soon (at least
     /// `2 * min_chunk`, so any prompt can still be chunked).
     pub low_lane_chunk: usize,
+    /// Priority only: while interactive requests are running or waiting, background and
+    /// bulk prompts get one chunk of this many tokens per step (all of it when less than
+    /// `2 * min_chunk` is left; at least `min_chunk`), so the interactive decodes they share
+    /// steps with stay fast.
+    pub low_lane_chunk_busy: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -110,6 +118,7 @@ impl Default for SchedulerConfig {
             aging: Duration::from_secs(10),
             min_chunk: mica_models::blocks::attention::TILED_MIN_TOKENS,
             low_lane_chunk: 2 * mica_models::blocks::attention::TILED_MIN_TOKENS,
+            low_lane_chunk_busy: mica_models::blocks::attention::TILED_MIN_TOKENS,
         }
     }
 }
@@ -163,6 +172,11 @@ pub struct StepPlan {
     pub copies: Vec<(BlockId, BlockId)>,
     /// Sequences sent back to waiting this step.
     pub preempted: Vec<ReqId>,
+    /// Priority only: the highest (effective) lane of the step's prompt work, `None` when it
+    /// has none (decodes only) or under FIFO. A request of a higher lane arriving while the
+    /// step runs may abandon it: the step holds nothing more urgent than prompt chunks that
+    /// can be recomputed.
+    pub prompt_lane: Option<Lane>,
 }
 
 impl StepPlan {
@@ -316,17 +330,33 @@ impl Scheduler {
         self.seqs.get(&id).map_or(&[], |s| &s.blocks.blocks)
     }
 
-    /// Prompt tokens a sequence of `lane` may take from what is left of the step's budget.
-    fn chunk_budget(&self, lane: Lane, budget: usize) -> usize {
-        Self::chunk_budget_of(&self.cfg, lane, budget)
+    /// Prompt tokens a sequence of `lane` with `remaining` uncomputed tokens may take from
+    /// what is left of the step's budget (`busy`: interactive requests are running or
+    /// waiting).
+    fn chunk_budget(
+        cfg: &SchedulerConfig,
+        lane: Lane,
+        remaining: usize,
+        budget: usize,
+        busy: bool,
+    ) -> usize {
+        if cfg.policy != SchedulePolicy::Priority || lane == Lane::Interactive {
+            return budget;
+        }
+        if busy {
+            if remaining < 2 * cfg.min_chunk {
+                // Too short to split: all of it (at most 2 * min_chunk - 1 tokens).
+                return budget;
+            }
+            return budget.min(cfg.low_lane_chunk_busy.max(cfg.min_chunk));
+        }
+        budget.min(cfg.low_lane_chunk.max(2 * cfg.min_chunk))
     }
 
-    fn chunk_budget_of(cfg: &SchedulerConfig, lane: Lane, budget: usize) -> usize {
-        if cfg.policy == SchedulePolicy::Priority && lane != Lane::Interactive {
-            budget.min(cfg.low_lane_chunk.max(2 * cfg.min_chunk))
-        } else {
-            budget
-        }
+    /// Whether an interactive request is running or waiting.
+    fn interactive_busy(&self) -> bool {
+        self.cfg.policy == SchedulePolicy::Priority
+            && self.seqs.values().any(|s| s.lane == Lane::Interactive)
     }
 
     /// Effective lane (0 = interactive) after aging.
@@ -389,35 +419,50 @@ impl Scheduler {
         // for the next one, so the step stays short and the higher lane's first token comes
         // sooner (decodes of every lane still run).
         let mut top_lane: Option<usize> = None;
+        let busy = self.interactive_busy();
+        let mut prompts: Vec<(ReqId, usize)> = Vec::new();
         for id in cands {
             let Some(s) = self.seqs.get(&id) else {
                 continue;
             };
+            let lane = self.effective_lane(s, now);
             if self.cfg.policy == SchedulePolicy::Priority {
-                let lane = self.effective_lane(s, now);
                 if top_lane.is_some_and(|top| lane > top) {
                     break;
                 }
                 top_lane = Some(lane);
+                // While interactive work is on, one low-lane prompt chunk per step.
+                if busy && s.lane != Lane::Interactive && !prompts.is_empty() {
+                    break;
+                }
             }
             if s.slot.is_some() {
                 if s.remaining() <= 1 || plan.seqs.iter().any(|p| p.id == id) {
                     continue;
                 }
-                let n = prefill_chunk(
-                    s.remaining(),
-                    self.chunk_budget(s.lane, budget),
-                    self.cfg.min_chunk,
-                );
+                let cap = Self::chunk_budget(&self.cfg, s.lane, s.remaining(), budget, busy);
+                let n = prefill_chunk(s.remaining(), cap, self.cfg.min_chunk);
                 if n == 0 {
                     break;
                 }
                 if self.grow(id, n, &mut plan, &mut budget) {
                     budget -= n;
+                    prompts.push((id, lane));
                 }
-            } else if !self.admit(id, &mut plan, &mut budget) {
+            } else if self.admit(id, &mut plan, &mut budget, busy) {
+                prompts.push((id, lane));
+            } else {
                 break;
             }
+        }
+        if self.cfg.policy == SchedulePolicy::Priority {
+            // (A prompt chunk may have been preempted by a later one.)
+            plan.prompt_lane = prompts
+                .iter()
+                .filter(|(id, _)| plan.seqs.iter().any(|p| p.id == *id))
+                .map(|&(_, lane)| lane)
+                .min()
+                .map(|l| Lane::ALL[l]);
         }
         plan
     }
@@ -453,7 +498,7 @@ impl Scheduler {
 
     /// Tries to start waiting sequence `id` with its first chunk. False when it can't (no
     /// slot, no budget or no KV room), which ends admission for this step.
-    fn admit(&mut self, id: ReqId, plan: &mut StepPlan, budget: &mut usize) -> bool {
+    fn admit(&mut self, id: ReqId, plan: &mut StepPlan, budget: &mut usize, busy: bool) -> bool {
         if self.free_slots.is_empty() || *budget == 0 {
             return false;
         }
@@ -463,11 +508,8 @@ impl Scheduler {
         if !s.admitted_once {
             s.cached_tokens = hit;
         }
-        let n = prefill_chunk(
-            s.remaining(),
-            Self::chunk_budget_of(&self.cfg, s.lane, *budget),
-            self.cfg.min_chunk,
-        );
+        let cap = Self::chunk_budget(&self.cfg, s.lane, s.remaining(), *budget, busy);
+        let n = prefill_chunk(s.remaining(), cap, self.cfg.min_chunk);
         let lane = s.lane;
         loop {
             let s = self.seqs.get_mut(&id).expect("waiting");

@@ -1,5 +1,6 @@
 //! The serving engine on a real model: batch invariance against one-at-a-time generation,
-//! prefix-cache reuse, cancellation freeing blocks, several completions of one prompt.
+//! prefix-cache reuse, cancellation freeing blocks, several completions of one prompt, and
+//! abandoned steps (forced, or for an arriving interactive request) changing no result.
 
 mod common;
 
@@ -38,6 +39,10 @@ fn model() -> Arc<LoadedModel> {
 }
 
 fn engine(lm: &Arc<LoadedModel>, kv_blocks: usize) -> EngineHandle {
+    engine_abandoning(lm, kv_blocks, 0)
+}
+
+fn engine_abandoning(lm: &Arc<LoadedModel>, kv_blocks: usize, abandon_every: u64) -> EngineHandle {
     let cfg = EngineConfig {
         n_threads: 2,
         n_ctx: 2048,
@@ -46,6 +51,7 @@ fn engine(lm: &Arc<LoadedModel>, kv_blocks: usize) -> EngineHandle {
         max_waiting_per_lane: 64,
         prefix_caching: true,
         max_n: 8,
+        abandon_every,
     };
     EngineHandle::start(lm.clone(), cfg).unwrap()
 }
@@ -102,11 +108,21 @@ fn collect(rx: Receiver<Event>, n: usize) -> Out {
 }
 
 fn submit(e: &EngineHandle, prompt: Vec<u32>, params: GenerateParams, n: usize) -> Receiver<Event> {
+    submit_in(e, prompt, params, n, Lane::Interactive)
+}
+
+fn submit_in(
+    e: &EngineHandle,
+    prompt: Vec<u32>,
+    params: GenerateParams,
+    n: usize,
+    lane: Lane,
+) -> Receiver<Event> {
     let (tx, rx) = channel();
     e.submit(Request {
         prompt,
         params,
-        lane: Lane::Interactive,
+        lane,
         n,
         logprobs: None,
         sink: Box::new(ChanSink(tx)),
@@ -244,5 +260,111 @@ fn cancelled_request_frees_its_blocks() {
         e.metrics()
             .requests(Lane::Bulk, mica_engine::RequestStatus::Cancelled),
         1
+    );
+}
+
+/// Greedy tokens of each prompt generated alone in a `Session`.
+fn alone(lm: &LoadedModel, prompts: &[Vec<u32>], n_gen: usize) -> Vec<Vec<u32>> {
+    let mut session = Session::new(lm, 2048, 2);
+    prompts
+        .iter()
+        .map(|p| {
+            session.reset();
+            session
+                .generate(p, &greedy(n_gen), |_| true)
+                .unwrap()
+                .output_ids
+        })
+        .collect()
+}
+
+/// Long "bulk" prompts (several 128-token chunks each) and short "interactive" ones.
+fn mixed_prompts(
+    lm: &LoadedModel,
+    n_bulk: usize,
+    bulk_words: usize,
+    n_inter: usize,
+) -> Vec<Vec<u32>> {
+    let tok = &lm.tokenizer;
+    let bulk = (0..n_bulk).map(|i| {
+        let body: String = (0..bulk_words)
+            .map(|k| format!("item{} ", (i * 31 + k) % 997))
+            .collect();
+        tok.encode(&format!("Report {i}. {body}\nSummary:"), true, true)
+            .unwrap()
+    });
+    let inter = (0..n_inter).map(|i| {
+        tok.encode(&format!("Question {i}: name a fruit."), true, true)
+            .unwrap()
+    });
+    bulk.chain(inter).collect()
+}
+
+fn count(c: &std::sync::atomic::AtomicU64) -> u64 {
+    c.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Every second step abandoned half-way through the layers (keys and values of some layers
+/// written, nothing marked computed, nothing sampled): the tokens are exactly those of
+/// requests run alone.
+#[test]
+fn abandoned_steps_change_no_result() {
+    let lm = model();
+    let prompts = mixed_prompts(&lm, 3, 150, 3);
+    let n_gen = 12;
+    let want = alone(&lm, &prompts, n_gen);
+    let e = engine_abandoning(&lm, 1024, 2);
+    let rxs: Vec<_> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let lane = if i < 3 { Lane::Bulk } else { Lane::Interactive };
+            submit_in(&e, p.clone(), greedy(n_gen), 1, lane)
+        })
+        .collect();
+    for (i, rx) in rxs.into_iter().enumerate() {
+        let out = collect(rx, 1);
+        assert_eq!(
+            out.tokens[0], want[i],
+            "request {i} differs with abandoned steps"
+        );
+    }
+    let m = e.metrics();
+    assert!(count(&m.abandoned_steps) > 0, "steps were abandoned");
+    assert!(count(&m.steps) > 0);
+    // The finished prompts are in the prefix cache as usual.
+    let again = collect(submit(&e, prompts[0].clone(), greedy(n_gen), 1), 1);
+    assert_eq!(again.tokens[0], want[0]);
+    assert!(again.usage.unwrap().cached_tokens > 0);
+}
+
+/// Interactive requests arriving while long bulk prompts are being computed abandon the
+/// bulk steps in flight; every request still gets exactly its tokens alone.
+#[test]
+fn interactive_arrivals_abandon_bulk_steps_without_changing_results() {
+    let lm = model();
+    let prompts = mixed_prompts(&lm, 2, 700, 8);
+    let n_gen = 6;
+    let want = alone(&lm, &prompts, n_gen);
+    let e = engine(&lm, 1024);
+    let bulk: Vec<_> = (0..2)
+        .map(|i| submit_in(&e, prompts[i].clone(), greedy(n_gen), 1, Lane::Bulk))
+        .collect();
+    // One interactive request at a time, each sent while bulk prompt chunks run, until one
+    // has abandoned a step (bounded).
+    for (i, p) in prompts[2..].iter().enumerate() {
+        std::thread::sleep(Duration::from_millis(30));
+        let out = collect(submit(&e, p.clone(), greedy(n_gen), 1), 1);
+        assert_eq!(out.tokens[0], want[2 + i], "interactive {i}");
+        if count(&e.metrics().abandoned_steps) > 0 {
+            break;
+        }
+    }
+    for (i, rx) in bulk.into_iter().enumerate() {
+        assert_eq!(collect(rx, 1).tokens[0], want[i], "bulk {i}");
+    }
+    assert!(
+        count(&e.metrics().abandoned_steps) > 0,
+        "an interactive arrival abandoned a bulk step"
     );
 }

@@ -14,6 +14,7 @@ fn sched(policy: SchedulePolicy, budget: usize, blocks: usize) -> Scheduler {
         min_chunk: 64,
         // No cap on low lanes' chunks here (see `low_lanes_take_short_chunks`).
         low_lane_chunk: usize::MAX,
+        low_lane_chunk_busy: usize::MAX,
     };
     Scheduler::new(cfg, BlockManager::new(blocks, 16))
 }
@@ -338,4 +339,66 @@ fn low_lanes_take_short_chunks() {
     s.finish(2);
     let plan = s.schedule(t0);
     assert_eq!(ids(&plan.seqs), vec![(1, 128)], "bulk: at most 128 a step");
+}
+
+#[test]
+fn interactive_work_shrinks_low_lane_steps() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(SchedulerConfig::default(), BlockManager::new(512, 16));
+    s.add(1, Lane::Bulk, prompt(1000, 1), t0).unwrap();
+    s.add(2, Lane::Bulk, prompt(1000, 2), t0).unwrap();
+    let plan = s.schedule(t0);
+    assert_eq!(
+        ids(&plan.seqs),
+        vec![(1, 128), (2, 128)],
+        "two 128-token chunks"
+    );
+    assert_eq!(
+        plan.prompt_lane,
+        Some(Lane::Bulk),
+        "abandonable by higher lanes"
+    );
+    complete(&mut s, &plan.seqs);
+
+    s.add(3, Lane::Interactive, prompt(10, 3), t0).unwrap();
+    let plan = s.schedule(t0);
+    assert_eq!(
+        ids(&plan.seqs),
+        vec![(3, 10)],
+        "the interactive prompt alone"
+    );
+    assert_eq!(plan.prompt_lane, Some(Lane::Interactive));
+    complete(&mut s, &plan.seqs);
+    // While 3 decodes, bulk gets one chunk of 64 a step.
+    let plan = s.schedule(t0);
+    assert_eq!(ids(&plan.seqs), vec![(3, 1), (1, 64)]);
+    assert_eq!(plan.prompt_lane, Some(Lane::Bulk));
+    complete(&mut s, &plan.seqs);
+    s.finish(3);
+    let plan = s.schedule(t0);
+    assert_eq!(
+        ids(&plan.seqs),
+        vec![(1, 128), (2, 128)],
+        "back to 128 each"
+    );
+
+    // A prompt too short to split (< 128 left) still goes whole under interactive load.
+    let mut s = Scheduler::new(SchedulerConfig::default(), BlockManager::new(512, 16));
+    s.add(1, Lane::Interactive, prompt(10, 1), t0).unwrap();
+    s.add(2, Lane::Bulk, prompt(100, 2), t0).unwrap();
+    let plan = s.schedule(t0);
+    assert_eq!(ids(&plan.seqs), vec![(1, 10)]);
+    complete(&mut s, &plan.seqs);
+    let plan = s.schedule(t0);
+    assert_eq!(ids(&plan.seqs), vec![(1, 1), (2, 100)]);
+    complete(&mut s, &plan.seqs);
+    // Decodes alone are never abandoned.
+    let plan = s.schedule(t0);
+    assert_eq!(ids(&plan.seqs), vec![(1, 1), (2, 1)]);
+    assert_eq!(plan.prompt_lane, None);
+
+    // FIFO never marks a step abandonable.
+    let mut f = sched(SchedulePolicy::Fifo, 256, 512);
+    f.add(1, Lane::Bulk, prompt(1000, 1), t0).unwrap();
+    assert_eq!(f.schedule(t0).prompt_lane, None);
 }

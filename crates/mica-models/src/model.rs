@@ -176,6 +176,23 @@ impl Model {
         kv: &mut KvCache,
         ws: &'w mut Workspace,
     ) -> Result<&'w [f32]> {
+        self.forward_interruptible(pool, batch, kv, ws, &mut || false)?
+            .ok_or_else(|| ModelError::Batch("the forward pass was interrupted".into()))
+    }
+
+    /// [`Model::forward`] that asks `stop` before each layer and gives up (`Ok(None)`) when it
+    /// says so — for a server abandoning a step in favour of more urgent work. An abandoned
+    /// pass has written keys and values of the batch's positions in some layers only: the
+    /// caller must treat those positions as not computed (the next pass over them rewrites
+    /// every layer).
+    pub fn forward_interruptible<'w>(
+        &self,
+        pool: &ThreadPool,
+        batch: &Batch,
+        kv: &mut KvCache,
+        ws: &'w mut Workspace,
+        stop: &mut dyn FnMut() -> bool,
+    ) -> Result<Option<&'w [f32]>> {
         let cfg = &self.config;
         self.validate(batch, kv)?;
         let n = batch.len();
@@ -217,6 +234,10 @@ impl Model {
         out_rows.extend((0..n).filter(|&t| batch.logits[t]));
         let mut rows = n;
         for (l, layer) in self.layers.iter().enumerate() {
+            if stop() {
+                ws.out_rows = out_rows;
+                return Ok(None);
+            }
             // Attention sub-block.
             norm_rows(
                 cfg,
@@ -370,7 +391,7 @@ impl Model {
         let n_out = out_rows.len();
         ws.out_rows = out_rows;
         if n_out == 0 {
-            return Ok(&ws.logits[..0]);
+            return Ok(Some(&ws.logits[..0]));
         }
         norm_rows(
             cfg,
@@ -386,7 +407,7 @@ impl Model {
         if let Some(cap) = cfg.final_softcap {
             ops::softcap(logits, cap);
         }
-        Ok(&ws.logits[..n_out * cfg.n_vocab])
+        Ok(Some(&ws.logits[..n_out * cfg.n_vocab]))
     }
 
     /// Checks token ids and positions, and reserves cache room for every sequence.

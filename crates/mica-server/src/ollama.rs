@@ -12,7 +12,9 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use mica_engine::{Event, FinishReason, GenerateParams, SamplingParams, Usage};
+use mica_engine::{
+    BudgetError, Event, FinishReason, GenerateParams, SamplingParams, Usage, completion_budget,
+};
 use mica_models::chat::ChatMessage;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -77,26 +79,20 @@ fn err(e: ApiError) -> ApiError {
     e.with_flavor(Flavor::Ollama)
 }
 
-fn params(o: &Options, n_ctx: usize, prompt_len: usize) -> Result<GenerateParams, ApiError> {
-    if let Some(c) = o.num_ctx
-        && prompt_len >= c
-    {
-        return Err(ApiError::bad_request(
-            Some("options.num_ctx"),
-            format!("the prompt has {prompt_len} tokens but num_ctx is {c}"),
-        ));
+/// Ollama's `num_predict`: unset, -1 (no limit) or -2 (fill the context) leave it to the
+/// context; otherwise it must be positive.
+fn num_predict(o: &Options) -> Result<Option<usize>, ApiError> {
+    match o.num_predict {
+        None | Some(-1) | Some(-2) => Ok(None),
+        Some(n) if n > 0 => Ok(Some(n as usize)),
+        Some(n) => Err(ApiError::bad_request(
+            Some("options.num_predict"),
+            format!("num_predict must be positive, -1 or -2, got {n}"),
+        )),
     }
-    let room = n_ctx.saturating_sub(prompt_len);
-    let max_tokens = match o.num_predict {
-        None | Some(-1) | Some(-2) => room,
-        Some(n) if n > 0 => n as usize,
-        Some(n) => {
-            return Err(ApiError::bad_request(
-                Some("options.num_predict"),
-                format!("num_predict must be positive, -1 or -2, got {n}"),
-            ));
-        }
-    };
+}
+
+fn params(o: &Options, max_tokens: usize) -> Result<GenerateParams, ApiError> {
     let seed = o.seed.unwrap_or_else(mica_engine::random_seed);
     let sampling = SamplingParams {
         temperature: o.temperature.unwrap_or(0.8),
@@ -113,7 +109,7 @@ fn params(o: &Options, n_ctx: usize, prompt_len: usize) -> Result<GenerateParams
         .validate()
         .map_err(|e| ApiError::bad_request(Some("options"), e))?;
     Ok(GenerateParams {
-        max_tokens: max_tokens.max(1),
+        max_tokens,
         sampling,
         stop: o.stop.as_ref().map(StopField::to_vec).unwrap_or_default(),
         ignore_eos: false,
@@ -127,17 +123,22 @@ fn submit(
     o: &Options,
     lane: mica_engine::Lane,
 ) -> Result<Running, ApiError> {
-    let n_ctx = loaded.engine.n_ctx();
-    if prompt.len() >= n_ctx {
+    if let Some(c) = o.num_ctx
+        && prompt.len() >= c
+    {
         return Err(ApiError::bad_request(
-            Some("prompt"),
-            format!(
-                "the prompt has {} tokens but the model's context holds {n_ctx}; shorten it",
-                prompt.len()
-            ),
+            Some("options.num_ctx"),
+            format!("the prompt has {} tokens but num_ctx is {c}", prompt.len()),
         ));
     }
-    let params = params(o, n_ctx, prompt.len())?;
+    let max_tokens = completion_budget(prompt.len(), loaded.engine.n_ctx(), num_predict(o)?)
+        .map_err(|e| match e {
+            BudgetError::PromptTooLong { .. } => {
+                ApiError::bad_request(Some("prompt"), e.to_string())
+            }
+            BudgetError::Zero => ApiError::bad_request(Some("options.num_predict"), e.to_string()),
+        })?;
+    let params = params(o, max_tokens)?;
     bridge::start(
         loaded.clone(),
         GenRequest {
@@ -380,13 +381,22 @@ fn details(l: Option<&Loaded>, path: &std::path::Path) -> Value {
         }
         None => (String::new(), String::new(), String::new()),
     };
-    let _ = path;
-    json!({"format": "gguf", "family": family, "families": [family], "parameter_size": params, "quantization_level": quant, "parent_model": ""})
+    let format = if path.is_dir() {
+        "safetensors"
+    } else if path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("mica"))
+    {
+        "mica"
+    } else {
+        "gguf"
+    };
+    json!({"format": format, "family": family, "families": [family], "parameter_size": params, "quantization_level": quant, "parent_model": ""})
 }
 
 fn model_entry(name: &str, path: &std::path::Path, l: Option<&Loaded>) -> Value {
     let meta = std::fs::metadata(path).ok();
-    let size = meta.as_ref().map_or(0, |m| m.len());
+    let size = crate::state::model_bytes(path);
     let modified = meta
         .and_then(|m| m.modified().ok())
         .map_or_else(|| rfc3339(SystemTime::now()), rfc3339);

@@ -10,7 +10,10 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use mica_engine::{Event, GenerateParams, Lane, SamplingParams, TokenLogprob, Usage};
+use mica_engine::{
+    BudgetError, Event, GenerateParams, Lane, SamplingParams, TokenLogprob, Usage,
+    completion_budget,
+};
 use mica_models::chat::ChatMessage;
 use mica_models::tokenizer::{DecodeOptions, Tokenizer};
 use serde::Deserialize;
@@ -107,7 +110,7 @@ struct CompletionBody {
     logprobs: Option<usize>,
 }
 
-fn params(c: &Common, n_ctx: usize, prompt_len: usize) -> Result<GenerateParams, ApiError> {
+fn params(c: &Common, max_tokens: usize) -> Result<GenerateParams, ApiError> {
     let seed = c.seed.unwrap_or_else(mica_engine::random_seed);
     if let Some(t) = c.temperature
         && !(0.0..=2.0).contains(&t)
@@ -129,16 +132,6 @@ fn params(c: &Common, n_ctx: usize, prompt_len: usize) -> Result<GenerateParams,
                 format!("{name} must be between -2 and 2, got {v}"),
             ));
         }
-    }
-    let max_tokens = c
-        .max_completion_tokens
-        .or(c.max_tokens)
-        .unwrap_or(n_ctx.saturating_sub(prompt_len));
-    if max_tokens == 0 {
-        return Err(ApiError::bad_request(
-            Some("max_tokens"),
-            "max_tokens must be at least 1",
-        ));
     }
     Ok(GenerateParams {
         max_tokens,
@@ -181,11 +174,15 @@ fn submit(
     n: usize,
     logprobs: Option<usize>,
 ) -> Result<Running, ApiError> {
-    let n_ctx = loaded.engine.n_ctx();
-    if prompt.len() >= n_ctx {
-        return Err(too_long(prompt.len(), n_ctx, field));
-    }
-    let params = params(c, n_ctx, prompt.len())?;
+    let requested = c.max_completion_tokens.or(c.max_tokens);
+    let max_tokens =
+        completion_budget(prompt.len(), loaded.engine.n_ctx(), requested).map_err(|e| match e {
+            BudgetError::PromptTooLong { .. } => too_long(&e, field),
+            BudgetError::Zero => {
+                ApiError::bad_request(Some("max_tokens"), "max_tokens must be at least 1")
+            }
+        })?;
+    let params = params(c, max_tokens)?;
     let req = GenRequest {
         prompt,
         params,
@@ -196,13 +193,8 @@ fn submit(
     bridge::start(loaded.clone(), req)
 }
 
-fn too_long(prompt_len: usize, n_ctx: usize, param: &str) -> ApiError {
-    let mut e = ApiError::bad_request(
-        Some(param),
-        format!(
-            "the prompt has {prompt_len} tokens but the model's context holds {n_ctx}; shorten it"
-        ),
-    );
+fn too_long(e: &BudgetError, param: &str) -> ApiError {
+    let mut e = ApiError::bad_request(Some(param), e.to_string());
     e.code = Some("context_length_exceeded");
     e
 }

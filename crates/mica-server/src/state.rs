@@ -1,13 +1,22 @@
-//! Server settings and shared state: the models it can serve (loaded on first use, least
-//! recently used unloaded beyond a limit, refused when they would not fit in memory), API
-//! keys with their priority lanes, and how a request's lane is resolved.
+//! Server settings and shared state: the models it can serve (GGUF and `.mica` files and
+//! Hugging Face folders, loaded on first use, least recently used unloaded beyond a limit,
+//! refused when they would not fit in memory), API keys with their priority lanes, and how a
+//! request's lane is resolved.
+//!
+//! **Memory budget.** A model is estimated to need its weight files' size (they are mapped,
+//! not copied) plus its KV cache (`kv_mem`). Before a load, least recently used models are
+//! unloaded until the new one fits under `mem_limit` (or, without one, what the system
+//! reports available); a model that would not fit even with every other one unloaded is
+//! refused with a 503 naming the numbers, and nothing is unloaded for it. An unloaded model
+//! keeps serving the requests it has in flight (they hold it) and still counts against the
+//! budget until they end.
 
 use crate::error::ApiError;
 use axum::http::HeaderMap;
 use mica_engine::{EngineConfig, EngineHandle, Lane, SchedulerConfig};
 use mica_models::LoadedModel;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Instant, SystemTime};
 
 /// An API key and the highest lane its requests may use.
@@ -20,7 +29,7 @@ pub struct ApiKey {
 /// Resolved settings of `mica serve`.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
-    /// Servable models: API name and GGUF path.
+    /// Servable models: API name and path (GGUF or `.mica` file, or Hugging Face folder).
     pub models: Vec<(String, PathBuf)>,
     /// Keys accepted (none: no authentication).
     pub api_keys: Vec<ApiKey>,
@@ -33,35 +42,80 @@ pub struct ServerConfig {
     pub max_waiting_per_lane: usize,
     /// Models kept loaded at once.
     pub max_loaded: usize,
-    /// Memory models and their KV caches may take, bytes (default: what the system reports
-    /// available when loading).
+    /// Memory loaded models and their KV caches may take together, bytes (default: what the
+    /// system reports available when loading).
     pub mem_limit: Option<u64>,
 }
 
+/// Whether `dir` is a Hugging Face model folder: a `config.json` and safetensors weights.
+fn is_hf_folder(dir: &Path) -> bool {
+    dir.join("config.json").is_file() && !safetensors_files(dir).is_empty()
+}
+
+fn safetensors_files(dir: &Path) -> Vec<PathBuf> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    rd.filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && has_ext(p, "safetensors"))
+        .collect()
+}
+
+fn has_ext(p: &Path, ext: &str) -> bool {
+    p.extension().is_some_and(|e| e.eq_ignore_ascii_case(ext))
+}
+
+/// Bytes of a model's weights on disk: the file, or a folder's safetensors files.
+pub fn model_bytes(path: &Path) -> u64 {
+    let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+    if path.is_dir() {
+        safetensors_files(path).iter().map(|p| size(p)).sum()
+    } else {
+        size(path)
+    }
+}
+
 impl ServerConfig {
-    /// The servable models in `dir`: every `.gguf` file, named by its file stem.
+    /// The servable models in `dir`: every `.gguf` and `.mica` file, named by its file stem,
+    /// and every Hugging Face folder (`config.json` + `*.safetensors`), named by the folder.
+    /// Two models with one name are an error naming both.
     pub fn discover(dir: &Path) -> std::io::Result<Vec<(String, PathBuf)>> {
-        let mut out = Vec::new();
+        let mut out: Vec<(String, PathBuf)> = Vec::new();
         for entry in std::fs::read_dir(dir)? {
             let path = entry?.path();
-            if path
-                .extension()
-                .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
-                && let Some(stem) = path.file_stem().and_then(|s| s.to_str())
-            {
-                out.push((stem.to_string(), path));
+            let servable = if path.is_dir() {
+                is_hf_folder(&path)
+            } else {
+                has_ext(&path, "gguf") || has_ext(&path, "mica")
+            };
+            if !servable {
+                continue;
             }
+            let name = Self::model_name(&path);
+            if let Some((_, other)) = out.iter().find(|(n, _)| *n == name) {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!(
+                        "two models would be named '{name}': {} and {}; rename one",
+                        other.display(),
+                        path.display()
+                    ),
+                ));
+            }
+            out.push((name, path));
         }
         out.sort();
         Ok(out)
     }
 
-    /// The API name of a model file: its file name without extension.
+    /// The API name of a model: its file name without extension, or its folder's name.
     pub fn model_name(path: &Path) -> String {
-        path.file_stem()
-            .and_then(|s| s.to_str())
-            .unwrap_or("model")
-            .to_string()
+        let name = if path.is_dir() {
+            path.file_name()
+        } else {
+            path.file_stem()
+        };
+        name.and_then(|s| s.to_str()).unwrap_or("model").to_string()
     }
 }
 
@@ -72,13 +126,16 @@ pub struct Loaded {
     pub model: Arc<LoadedModel>,
     pub engine: EngineHandle,
     pub loaded_at: SystemTime,
-    /// File plus KV cache bytes.
+    /// Weight files plus KV cache bytes (the estimate the memory budget uses).
     pub bytes: u64,
 }
 
 pub struct AppState {
     pub cfg: ServerConfig,
+    /// Loaded models and when each was last used.
     loaded: Mutex<Vec<(Arc<Loaded>, Instant)>>,
+    /// Models unloaded while requests were in flight on them: alive until those end.
+    draining: Mutex<Vec<Weak<Loaded>>>,
     load_lock: tokio::sync::Mutex<()>,
 }
 
@@ -87,6 +144,7 @@ impl AppState {
         AppState {
             cfg,
             loaded: Mutex::new(Vec::new()),
+            draining: Mutex::new(Vec::new()),
             load_lock: tokio::sync::Mutex::new(()),
         }
     }
@@ -114,7 +172,7 @@ impl AppState {
         if let Some(m) = self.touch(name) {
             return Ok(m);
         }
-        self.make_room(&path)?;
+        self.make_room(&name, &path)?;
         let cfg = self.cfg.clone();
         let name = name.to_string();
         let loaded = tokio::task::spawn_blocking(move || load(&cfg, name, path))
@@ -141,44 +199,68 @@ impl AppState {
     }
 
     /// Unloads least recently used models until one more fits under `max_loaded` and the
-    /// memory budget; refuses the load when even then it would not fit. A model unloaded
-    /// here keeps serving the requests it has in flight (they hold it) and goes when they end.
-    fn make_room(&self, path: &Path) -> Result<(), ApiError> {
-        let file = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    /// memory budget (see the module docs); refuses the load, unloading nothing, when it
+    /// would not fit even alone.
+    fn make_room(&self, name: &str, path: &Path) -> Result<(), ApiError> {
+        let file = model_bytes(path);
         let need = file + self.cfg.kv_mem as u64;
         let mut l = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
-        while !l.is_empty() && l.len() >= self.cfg.max_loaded.max(1) {
-            let i = lru(&l);
-            l.remove(i);
-        }
-        let available = match self.cfg.mem_limit {
-            Some(limit) => limit.saturating_sub(l.iter().map(|(m, _)| m.bytes).sum::<u64>()),
-            None => mem_available().unwrap_or(u64::MAX),
+        let draining = self.draining_bytes();
+        let loaded_bytes: u64 = l.iter().map(|(m, _)| m.bytes).sum();
+        // What the load could have with every loaded model gone (draining ones stay).
+        let best = match self.cfg.mem_limit {
+            Some(limit) => limit.saturating_sub(draining),
+            None => mem_available().map_or(u64::MAX, |a| a.saturating_add(loaded_bytes)),
         };
-        if need > available {
-            while !l.is_empty() {
-                let i = lru(&l);
-                l.remove(i);
-            }
-            let available = match self.cfg.mem_limit {
-                Some(limit) => limit,
-                None => mem_available().unwrap_or(u64::MAX),
+        if need > best {
+            let limit = match self.cfg.mem_limit {
+                Some(_) => "--mem-limit",
+                None => "available memory",
             };
-            if need > available {
-                return Err(ApiError::unavailable(
-                    format!(
-                        "cannot load {}: it needs {} MiB (file {} MiB + KV cache {} MiB) but {} MiB are available; lower --kv-mem or free memory",
-                        path.display(),
-                        need >> 20,
-                        file >> 20,
-                        self.cfg.kv_mem >> 20,
-                        available >> 20
-                    ),
-                    30,
-                ));
+            return Err(ApiError::unavailable(
+                format!(
+                    "cannot load model '{name}': it needs {} MiB (weights {} MiB + KV cache {} MiB) but {limit} leaves {} MiB{}; lower --kv-mem, raise --mem-limit or free memory",
+                    mib(need),
+                    mib(file),
+                    mib(self.cfg.kv_mem as u64),
+                    mib(best),
+                    if draining > 0 {
+                        format!(
+                            " ({} MiB held by unloaded models finishing requests)",
+                            mib(draining)
+                        )
+                    } else {
+                        String::new()
+                    }
+                ),
+                30,
+            ));
+        }
+        let available = |l: &[(Arc<Loaded>, Instant)]| {
+            let held: u64 = l.iter().map(|(m, _)| m.bytes).sum();
+            match self.cfg.mem_limit {
+                Some(limit) => limit.saturating_sub(draining + held),
+                // An unloaded model's memory returns when its last request ends (at once
+                // when it has none).
+                None => mem_available().map_or(u64::MAX, |a| a.saturating_add(loaded_bytes - held)),
             }
+        };
+        while !l.is_empty() && (l.len() >= self.cfg.max_loaded.max(1) || need > available(&l)) {
+            let i = lru(&l);
+            let (m, _) = l.remove(i);
+            self.draining
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(Arc::downgrade(&m));
         }
         Ok(())
+    }
+
+    /// Bytes of unloaded models still finishing requests.
+    fn draining_bytes(&self) -> u64 {
+        let mut d = self.draining.lock().unwrap_or_else(|e| e.into_inner());
+        d.retain(|w| w.strong_count() > 0);
+        d.iter().filter_map(Weak::upgrade).map(|m| m.bytes).sum()
     }
 
     /// The lane of a request: the `X-Mica-Priority` header, else the body's `priority`,
@@ -229,6 +311,10 @@ fn lru(l: &[(Arc<Loaded>, Instant)]) -> usize {
         .map_or(0, |(i, _)| i)
 }
 
+fn mib(b: u64) -> u64 {
+    b >> 20
+}
+
 /// `MemAvailable` from /proc/meminfo, bytes.
 fn mem_available() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -253,10 +339,11 @@ fn load(cfg: &ServerConfig, name: String, path: PathBuf) -> Result<Loaded, ApiEr
         max_waiting_per_lane: cfg.max_waiting_per_lane,
         prefix_caching: true,
         max_n: 16,
+        abandon_every: 0,
     };
     let engine = EngineHandle::start(model.clone(), ecfg)
         .map_err(|e| ApiError::internal(format!("cannot start model '{name}': {e}")))?;
-    let file = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    let file = model_bytes(&path);
     Ok(Loaded {
         name,
         path,
