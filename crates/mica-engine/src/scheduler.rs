@@ -332,7 +332,7 @@ impl Scheduler {
 
     /// Prompt tokens a sequence of `lane` with `remaining` uncomputed tokens may take from
     /// what is left of the step's budget (`busy`: interactive requests are running or
-    /// waiting).
+    /// waiting and this sequence does not rank as one).
     fn chunk_budget(
         cfg: &SchedulerConfig,
         lane: Lane,
@@ -431,8 +431,9 @@ impl Scheduler {
                     break;
                 }
                 top_lane = Some(lane);
-                // While interactive work is on, one low-lane prompt chunk per step.
-                if busy && s.lane != Lane::Interactive && !prompts.is_empty() {
+                // While interactive work is on, one low-lane prompt chunk per step (aged
+                // sequences ranking as interactive are not low-lane).
+                if busy && lane > 0 && !prompts.is_empty() {
                     break;
                 }
             }
@@ -440,7 +441,8 @@ impl Scheduler {
                 if s.remaining() <= 1 || plan.seqs.iter().any(|p| p.id == id) {
                     continue;
                 }
-                let cap = Self::chunk_budget(&self.cfg, s.lane, s.remaining(), budget, busy);
+                let cap =
+                    Self::chunk_budget(&self.cfg, s.lane, s.remaining(), budget, busy && lane > 0);
                 let n = prefill_chunk(s.remaining(), cap, self.cfg.min_chunk);
                 if n == 0 {
                     break;
@@ -449,7 +451,7 @@ impl Scheduler {
                     budget -= n;
                     prompts.push((id, lane));
                 }
-            } else if self.admit(id, &mut plan, &mut budget, busy) {
+            } else if self.admit(id, &mut plan, &mut budget, busy && lane > 0) {
                 prompts.push((id, lane));
             } else {
                 break;
