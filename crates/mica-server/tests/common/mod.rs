@@ -60,6 +60,11 @@ pub fn config(scheduler: SchedulerConfig, api_keys: Vec<ApiKey>) -> ServerConfig
 
 /// Starts a server and loads the model.
 pub fn start(cfg: ServerConfig) -> Server {
+    start_with(cfg, Some(MODEL))
+}
+
+/// Starts a server, loading `preload` first if given.
+pub fn start_with(cfg: ServerConfig, preload: Option<&'static str>) -> Server {
     let state = Arc::new(AppState::new(cfg));
     let (tx, rx) = std::sync::mpsc::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -71,7 +76,9 @@ pub fn start(cfg: ServerConfig) -> Server {
             .build()
             .unwrap();
         rt.block_on(async move {
-            st.preload(MODEL).await.expect("model loads");
+            if let Some(name) = preload {
+                st.preload(name).await.expect("model loads");
+            }
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             tx.send(listener.local_addr().unwrap()).unwrap();
             mica_server::serve(listener, st, async {
