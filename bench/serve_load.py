@@ -2,8 +2,9 @@
 """Load tests for `mica serve` (standard library only; traffic to 127.0.0.1 only).
 
 mixed:       3 bulk requests (long prompts, 256 new tokens) queued first, then 3 interactive
-             requests; reports interactive time-to-first-token (p50, max) for the server as
-             started, and the same interactive requests on the idle server.
+             requests (50 ms apart); reports their time-to-first-token (p50, max) for the
+             server as started, and that of the same 3 requests, sent the same way, on the
+             idle server just before.
 throughput:  aggregate generated tokens/s with 1, 4, 8, 16 concurrent streaming clients.
 
 Start the server yourself (e.g. `mica serve -m MODEL --scheduler fifo --port 8091`) or let
@@ -61,13 +62,31 @@ def long_prompt(i, words):
     return f"Report {i}. " + " ".join(f"item{(i * 31 + k) % 997}" for k in range(words)) + "\nSummary:"
 
 
+INTERACTIVE = [f"Question {i}: name a fruit." for i in range(3)]
+
+
+def interactive_burst(args):
+    """The 3 interactive requests, 50 ms apart, concurrently; their TTFTs sorted. The prompts
+    stay under one 16-token KV block, so a second burst gets nothing from the prefix cache."""
+    ttfts = []
+
+    def one(p):
+        ttfts.append(stream_completion(args.url, args.model_name, p, 16, "interactive")[0])
+
+    ts = [threading.Thread(target=one, args=(p,)) for p in INTERACTIVE]
+    for t in ts:
+        t.start()
+        time.sleep(0.05)
+    for t in ts:
+        t.join()
+    return sorted(ttfts)
+
+
 def mixed(args):
     res = {}
-    # Idle: the interactive requests one by one on an idle server.
-    idle = [stream_completion(args.url, args.model_name, f"Question {i}: name a color.", 16,
-                              "interactive")[0] for i in range(3)]
-    res["idle_ttft_s"] = idle
-    bulk_threads, inter = [], []
+    # Idle: the very same interactive burst on the idle server.
+    idle = interactive_burst(args)
+    bulk_threads = []
     for i in range(3):
         t = threading.Thread(target=stream_completion,
                              args=(args.url, args.model_name, long_prompt(i, args.bulk_words), 256, "bulk"))
@@ -75,21 +94,14 @@ def mixed(args):
         bulk_threads.append(t)
         time.sleep(0.05)
     time.sleep(args.delay)
-
-    def one(i):
-        inter.append(stream_completion(args.url, args.model_name,
-                                       f"Question {i + 10}: name a fruit.", 16, "interactive")[0])
-
-    its = [threading.Thread(target=one, args=(i,)) for i in range(3)]
-    for t in its:
-        t.start()
-        time.sleep(0.05)
-    for t in its:
-        t.join()
-    res["interactive_ttft_s"] = sorted(inter)
+    inter = interactive_burst(args)
+    res["idle_ttft_s"] = [round(x, 4) for x in idle]
+    res["interactive_ttft_s"] = [round(x, 4) for x in inter]
     res["interactive_ttft_p50_s"] = statistics.median(inter)
     res["interactive_ttft_max_s"] = max(inter)
     res["idle_ttft_p50_s"] = statistics.median(idle)
+    res["idle_ttft_max_s"] = max(idle)
+    res["p50_vs_idle"] = round(statistics.median(inter) / statistics.median(idle), 2)
     t0 = time.perf_counter()
     for t in bulk_threads:
         t.join()

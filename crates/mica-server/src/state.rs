@@ -172,7 +172,7 @@ impl AppState {
         if let Some(m) = self.touch(name) {
             return Ok(m);
         }
-        self.make_room(&name, &path)?;
+        self.make_room(name, &path)?;
         let cfg = self.cfg.clone();
         let name = name.to_string();
         let loaded = tokio::task::spawn_blocking(move || load(&cfg, name, path))
