@@ -30,8 +30,10 @@ use crate::error::EngineError;
 use crate::generate::{FinishReason, GenerateParams, StopMatcher};
 use crate::kv_manager::BlockManager;
 use crate::metrics::{EngineMetrics, RequestStatus};
+pub use crate::request::{Event, EventSink, Request, SubmitError, TokenLogprob, Usage};
 use crate::sampler::{Sampler, log_softmax};
 use crate::scheduler::{Lane, ReqId, Scheduler, SchedulerConfig};
+use crate::step_gate::StepGate;
 use mica_kernels::ThreadPool;
 use mica_models::blocks::attention::AttentionPolicy;
 use mica_models::kv_cache::BLOCK_SIZE;
@@ -70,137 +72,9 @@ impl EngineConfig {
     }
 }
 
-/// What to generate for one request.
-pub struct Request {
-    pub prompt: Vec<u32>,
-    pub params: GenerateParams,
-    pub lane: Lane,
-    /// Completions of this prompt (sharing its KV blocks).
-    pub n: usize,
-    /// Report each token's log-probability, with this many alternatives.
-    pub logprobs: Option<usize>,
-    pub sink: Box<dyn EventSink>,
-}
-
-/// Log-probability of a generated token and of the most likely alternatives.
-#[derive(Clone, Debug, PartialEq)]
-pub struct TokenLogprob {
-    pub logprob: f32,
-    /// `(token, logprob)`, most likely first.
-    pub top: Vec<(u32, f32)>,
-}
-
-/// Token counts of a finished request.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Usage {
-    pub prompt_tokens: usize,
-    /// Prompt tokens whose KV came from the prefix cache.
-    pub cached_tokens: usize,
-    pub completion_tokens: usize,
-}
-
-/// What the engine tells a request.
-#[derive(Clone, Debug)]
-pub enum Event {
-    /// A generated token of completion `index`; `text` is what became final with it (may be
-    /// empty while a stop string might be starting, or mid-way through a UTF-8 character).
-    Token {
-        index: usize,
-        token: u32,
-        text: String,
-        logprob: Option<TokenLogprob>,
-    },
-    /// Completion `index` ended; `text` is held-back text released at the end.
-    Done {
-        index: usize,
-        finish: FinishReason,
-        text: String,
-    },
-    /// Every completion ended.
-    Finished { usage: Usage },
-    /// The request failed.
-    Error(String),
-}
-
-/// Where a request's events go. `send` returns false once the receiver is gone.
-pub trait EventSink: Send {
-    fn send(&mut self, event: Event) -> bool;
-    /// Whether the receiver is gone (the client disconnected).
-    fn is_closed(&self) -> bool;
-}
-
-/// Why a request was refused.
-#[derive(Debug, thiserror::Error)]
-pub enum SubmitError {
-    #[error("the {lane} queue is full ({limit} requests waiting); retry later", lane = .lane.as_str())]
-    QueueFull { lane: Lane, limit: usize },
-    #[error(
-        "the prompt has {tokens} tokens but the context holds {n_ctx} (prompt and completion together); shorten the prompt"
-    )]
-    PromptTooLong { tokens: usize, n_ctx: usize },
-    #[error("invalid parameters: {0}")]
-    Params(String),
-    #[error("the engine has stopped")]
-    Stopped,
-}
-
 enum Command {
     Add(ReqId, Box<Request>),
     Shutdown,
-}
-
-/// What submitters know of the step running now, so that a more urgent request can have it
-/// abandoned (see the module docs).
-#[derive(Default)]
-struct StepGate {
-    /// `step << 9 | ABANDONED? | lane floor`: the running step's number, whether it was
-    /// abandoned, and the index of the highest lane of its prompt work (`NO_FLOOR`: not
-    /// abandonable, or no step running). The step number makes a stale read harmless: a
-    /// compare-and-swap against it cannot abandon a later step.
-    word: AtomicU64,
-    /// Requests sent per lane (counted before they enter the channel).
-    sent: [AtomicU64; 3],
-}
-
-const NO_FLOOR: u64 = 0xff;
-const ABANDONED: u64 = 1 << 8;
-
-impl StepGate {
-    fn new() -> StepGate {
-        let g = StepGate::default();
-        g.word.store(NO_FLOOR, SeqCst);
-        g
-    }
-
-    /// Marks step `step` as running with prompt work of `floor` at best.
-    fn open(&self, step: u64, floor: Option<Lane>) {
-        let f = floor.map_or(NO_FLOOR, |l| l.index() as u64);
-        self.word.store(step << 9 | f, SeqCst);
-    }
-
-    /// No step running.
-    fn close(&self) {
-        self.word.store(NO_FLOOR, SeqCst);
-    }
-
-    /// Abandons the running step if its prompt work is all of a lower lane than `lane`.
-    fn interrupt_for(&self, lane: Lane) {
-        let mut w = self.word.load(SeqCst);
-        loop {
-            let floor = w & 0xff;
-            if w & ABANDONED != 0 || floor == NO_FLOOR || lane.index() as u64 >= floor {
-                return;
-            }
-            match self.word.compare_exchange(w, w | ABANDONED, SeqCst, SeqCst) {
-                Ok(_) => return,
-                Err(now) => w = now,
-            }
-        }
-    }
-
-    fn abandoned(&self) -> bool {
-        self.word.load(SeqCst) & ABANDONED != 0
-    }
 }
 
 /// The caller's side of a running engine.

@@ -8,8 +8,10 @@ pub mod error;
 pub mod generate;
 pub mod kv_manager;
 pub mod metrics;
+pub mod request;
 pub mod sampler;
 pub mod scheduler;
+mod step_gate;
 
 pub use engine::{
     EngineConfig, EngineHandle, Event, EventSink, Request, SubmitError, TokenLogprob, Usage,
