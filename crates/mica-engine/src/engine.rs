@@ -111,6 +111,11 @@ impl EngineHandle {
                 2 * sc.min_chunk
             )));
         }
+        if cfg.abandon_every == 1 {
+            return Err(EngineError::Params(
+                "abandoning every step would never finish one (abandon_every must be 0 or at least 2)".into(),
+            ));
+        }
         if cfg.n_threads == 0 {
             return Err(EngineError::Params(
                 "the thread count must be positive".into(),
