@@ -172,7 +172,10 @@ impl AppState {
         if let Some(m) = self.touch(name) {
             return Ok(m);
         }
-        self.make_room(name, &path)?;
+        let evicted = self.make_room(name, &path)?;
+        // The last holder of an unloaded model joins its engine thread (which may be mid-step):
+        // off the async workers, and before the load so its memory is back.
+        let _ = tokio::task::spawn_blocking(move || drop(evicted)).await;
         let cfg = self.cfg.clone();
         let name = name.to_string();
         let loaded = tokio::task::spawn_blocking(move || load(&cfg, name, path))
@@ -201,7 +204,8 @@ impl AppState {
     /// Unloads least recently used models until one more fits under `max_loaded` and the
     /// memory budget (see the module docs); refuses the load, unloading nothing, when it
     /// would not fit even alone.
-    fn make_room(&self, name: &str, path: &Path) -> Result<(), ApiError> {
+    /// Returns the models unloaded (to be dropped outside the lock).
+    fn make_room(&self, name: &str, path: &Path) -> Result<Vec<Arc<Loaded>>, ApiError> {
         let file = model_bytes(path);
         let need = file + self.cfg.kv_mem as u64;
         let mut l = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
@@ -245,6 +249,7 @@ impl AppState {
                 None => mem_available().map_or(u64::MAX, |a| a.saturating_add(loaded_bytes - held)),
             }
         };
+        let mut evicted = Vec::new();
         while !l.is_empty() && (l.len() >= self.cfg.max_loaded.max(1) || need > available(&l)) {
             let i = lru(&l);
             let (m, _) = l.remove(i);
@@ -252,8 +257,9 @@ impl AppState {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push(Arc::downgrade(&m));
+            evicted.push(m);
         }
-        Ok(())
+        Ok(evicted)
     }
 
     /// Bytes of unloaded models still finishing requests.
