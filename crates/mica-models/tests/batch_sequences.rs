@@ -116,3 +116,33 @@ fn bad_batches_are_errors() {
     let b = Batch::for_sequence(&[1, 2, 3], 0, 0, false);
     assert!(lm.model.forward(&pool, &b, &mut kv, &mut ws).is_ok());
 }
+
+/// Long prompts run the feed-forward in token chunks (to bound its buffers); every token
+/// must take the path it takes in one whole-batch call, so the logits are bit-identical.
+/// Qwen2.5's file mixes Q4_K (repacked groups of four), Q6_K (tiled) and Q5_0/Q8_0 rows.
+#[test]
+fn chunked_feed_forward_is_bit_identical_to_whole_batches() {
+    let lm = LoadedModel::open(model_path("qwen2.5-coder-0.5b-instruct-awq-q4_k_m")).unwrap();
+    let pool = ThreadPool::new(2);
+    let text = "fn main() { let v: Vec<u32> = (0..100).map(|i| i * i).collect(); } ".repeat(12);
+    let all = lm.tokenizer.encode(&text, true, true).unwrap();
+    assert!(all.len() > 300, "prompt of {} tokens", all.len());
+    // 301: chunks 128, 128, 45 with a leftover Q4_K group; 262: a 6-token tail folded in.
+    for n in [301, 262] {
+        let tokens = &all[..n];
+        let run = |chunk: Option<usize>| {
+            let mut kv = KvCache::new(&lm.model.config, 512, 1);
+            let mut ws = Workspace::default();
+            ws.ffn_chunk = chunk;
+            let b = Batch::for_sequence(tokens, 0, 0, false);
+            let logits = lm.model.forward(&pool, &b, &mut kv, &mut ws).unwrap();
+            logits.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
+        };
+        let chunked = run(None);
+        assert!(chunked.iter().all(|&b| f32::from_bits(b).is_finite()));
+        assert!(
+            chunked == run(Some(usize::MAX)),
+            "{n} tokens: logits differ"
+        );
+    }
+}
