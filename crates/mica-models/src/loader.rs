@@ -18,6 +18,14 @@ pub struct LoadedModel {
     pub template: ChatTemplate,
 }
 
+/// The tokenizer's large metadata arrays, dropped from the file once the tokenizer is built.
+const TOKENIZER_ARRAYS: [&str; 4] = [
+    "tokenizer.ggml.tokens",
+    "tokenizer.ggml.merges",
+    "tokenizer.ggml.scores",
+    "tokenizer.ggml.token_type",
+];
+
 impl LoadedModel {
     /// Opens a GGUF file, or a Hugging Face folder (any directory): maps and validates it,
     /// and builds the model, tokenizer and template.
@@ -26,9 +34,13 @@ impl LoadedModel {
         if path.is_dir() {
             return Self::open_hf(path);
         }
-        let file = Arc::new(GgufFile::open(path)?);
-        let model = crate::arch::load_gguf(file.clone())?;
-        let tokenizer = Tokenizer::from_gguf(&file).map_err(|cause| ModelError::Tokenizer {
+        let mut file = GgufFile::open(path)?;
+        let tokenizer = Tokenizer::from_gguf(&file);
+        // The tokenizer keeps what it needs; the parsed vocabulary arrays would otherwise live
+        // (~15 MB for a 150k vocabulary) as long as the model maps the file.
+        file.drop_metadata(&TOKENIZER_ARRAYS);
+        let model = crate::arch::load_gguf(Arc::new(file))?;
+        let tokenizer = tokenizer.map_err(|cause| ModelError::Tokenizer {
             path: path.to_path_buf(),
             cause,
         })?;

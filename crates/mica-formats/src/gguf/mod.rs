@@ -169,6 +169,17 @@ impl GgufFile {
         &self.metadata
     }
 
+    /// Forgets the metadata entries named in `keys` (those present), freeing their parsed
+    /// values: a loader that has consumed a large array (a 150k-token vocabulary and its
+    /// merges take ~15 MB parsed) need not keep it for the life of the mapped file.
+    pub fn drop_metadata(&mut self, keys: &[&str]) {
+        self.metadata.retain(|(k, _)| !keys.contains(&k.as_str()));
+        self.metadata.shrink_to_fit();
+        self.meta_index = (self.metadata.iter().enumerate())
+            .map(|(i, (k, _))| (k.clone(), i))
+            .collect();
+    }
+
     pub fn metadata(&self, key: &str) -> Option<&MetaValue> {
         self.meta_index.get(key).map(|&i| &self.metadata[i].1)
     }
