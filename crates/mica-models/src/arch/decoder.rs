@@ -9,6 +9,7 @@ use crate::error::Result;
 use crate::model::{DecoderLayer, Expert, Ffn, Model};
 use crate::weights::{Linear, Matrix, WeightLoader};
 use mica_formats::GgufFile;
+use mica_kernels::ops::RopeStyle;
 use std::sync::Arc;
 
 /// The optional pieces of a layer.
@@ -39,6 +40,22 @@ pub fn gguf_layer_norm_eps(file: &GgufFile, arch: &str) -> f32 {
 /// The token embedding (`[n_vocab × n_embd]`); its row count is the vocabulary.
 pub fn token_embedding(w: &WeightLoader, n_embd: usize) -> Result<Matrix> {
     w.matrix_any_rows("token_embd.weight", n_embd.max(1))
+}
+
+/// The start every family's GGUF path shares: the weight loader, the token embedding (its
+/// row count is the vocabulary) and the config from the `{arch}.*` keys.
+pub fn gguf_start(
+    file: &Arc<GgufFile>,
+    arch: &str,
+    rope: RopeStyle,
+) -> Result<(WeightLoader, ModelConfig, Matrix)> {
+    let w = WeightLoader::gguf(file, arch);
+    let n_embd = file
+        .get_u64(&format!("{arch}.embedding_length"))
+        .unwrap_or(0);
+    let tok_embd = token_embedding(&w, n_embd as usize)?;
+    let cfg = ModelConfig::from_gguf(file, arch, rope, tok_embd.rows)?;
+    Ok((w, cfg, tok_embd))
 }
 
 /// Loads every layer and the head, and assembles the model.

@@ -9,8 +9,7 @@
 //! for down, innermost first), and each expert here is a zero-copy view of its slice.
 //! Shared experts are `ffn_{gate,up,down}_shexp`, their gate `ffn_gate_inp_shexp`.
 
-use super::decoder::{Parts, build_with, token_embedding};
-use crate::config::ModelConfig;
+use super::decoder::{Parts, build_with, gguf_start};
 use crate::error::{ModelError, Result};
 use crate::hf::HfFolder;
 use crate::model::{Expert, Ffn, Model, Moe};
@@ -204,12 +203,7 @@ pub fn load_gguf(
     let Some(spec) = gguf_spec(file, arch, norm_default)? else {
         return Ok(None);
     };
-    let w = WeightLoader::gguf(file, arch);
-    let n_embd = file
-        .get_u64(&format!("{arch}.embedding_length"))
-        .unwrap_or(0);
-    let tok_embd = token_embedding(&w, n_embd as usize)?;
-    let mut cfg = ModelConfig::from_gguf(file, arch, style, tok_embd.rows)?;
+    let (w, mut cfg, tok_embd) = gguf_start(file, arch, style)?;
     cfg.rope.freq_factors = w.vector_opt("rope_freqs.weight", cfg.rope.n_dims / 2)?;
     let d = cfg.n_embd;
     let ffn = |i| spec.layer(&w, i, d);

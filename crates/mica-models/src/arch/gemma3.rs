@@ -17,12 +17,11 @@
 //! transformers `models/gemma3/modeling_gemma3.py`.
 
 use super::Source;
-use super::decoder::{Parts, build, token_embedding};
+use super::decoder::{Parts, build, gguf_start, token_embedding};
 use crate::config::{Activation, ModelConfig, RopeConfig};
 use crate::error::{ModelError, Result};
 use crate::model::Model;
 use crate::names::GEMMA3_HF;
-use crate::weights::WeightLoader;
 use mica_formats::MetaValue;
 use mica_kernels::ops::RopeStyle;
 
@@ -41,12 +40,7 @@ const DEFAULT_PATTERN: usize = 6;
 pub(super) fn load(src: &Source, arch: &str) -> Result<Model> {
     let (w, cfg, tok_embd, file) = match src {
         Source::Gguf(file) => {
-            let w = WeightLoader::gguf(file, arch);
-            let n_embd = file
-                .get_u64(&format!("{arch}.embedding_length"))
-                .unwrap_or(0);
-            let tok_embd = token_embedding(&w, n_embd as usize)?;
-            let mut cfg = ModelConfig::from_gguf(file, arch, RopeStyle::Neox, tok_embd.rows)?;
+            let (w, mut cfg, tok_embd) = gguf_start(file, arch, RopeStyle::Neox)?;
             let key = |k: &str| format!("{arch}.{k}");
             let window = file
                 .get_u64(&key("attention.sliding_window"))

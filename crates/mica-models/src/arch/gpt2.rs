@@ -12,7 +12,7 @@
 //! transformers `models/gpt2/modeling_gpt2.py`; llama.cpp `src/models/gpt2.cpp`.
 
 use super::Source;
-use super::decoder::{Parts, build, gguf_layer_norm_eps, token_embedding};
+use super::decoder::{Parts, build, gguf_layer_norm_eps, gguf_start, token_embedding};
 use crate::config::{Activation, ModelConfig, NormKind};
 use crate::error::Result;
 use crate::hf::HfFolder;
@@ -33,12 +33,7 @@ const PARTS: Parts = Parts {
 pub(super) fn load(src: &Source, arch: &str) -> Result<Model> {
     let (w, mut cfg, tok_embd, file) = match src {
         Source::Gguf(file) => {
-            let w = WeightLoader::gguf(file, arch);
-            let n_embd = file
-                .get_u64(&format!("{arch}.embedding_length"))
-                .unwrap_or(0);
-            let tok_embd = token_embedding(&w, n_embd as usize)?;
-            let mut cfg = ModelConfig::from_gguf(file, arch, RopeStyle::Neox, tok_embd.rows)?;
+            let (w, mut cfg, tok_embd) = gguf_start(file, arch, RopeStyle::Neox)?;
             cfg.norm_eps = gguf_layer_norm_eps(file, arch);
             cfg.act = Activation::GeluTanh;
             (w, cfg, tok_embd, Some((*file).clone()))

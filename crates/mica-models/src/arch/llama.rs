@@ -11,13 +11,11 @@
 //! `{arch}.expert_count` (Mixtral) loads as a mixture of experts ([`super::experts`]).
 
 use super::Source;
-use super::decoder::{Parts, build, token_embedding};
+use super::decoder::{Parts, build, gguf_start, token_embedding};
 use super::experts;
-use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::model::Model;
 use crate::names::LLAMA_HF;
-use crate::weights::WeightLoader;
 use mica_kernels::ops::RopeStyle;
 
 pub(super) fn load_llama(src: &Source, arch: &str) -> Result<Model> {
@@ -46,12 +44,7 @@ fn load(src: &Source, arch: &str, gguf_style: RopeStyle, parts: Parts) -> Result
             if let Some(m) = experts::load_gguf(file, arch, gguf_style, parts, true)? {
                 return Ok(m);
             }
-            let w = WeightLoader::gguf(file, arch);
-            let n_embd = file
-                .get_u64(&format!("{arch}.embedding_length"))
-                .unwrap_or(0);
-            let tok_embd = token_embedding(&w, n_embd as usize)?;
-            let mut cfg = ModelConfig::from_gguf(file, arch, gguf_style, tok_embd.rows)?;
+            let (w, mut cfg, tok_embd) = gguf_start(file, arch, gguf_style)?;
             cfg.rope.freq_factors = w.vector_opt("rope_freqs.weight", cfg.rope.n_dims / 2)?;
             // (llama.cpp runs these GGUF architectures without a sliding window; so does mica.)
             build(&w, cfg, tok_embd, parts, Some((*file).clone()))

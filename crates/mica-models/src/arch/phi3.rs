@@ -13,12 +13,11 @@
 //! `models/phi3/modeling_phi3.py`.
 
 use super::Source;
-use super::decoder::{Parts, build, token_embedding};
-use crate::config::{LongRope, ModelConfig};
+use super::decoder::{Parts, build, gguf_start, token_embedding};
+use crate::config::LongRope;
 use crate::error::Result;
 use crate::model::Model;
 use crate::names::PHI3_HF;
-use crate::weights::WeightLoader;
 use mica_kernels::ops::RopeStyle;
 
 const PARTS: Parts = Parts {
@@ -33,12 +32,7 @@ const PARTS: Parts = Parts {
 pub(super) fn load(src: &Source, arch: &str) -> Result<Model> {
     match src {
         Source::Gguf(file) => {
-            let w = WeightLoader::gguf(file, arch);
-            let n_embd = file
-                .get_u64(&format!("{arch}.embedding_length"))
-                .unwrap_or(0);
-            let tok_embd = token_embedding(&w, n_embd as usize)?;
-            let mut cfg = ModelConfig::from_gguf(file, arch, RopeStyle::Neox, tok_embd.rows)?;
+            let (w, mut cfg, tok_embd) = gguf_start(file, arch, RopeStyle::Neox)?;
             if let Some(win) = file.get_u64(&format!("{arch}.attention.sliding_window")) {
                 cfg.layer_window = vec![Some(win as usize).filter(|&w| w > 0); cfg.n_layer];
             }
