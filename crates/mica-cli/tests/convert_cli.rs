@@ -35,20 +35,6 @@ fn greedy(model: &Path) -> Vec<u64> {
         .collect()
 }
 
-fn convert(src: &Path, out: &Path, extra: &[&str]) -> String {
-    let mut args = vec![
-        "convert",
-        src.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--quiet",
-    ];
-    args.extend_from_slice(extra);
-    let (ok, _, err) = mica(&args);
-    assert!(ok, "convert {args:?}: {err}");
-    err
-}
-
 /// `mica inspect` without the lines that name the file or the container.
 fn inspect_body(p: &Path) -> String {
     let (ok, out, err) = mica(&["inspect", p.to_str().unwrap()]);

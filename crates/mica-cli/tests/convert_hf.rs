@@ -11,24 +11,11 @@ use mica_formats::GgufFile;
 use mica_kernels::ThreadPool;
 use mica_models::hf::HfFolder;
 use mica_models::{Batch, KvCache, Model, Workspace};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 fn fixture(family: &str) -> PathBuf {
     workspace().join("fixtures/hf").join(family)
-}
-
-fn convert(src: &Path, out: &Path, extra: &[&str]) {
-    let mut args = vec![
-        "convert",
-        src.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--quiet",
-    ];
-    args.extend_from_slice(extra);
-    let (ok, _, err) = mica(&args);
-    assert!(ok, "convert {args:?}: {err}");
 }
 
 /// Logits at every position of one fixed sequence of `len` tokens, `[len, n_vocab]`.

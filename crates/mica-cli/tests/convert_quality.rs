@@ -12,20 +12,6 @@ use std::path::Path;
 
 const SMOLLM: &str = "smollm2-135m-instruct-q4_1";
 
-fn convert(src: &Path, out: &Path, extra: &[&str]) -> String {
-    let mut args = vec![
-        "convert",
-        src.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--quiet",
-    ];
-    args.extend_from_slice(extra);
-    let (ok, _, err) = mica(&args);
-    assert!(ok, "convert {args:?}: {err}");
-    err
-}
-
 /// Average bits per weight of a file's tensors.
 fn bpw(path: &Path) -> f64 {
     let f = GgufFile::open(path).unwrap();

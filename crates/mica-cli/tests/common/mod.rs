@@ -25,6 +25,22 @@ pub fn mica(args: &[&str]) -> (bool, String, String) {
     (out.status.success(), stdout, stderr)
 }
 
+/// `mica convert SRC -o OUT --quiet EXTRA...`, which must succeed; returns its stderr
+/// (warnings).
+pub fn convert(src: &Path, out: &Path, extra: &[&str]) -> String {
+    let mut args = vec![
+        "convert",
+        src.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--quiet",
+    ];
+    args.extend_from_slice(extra);
+    let (ok, _, err) = mica(&args);
+    assert!(ok, "convert {args:?}: {err}");
+    err
+}
+
 /// A fresh scratch directory for this test process.
 pub fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir()
