@@ -356,33 +356,57 @@ fn quantize_k4_common(
         0.0
     };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
+    let ls: [u8; 8] = std::array::from_fn(|j| (nearest_int(inv_scale * scales[j]) as u8).min(63));
+    let lm: [u8; 8] = std::array::from_fn(|j| (nearest_int(inv_min * mins[j]) as u8).min(63));
+    let d = (max_scale / 63.0, max_min / 63.0);
+    store_k4(
+        x,
+        p.nmax,
+        d,
+        (&ls, &lm),
+        (d_out, dmin_out, scales_out),
+        &mut l,
+    );
+    l
+}
+
+/// The end of a Q4_K / Q5_K super-block, shared by the plain and the importance-weighted
+/// quantizers: stores the super-scales `(d, dmin)` as f16 and the six-bit sub-block scales
+/// `ls` and mins `lm` in the 12-byte packing, then re-derives each quant of `x` (0..=nmax)
+/// from the stored values into `l` (sub-blocks whose scale stores as 0 keep their fit).
+pub(super) fn store_k4(
+    x: &[f32],
+    nmax: i32,
+    (d, dmin): (f32, f32),
+    (ls, lm): (&[u8; 8], &[u8; 8]),
+    (d_out, dmin_out, scales_out): (&mut [u8; 2], &mut [u8; 2], &mut [u8; 12]),
+    l: &mut [u8; QK_K],
+) {
     *scales_out = [0; 12];
     for j in 0..8 {
-        let ls = (nearest_int(inv_scale * scales[j]) as u8).min(63);
-        let lm = (nearest_int(inv_min * mins[j]) as u8).min(63);
+        let (s, m) = (ls[j], lm[j]);
         if j < 4 {
-            scales_out[j] = ls;
-            scales_out[j + 4] = lm;
+            scales_out[j] = s;
+            scales_out[j + 4] = m;
         } else {
-            scales_out[j + 4] = (ls & 0xF) | ((lm & 0xF) << 4);
-            scales_out[j - 4] |= (ls >> 4) << 6;
-            scales_out[j] |= (lm >> 4) << 6;
+            scales_out[j + 4] = (s & 0xF) | ((m & 0xF) << 4);
+            scales_out[j - 4] |= (s >> 4) << 6;
+            scales_out[j] |= (m >> 4) << 6;
         }
     }
-    *d_out = f32_to_f16(max_scale / 63.0);
-    *dmin_out = f32_to_f16(max_min / 63.0);
+    *d_out = f32_to_f16(d);
+    *dmin_out = f32_to_f16(dmin);
     for j in 0..8 {
         let (sc, m) = scale_min_k4(j, scales_out);
-        let d = f16_to_f32(*d_out) * sc as f32;
-        if d == 0.0 {
+        let dd = f16_to_f32(*d_out) * sc as f32;
+        if dd == 0.0 {
             continue;
         }
         let dm = f16_to_f32(*dmin_out) * m as f32;
         for i in 0..32 {
-            l[32 * j + i] = nearest_int((x[32 * j + i] + dm) / d).clamp(0, p.nmax) as u8;
+            l[32 * j + i] = nearest_int((x[32 * j + i] + dm) / dd).clamp(0, nmax) as u8;
         }
     }
-    l
 }
 
 pub fn quantize_q4k(x: &[f32], y: &mut [BlockQ4K]) {

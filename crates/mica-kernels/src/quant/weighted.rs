@@ -20,10 +20,12 @@
 
 use super::blocks::{
     BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, QK, QK_K, blocks_mut,
-    f16_to_f32, f32_to_f16, scale_min_k4,
+    f32_to_f16,
 };
 use super::kquants::nearest_int;
-use super::kquants_quantize::{Qkx2, make_qkx2_quants, make_qx_quants, quantize_q6k_with};
+use super::kquants_quantize::{
+    Qkx2, make_qkx2_quants, make_qx_quants, quantize_q6k_with, store_k4,
+};
 use crate::DType;
 
 /// Quantizes one row of `t` with importance `imp` (`[src.len()]`); types without a weighted
@@ -241,31 +243,14 @@ fn k4_block(
     }
     let (d, ls) = quantize_scales(&scales, &sw);
     let (dmin, lm) = quantize_scales(&mins, &sw);
-    *scales_out = [0; 12];
-    for j in 0..8 {
-        let (s, m) = (ls[j], lm[j]);
-        if j < 4 {
-            scales_out[j] = s;
-            scales_out[j + 4] = m;
-        } else {
-            scales_out[j + 4] = (s & 0xF) | ((m & 0xF) << 4);
-            scales_out[j - 4] |= (s >> 4) << 6;
-            scales_out[j] |= (m >> 4) << 6;
-        }
-    }
-    *d_out = f32_to_f16(d);
-    *dmin_out = f32_to_f16(dmin);
-    for j in 0..8 {
-        let (sc, m) = scale_min_k4(j, scales_out);
-        let dd = f16_to_f32(*d_out) * sc as f32;
-        if dd == 0.0 {
-            continue;
-        }
-        let dm = f16_to_f32(*dmin_out) * m as f32;
-        for i in 0..32 {
-            l[32 * j + i] = nearest_int((x[32 * j + i] + dm) / dd).clamp(0, nmax) as u8;
-        }
-    }
+    store_k4(
+        x,
+        nmax,
+        (d, dmin),
+        (&ls, &lm),
+        (d_out, dmin_out, scales_out),
+        &mut l,
+    );
     l
 }
 
