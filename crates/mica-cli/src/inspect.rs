@@ -3,8 +3,8 @@
 use anyhow::Result;
 use clap::Args;
 use mica_formats::{Container, GgufFile, MetaValue, MicaFile};
-use mica_models::LoadedModel;
 use mica_models::hf::HfFolder;
+use mica_models::{LoadOptions, LoadedModel};
 use std::collections::BTreeMap;
 
 #[derive(Args, Debug)]
@@ -50,7 +50,7 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
 
     // Build the model to show resolved hyper-parameters; a file mica cannot run still gets
     // described from its raw metadata.
-    match LoadedModel::open(&file) {
+    match LoadedModel::open_with(&file, LoadOptions::READ_ONLY) {
         Ok(lm) => {
             let params: u64 = g.tensors().iter().map(|t| t.n_elements()).sum();
             println!("parameters:    {:.1} M", params as f64 / 1e6);
@@ -197,7 +197,7 @@ fn inspect_hf(dir: &std::path::Path, args: &InspectArgs) -> Result<()> {
         "architecture:  {}",
         f.architecture().unwrap_or("(none in config.json)")
     );
-    match LoadedModel::open(dir) {
+    match LoadedModel::open_with(dir, LoadOptions::READ_ONLY) {
         Ok(lm) => {
             println!("parameters:    {:.1} M", lm.model.n_params() as f64 / 1e6);
             resolved(&lm, "tokenizer.json");

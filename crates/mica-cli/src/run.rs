@@ -5,9 +5,9 @@ use clap::Args;
 use mica_engine::{GenerateParams, Session};
 
 use crate::sampling_args::SamplingArgs;
-use mica_models::LoadedModel;
 use mica_models::chat::ChatMessage;
 use mica_models::config::Numerics;
+use mica_models::{LoadOptions, LoadedModel};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -51,6 +51,10 @@ pub struct RunArgs {
     /// its formula). Default: f32 for float32 checkpoints, f16 otherwise.
     #[arg(long = "kv-type", value_parser = ["f16", "f32"])]
     pub kv_type: Option<String>,
+    /// Keep the weights in the file's layout instead of repacking them at load for faster
+    /// products (same results; repacking reads the whole file up front).
+    #[arg(long = "no-repack")]
+    pub no_repack: bool,
     /// Print one JSON object (ids, text, timings) instead of streaming text.
     #[arg(long = "json")]
     pub json: bool,
@@ -68,7 +72,12 @@ pub fn run(args: RunArgs) -> Result<()> {
     };
     let path = crate::store::resolve_model(args.model.as_deref(), args.json)?;
     let t0 = Instant::now();
-    let mut lm = LoadedModel::open(&path)?;
+    let mut lm = LoadedModel::open_with(
+        &path,
+        LoadOptions {
+            repack: !args.no_repack,
+        },
+    )?;
     let load_time = t0.elapsed();
     match args.kv_type.as_deref() {
         Some("f16") => lm.model.config.numerics = Numerics::LlamaCpp,

@@ -45,6 +45,10 @@ pub struct ServeArgs {
     /// Compute threads (default: physical cores).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
+    /// Keep the weights in the file's layout instead of repacking them at load for faster
+    /// products (same results; repacking reads the whole file up front).
+    #[arg(long = "no-repack")]
+    pub no_repack: bool,
     /// Tokens per engine step (all sequences together).
     #[arg(long = "batch-tokens", default_value_t = 256)]
     pub batch_tokens: usize,
@@ -153,6 +157,7 @@ fn config(args: &ServeArgs) -> Result<ServerConfig> {
         },
         max_waiting_per_lane: args.queue_limit,
         max_loaded: args.max_loaded,
+        repack: !args.no_repack,
         mem_limit,
     })
 }

@@ -98,6 +98,10 @@ impl SafetensorsFile {
         &self.mmap
     }
 
+    pub(crate) fn mmap(&self) -> &Mmap {
+        &self.mmap
+    }
+
     /// The bytes of one tensor (validated at open).
     pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
         &self.mmap[t.offset as usize..(t.offset + t.n_bytes) as usize]

@@ -44,16 +44,42 @@ impl TensorInfo {
 /// A file whose mapped bytes hold tensors ([`TensorInfo::offset`] is relative to them).
 pub trait TensorBytes: Send + Sync {
     fn bytes(&self) -> &[u8];
+
+    /// Drops the resident pages wholly inside `bytes()[start..start + len]` from this
+    /// process (a later read faults them in again from the file). A no-op by default, for
+    /// bytes that are not a file mapping.
+    fn release(&self, _start: usize, _len: usize) {}
+}
+
+/// [`TensorBytes::release`] for a read-only file mapping.
+pub(crate) fn release_mapped(map: &memmap2::Mmap, start: usize, len: usize) {
+    let page = 4096;
+    let (lo, hi) = (start.next_multiple_of(page), (start + len) / page * page);
+    if hi > lo {
+        // SAFETY: the mapping is a read-only view of a file; after MADV_DONTNEED its pages
+        // are read again from the file on the next access, so every byte keeps its value.
+        // Failure only means the pages stay resident.
+        let _ =
+            unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, lo, hi - lo) };
+    }
 }
 
 impl TensorBytes for crate::GgufFile {
     fn bytes(&self) -> &[u8] {
         crate::GgufFile::bytes(self)
     }
+
+    fn release(&self, start: usize, len: usize) {
+        release_mapped(self.mmap(), start, len)
+    }
 }
 
 impl TensorBytes for crate::SafetensorsFile {
     fn bytes(&self) -> &[u8] {
         crate::SafetensorsFile::bytes(self)
+    }
+
+    fn release(&self, start: usize, len: usize) {
+        release_mapped(self.mmap(), start, len)
     }
 }

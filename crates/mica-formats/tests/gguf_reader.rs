@@ -89,6 +89,27 @@ fn every_value_type_round_trips() {
     assert_eq!(g.tensor_data(b), &q8[..]);
 }
 
+/// Taking a metadata value out hands it over whole and leaves every other key readable.
+#[test]
+fn take_metadata_moves_one_value_out() {
+    let f32_data = vec![0u8; 32];
+    let q8 = vec![1u8; 34];
+    let p = tmp("take.gguf", &sample(&f32_data, &q8).to_bytes());
+    let mut g = GgufFile::open(&p).unwrap();
+    let n = g.metadata_entries().len();
+    let strings = MetaArray::String(vec!["a".into(), "é🚀".into(), "".into()]);
+    assert_eq!(g.take_metadata("strings"), Some(MetaValue::Array(strings)));
+    assert_eq!(g.take_metadata("strings"), None);
+    assert_eq!(g.take_metadata("no such key"), None);
+    assert_eq!(g.metadata("strings"), None);
+    assert_eq!(g.metadata_entries().len(), n - 1);
+    // Keys before and after the taken one still find their own values.
+    assert_eq!(g.get_f32("f32"), Some(1.5));
+    assert_eq!(g.metadata("i8"), Some(&MetaValue::I8(-7)));
+    assert!(matches!(g.get_array("nested"), Some(MetaArray::Array(_))));
+    assert_eq!(g.get_str("general.architecture"), Some("llama"));
+}
+
 #[test]
 fn version_2_is_read() {
     let f32_data = vec![0u8; 32];

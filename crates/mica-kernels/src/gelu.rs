@@ -28,12 +28,14 @@ pub fn gelu_f32(x: f32) -> f32 {
     0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (COEF_A * x).mul_add(x, 1.0)).tanh())
 }
 
-/// `[65536]` the f16 GELU table, indexed by the f16 bits of the input.
+/// `[65536]` the f16 GELU table, indexed by the f16 bits of the input (plus one zero entry
+/// of padding, so a 4-byte gather of the last entry stays inside).
 fn table() -> &'static [f16] {
     static TABLE: OnceLock<Vec<f16>> = OnceLock::new();
     TABLE.get_or_init(|| {
         (0..=u16::MAX)
             .map(|bits| f16::from_f32(gelu_f32(f16::from_bits(bits).to_f32())))
+            .chain([f16::ZERO])
             .collect()
     })
 }
@@ -53,19 +55,75 @@ fn gelu_table(t: &[f16], x: f32) -> f32 {
 /// GELU in place, as llama.cpp's CPU backend computes it (f16 table).
 pub fn gelu(x: &mut [f32]) {
     let t = table();
-    for v in x.iter_mut() {
+    let done = simd_table(t, x, None);
+    for v in &mut x[done..] {
         *v = gelu_table(t, *v);
     }
 }
 
 /// GeGLU in place: `gate[i] = gelu(gate[i]) * up[i]`, as `ggml_vec_geglu_f32` (f16 table).
 pub fn geglu(gate: &mut [f32], up: &[f32]) {
-    debug_assert_eq!(gate.len(), up.len());
+    assert_eq!(gate.len(), up.len());
     let t = table();
-    for (g, &u) in gate.iter_mut().zip(up) {
+    let done = simd_table(t, gate, Some(up));
+    for (g, &u) in gate[done..].iter_mut().zip(&up[done..]) {
         // ggml: `x >= 10` gives `x * g`, the table gives `f32(table) * g`: one rule.
         *g = gelu_table(t, *g) * u;
     }
+}
+
+/// The scalar reference of [`gelu`] / [`geglu`] (what the SIMD path is tested against).
+pub fn gelu_table_ref(x: &mut [f32], up: Option<&[f32]>) {
+    let t = table();
+    for (i, v) in x.iter_mut().enumerate() {
+        *v = gelu_table(t, *v) * up.map_or(1.0, |u| u[i]);
+    }
+}
+
+/// [`gelu_table`] (times `up`) on a whole number of 16-element groups from the start of `x`
+/// where the CPU has AVX-512 and F16C; returns how many elements it did (0 elsewhere).
+fn simd_table(t: &[f16], x: &mut [f32], up: Option<&[f32]>) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("f16c") {
+        // SAFETY: the features were just detected.
+        return unsafe { table_avx512(t, x, up) };
+    }
+    let _ = (t, x, up);
+    0
+}
+
+/// Sixteen elements at a time: round to f16 (`vcvtps2ph`, nearest-even as `f16::from_f32`),
+/// gather the table entries, widen, then the ±10 rules by masks, in [`gelu_table`]'s order
+/// of tests (NaN takes the table, as there).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,f16c")]
+unsafe fn table_avx512(t: &[f16], x: &mut [f32], up: Option<&[f32]>) -> usize {
+    use std::arch::x86_64::*;
+    assert!(t.len() > u16::MAX as usize + 1, "padded table");
+    assert!(up.is_none_or(|u| u.len() == x.len()));
+    let n = x.len() / 16 * 16;
+    let (lo, hi) = (_mm512_set1_ps(-10.0), _mm512_set1_ps(10.0));
+    let tp = t.as_ptr().cast::<u8>();
+    for i in (0..n).step_by(16) {
+        // SAFETY: i + 16 <= n <= x.len() (and up's length); gathers read 4 bytes at 2·idx of
+        // a table with one padding entry past the largest index.
+        unsafe {
+            let v = _mm512_loadu_ps(x.as_ptr().add(i));
+            let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
+            let idx = _mm512_cvtepu16_epi32(h);
+            let g = _mm512_i32gather_epi32::<2>(idx, tp.cast());
+            let gv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
+            let below = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(v, lo);
+            let above = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(v, hi);
+            let r = _mm512_maskz_mov_ps(!below, _mm512_mask_mov_ps(gv, above & !below, v));
+            let r = match up {
+                Some(u) => _mm512_mul_ps(r, _mm512_loadu_ps(u.as_ptr().add(i))),
+                None => r,
+            };
+            _mm512_storeu_ps(x.as_mut_ptr().add(i), r);
+        }
+    }
+    n
 }
 
 /// GELU (tanh approximation) in place, by the formula in f32 (no table).
@@ -138,6 +196,50 @@ mod tests {
         let mut g = [1.0f32, 12.0];
         geglu(&mut g, &[2.0, 0.5]);
         assert_eq!(g, [2.0 * gelu_table(table(), 1.0), 6.0]);
+    }
+
+    /// The SIMD table path equals the scalar one bit for bit: random values, the ±10 edges,
+    /// f16 rounding ties, subnormals, infinities, NaN, and lengths with a scalar tail.
+    #[test]
+    fn simd_table_gelu_equals_scalar_bitwise() {
+        use rand::{RngExt, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(4);
+        // Edge values first, so the SIMD groups (not the scalar tail) meet them.
+        let mut xs: Vec<f32> = vec![
+            -10.0,
+            10.0,
+            -10.000001,
+            9.999999,
+            -9.999999,
+            10.000001,
+            0.0,
+            -0.0,
+            1e-8,
+            -1e-8,
+            6.1e-5,
+            f32::MIN_POSITIVE,
+            1.0 + 1.0 / 2048.0,
+            65504.0,
+            70000.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+        ];
+        xs.extend((0..5000).map(|_| rng.random_range(-12.0f32..12.0)));
+        let up: Vec<f32> = (0..xs.len()).map(|_| rng.random_range(-3.0..3.0)).collect();
+        for len in [xs.len(), 17, 16, 15, 1] {
+            let mut want = xs[..len].to_vec();
+            gelu_table_ref(&mut want, None);
+            let mut got = xs[..len].to_vec();
+            gelu(&mut got);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "gelu, {len} elements");
+            let mut want = xs[..len].to_vec();
+            gelu_table_ref(&mut want, Some(&up[..len]));
+            let mut got = xs[..len].to_vec();
+            geglu(&mut got, &up[..len]);
+            assert_eq!(bits(&got), bits(&want), "geglu, {len} elements");
+        }
     }
 
     #[test]

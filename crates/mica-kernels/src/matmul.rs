@@ -42,9 +42,23 @@ impl<'a> QMatrix<'a> {
         &self.data[r * rb..(r + 1) * rb]
     }
 
-    /// Dequantizes row `r` into `out` (`cols` floats), exactly as ggml's `get_rows` does.
+    /// Dequantizes row `r` into `out` (`cols` floats), exactly as ggml's `get_rows` does
+    /// (from the packed copy when there is one, so the file's pages stay untouched).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        quant::dequantize_row(self.dtype, self.row(r), out);
+        let Some(p) = self.packed else {
+            return quant::dequantize_row(self.dtype, self.row(r), out);
+        };
+        assert!(r < self.rows, "row {r} of {}", self.rows);
+        let (bs, ts) = (self.dtype.block_size(), self.dtype.type_size());
+        let mut buf = [0u8; 1024];
+        let step = buf.len() / ts;
+        let nb = self.cols / bs;
+        for b0 in (0..nb).step_by(step) {
+            let b1 = (b0 + step).min(nb);
+            let bytes = &mut buf[..(b1 - b0) * ts];
+            kernels().unpack_blocks(self.dtype, self.cols, p, r, b0..b1, bytes);
+            quant::dequantize_row(self.dtype, bytes, &mut out[b0 * bs..b1 * bs]);
+        }
     }
 
     /// A repacked copy of the weights for this CPU's kernels (four rows interleaved block by
@@ -317,6 +331,41 @@ mod tests {
                     &part[t * 10..t * 10 + 10],
                     &out[t * rows + 20..t * rows + 30]
                 );
+            }
+        }
+    }
+
+    /// Rows looked up from a packed copy (wide rows, unpacked a bufferful of blocks at a
+    /// time) are the file's rows.
+    #[test]
+    fn dequantize_row_from_the_packed_copy() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2);
+        for dtype in [DType::Q4_0, DType::Q5_1, DType::Q8_0] {
+            let (rows, cols) = (6, 75 * 32);
+            let rb = dtype.row_bytes(cols).unwrap();
+            let mut wq = vec![0u8; rows * rb];
+            for r in 0..rows {
+                let wf: Vec<f32> = (0..cols).map(|_| rng.random_range(-1.0..1.0)).collect();
+                quant::quantize_row(dtype, &wf, &mut wq[r * rb..][..rb]);
+            }
+            let plain = QMatrix {
+                dtype,
+                rows,
+                cols,
+                data: &wq,
+                extra_paths: false,
+                packed: None,
+            };
+            let Some(p) = plain.pack() else { continue };
+            let packed = QMatrix {
+                packed: Some(&p),
+                ..plain
+            };
+            for r in 0..rows {
+                let (mut a, mut b) = (vec![0f32; cols], vec![1f32; cols]);
+                plain.dequantize_row(r, &mut a);
+                packed.dequantize_row(r, &mut b);
+                assert_eq!(a, b, "{dtype} row {r}");
             }
         }
     }

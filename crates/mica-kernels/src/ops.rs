@@ -72,6 +72,24 @@ pub fn rope_angles(
 /// Rotates the first `n_dims` dimensions of one head in place with angles from
 /// [`rope_angles`]; dimensions past `n_dims` (partial rotary) are left alone.
 pub fn rope_apply(head: &mut [f32], n_dims: usize, style: RopeStyle, cos_sin: &[f32]) {
+    // The same arithmetic with hardware FMA where the CPU has it (else `mul_add` is a libm
+    // call per element).
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("fma") {
+        // SAFETY: the feature was just detected.
+        return unsafe { rope_apply_fma(head, n_dims, style, cos_sin) };
+    }
+    rope_apply_body(head, n_dims, style, cos_sin)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+fn rope_apply_fma(head: &mut [f32], n_dims: usize, style: RopeStyle, cos_sin: &[f32]) {
+    rope_apply_body(head, n_dims, style, cos_sin)
+}
+
+#[inline(always)]
+fn rope_apply_body(head: &mut [f32], n_dims: usize, style: RopeStyle, cos_sin: &[f32]) {
     let half = n_dims / 2;
     for i in 0..half {
         let (c, s) = (cos_sin[2 * i], cos_sin[2 * i + 1]);

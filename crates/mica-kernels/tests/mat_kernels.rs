@@ -187,9 +187,28 @@ fn packed_weights_equal_row_major_bit_for_bit() {
             let Some(_) = k.pack(t, n, 1, &weights(t, 1, 7, 0, &mut r)) else {
                 continue;
             };
-            for (rows, toks) in [(1, 1), (6, 1), (13, 5), (37, 9)] {
+            for (rows, toks) in [(1, 1), (6, 1), (13, 5), (37, 9), (3, 8), (5, 8), (21, 70)] {
                 let w = weights(t, rows, 7, rows, &mut r);
                 let packed = k.pack(t, n, rows, &w).unwrap();
+                // Unpacking gives back every row's bytes, whole or a block range at a time.
+                let rb = t.row_bytes(n).unwrap();
+                for row in 0..rows {
+                    let mut back = vec![0u8; rb];
+                    k.unpack_blocks(t, n, &packed, row, 0..7, &mut back);
+                    assert_eq!(
+                        back,
+                        w[row * rb..(row + 1) * rb],
+                        "{name} {t} unpack row {row}"
+                    );
+                    let ts = t.type_size();
+                    let mut part = vec![0u8; 3 * ts];
+                    k.unpack_blocks(t, n, &packed, row, 2..5, &mut part);
+                    assert_eq!(
+                        part,
+                        w[row * rb + 2 * ts..row * rb + 5 * ts],
+                        "{name} {t} blocks"
+                    );
+                }
                 let vt = t.vec_dot_type();
                 let mut xq = Vec::new();
                 for i in 0..toks {
@@ -232,6 +251,14 @@ fn packed_weights_equal_row_major_bit_for_bit() {
                         extra_paths: true,
                         packed: Some(&packed),
                     };
+                    // Embedding lookups from the packed copy: the file's values.
+                    let plain_m = QMatrix { packed: None, ..m };
+                    for row in 0..rows {
+                        let (mut a, mut b) = (vec![0f32; n], vec![1f32; n]);
+                        plain_m.dequantize_row(row, &mut a);
+                        m.dequantize_row(row, &mut b);
+                        assert!(a.iter().zip(&b).all(|(x, y)| same(*x, *y)), "{t} row {row}");
+                    }
                     for range in [0..rows, 4..rows - 1, 1..rows] {
                         let mut part = vec![0f32; toks * range.len()];
                         matmul_rows(&pool, &m, &acts, &mut part, range.clone());

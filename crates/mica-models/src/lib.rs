@@ -20,5 +20,5 @@ pub use batch::Batch;
 pub use config::ModelConfig;
 pub use error::{ModelError, Result};
 pub use kv_cache::{KvCache, SeqId};
-pub use loader::LoadedModel;
+pub use loader::{LoadOptions, LoadedModel};
 pub use model::{Model, Workspace};

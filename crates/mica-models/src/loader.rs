@@ -5,8 +5,8 @@ use crate::chat::ChatTemplate;
 use crate::error::{ModelError, Result};
 use crate::hf::{HfFolder, read_json};
 use crate::model::Model;
-use crate::tokenizer::Tokenizer;
 use crate::tokenizer::hf_json::spec_from_hf;
+use crate::tokenizer::{Tokenizer, TokenizerSpec};
 use mica_formats::GgufFile;
 use std::path::Path;
 use std::sync::Arc;
@@ -26,18 +26,52 @@ const TOKENIZER_ARRAYS: [&str; 4] = [
     "tokenizer.ggml.token_type",
 ];
 
+/// How to prepare a model for running.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadOptions {
+    /// Repack the weights into this CPU's packed layouts ([`Model::repack`]): faster
+    /// products with the same results, at the cost of reading the whole file at load.
+    pub repack: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { repack: true }
+    }
+}
+
+impl LoadOptions {
+    /// Only reading the model (inspecting, converting): the file's layout, nothing repacked.
+    pub const READ_ONLY: LoadOptions = LoadOptions { repack: false };
+}
+
 impl LoadedModel {
+    /// Opens a GGUF file, or a Hugging Face folder (any directory), ready to run
+    /// ([`LoadOptions::default`]).
+    pub fn open(path: impl AsRef<Path>) -> Result<LoadedModel> {
+        Self::open_with(path, LoadOptions::default())
+    }
+
     /// Opens a GGUF file, or a Hugging Face folder (any directory): maps and validates it,
     /// and builds the model, tokenizer and template.
-    pub fn open(path: impl AsRef<Path>) -> Result<LoadedModel> {
-        let path = path.as_ref();
+    pub fn open_with(path: impl AsRef<Path>, opts: LoadOptions) -> Result<LoadedModel> {
+        let mut lm = Self::open_unprepared(path.as_ref())?;
+        if opts.repack {
+            lm.model.repack();
+        }
+        Ok(lm)
+    }
+
+    fn open_unprepared(path: &Path) -> Result<LoadedModel> {
         if path.is_dir() {
             return Self::open_hf(path);
         }
         let mut file = GgufFile::open(path)?;
-        let tokenizer = Tokenizer::from_gguf(&file);
-        // The tokenizer keeps what it needs; the parsed vocabulary arrays would otherwise live
-        // (~15 MB for a 150k vocabulary) as long as the model maps the file.
+        // The vocabulary and merges move into the spec rather than being copied; the spec is
+        // dropped once the tokenizer holds what it needs (compactly), and the remaining
+        // arrays too: they would otherwise live as long as the model maps the file.
+        let tokenizer =
+            TokenizerSpec::take_from_gguf(&mut file).and_then(|spec| Tokenizer::from_spec(&spec));
         file.drop_metadata(&TOKENIZER_ARRAYS);
         let model = crate::arch::load_gguf(Arc::new(file))?;
         let tokenizer = tokenizer.map_err(|cause| ModelError::Tokenizer {

@@ -230,6 +230,37 @@ impl Model {
             .chain(head)
     }
 
+    /// Every weight matrix but the embedding tables, mutably (the output head included when it
+    /// is the token embedding: its copy in `output` is the one products use).
+    fn product_matrices_mut(&mut self) -> impl Iterator<Item = &mut Matrix> {
+        let layers = self.layers.iter_mut().flat_map(|l| {
+            let attn = [&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo].map(|lin| &mut lin.w);
+            let ffn: Vec<&mut Matrix> = match &mut l.ffn {
+                Ffn::Dense(e) => vec![&mut e.gate.w, &mut e.up.w, &mut e.down.w],
+                Ffn::Moe(m) => std::iter::once(&mut m.router.w)
+                    .chain(
+                        m.experts
+                            .iter_mut()
+                            .chain(&mut m.shared)
+                            .flat_map(|e| [&mut e.gate.w, &mut e.up.w, &mut e.down.w]),
+                    )
+                    .chain(m.shared_gate.as_mut().map(|g| &mut g.w))
+                    .collect(),
+                Ffn::Plain { up, down } => vec![&mut up.w, &mut down.w],
+            };
+            attn.into_iter().chain(ffn)
+        });
+        layers.chain(std::iter::once(&mut self.output.w))
+    }
+
+    /// Repacks every weight matrix the products read into this CPU's packed layout, where
+    /// the kernels have one ([`Matrix::repack`]; results stay bit-identical), giving the
+    /// file's pages of the repacked matrices back to the OS so the model is not resident
+    /// twice. Returns the bytes of the packed copies.
+    pub fn repack(&mut self) -> usize {
+        self.product_matrices_mut().map(|m| m.repack(true)).sum()
+    }
+
     /// Bytes of the weight matrices as stored.
     pub fn weight_bytes(&self) -> usize {
         self.matrices().map(Matrix::n_bytes).sum()
@@ -278,7 +309,13 @@ impl Model {
 
         // Token embeddings: `x[t] = tok_embd[token t]`.
         let x = grow(&mut ws.x, n * d);
-        let emb = self.tok_embd.view();
+        // A head tied to the embedding may hold the packed copy (and the file's pages be
+        // released): look the rows up there.
+        let emb = if self.output.w.name == self.tok_embd.name {
+            self.output.w.view()
+        } else {
+            self.tok_embd.view()
+        };
         for (t, &tok) in batch.tokens.iter().enumerate() {
             emb.dequantize_row(tok as usize, &mut x[t * d..(t + 1) * d]);
         }

@@ -37,7 +37,7 @@ pub struct Matrix {
     data: TensorData,
     /// Optional repacked copy for the kernels ([`Matrix::repack`]); the file's bytes stay
     /// untouched.
-    packed: Option<Arc<[u8]>>,
+    packed: Option<Arc<Vec<u8>>>,
 }
 
 impl Matrix {
@@ -48,16 +48,46 @@ impl Matrix {
             cols: self.cols,
             data: self.data.bytes(),
             extra_paths: self.extra_paths,
-            packed: self.packed.as_deref(),
+            packed: self.packed.as_deref().map(Vec::as_slice),
         }
     }
 
     /// Makes a repacked copy of the weights in this CPU's packed layout, where the kernels
-    /// have one ([`QMatrix::pack`]); products stay bit-identical. Returns the bytes the copy
-    /// takes (0 when the type has no packed layout).
-    pub fn repack(&mut self) -> usize {
-        self.packed = self.view().pack().map(Arc::from);
-        self.packed.as_ref().map_or(0, |p| p.len())
+    /// have one ([`QMatrix::pack`]); products stay bit-identical. The rows are packed a few
+    /// MiB at a time and, when `release` is set, the file's pages of each piece are given back
+    /// to the OS as soon as it is packed, so the model is never resident twice (anything that
+    /// still reads the file's bytes, such as embedding lookups of a tied head, faults its pages
+    /// in again). Returns the bytes the copy takes (0 when the type has no packed layout).
+    pub fn repack(&mut self, release: bool) -> usize {
+        self.packed = None;
+        let rb = self.view().row_bytes();
+        // Whole groups of four rows: packing pieces gives the bytes of packing the whole.
+        let step = ((4 << 20) / rb.max(1)).next_multiple_of(4);
+        let mut out: Vec<u8> = Vec::new();
+        let mut r0 = 0;
+        while r0 < self.rows {
+            let r1 = (r0 + step).min(self.rows);
+            let piece = QMatrix {
+                rows: r1 - r0,
+                data: &self.data.bytes()[r0 * rb..r1 * rb],
+                packed: None,
+                ..self.view()
+            };
+            let Some(p) = piece.pack() else { return 0 };
+            if out.capacity() == 0 {
+                out.reserve_exact(self.rows.div_ceil(4) * 4 * rb);
+            }
+            out.extend_from_slice(&p);
+            if release {
+                self.data
+                    .file
+                    .release(self.data.start + r0 * rb, (r1 - r0) * rb);
+            }
+            r0 = r1;
+        }
+        let n = out.len();
+        self.packed = (n > 0).then(|| Arc::new(out));
+        n
     }
 
     /// Bytes the weights occupy.

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use mica_formats::GgufFile;
-use mica_models::tokenizer::{DecodeOptions, TokenType, Tokenizer, VocabKind};
+use mica_models::tokenizer::{DecodeOptions, TokenType, Tokenizer, TokenizerSpec, VocabKind};
 use serde_json::Value;
 
 const SMOLLM: &str = "smollm2-135m-instruct-q4_1";
@@ -294,6 +294,22 @@ fn special_ids_and_end_of_generation() {
     );
     for tok in [&smollm, &qwen, &gemma] {
         assert!(tok.warnings().is_empty(), "{:?}", tok.warnings());
+    }
+}
+
+/// The loader moves the vocabulary and merges out of the file (`take_from_gguf`) instead of
+/// copying them: the spec must be the same, and the arrays gone from the file.
+#[test]
+fn taking_the_spec_equals_copying_it() {
+    for name in [SMOLLM, QWEN, GEMMA] {
+        let mut gguf = GgufFile::open(model_path(name)).unwrap();
+        let copied = TokenizerSpec::from_gguf(&gguf).unwrap();
+        let taken = TokenizerSpec::take_from_gguf(&mut gguf).unwrap();
+        assert!(copied.tokens.len() > 40_000, "{name}");
+        assert_eq!(format!("{copied:?}"), format!("{taken:?}"), "{name}");
+        assert!(gguf.metadata("tokenizer.ggml.tokens").is_none(), "{name}");
+        assert!(gguf.metadata("tokenizer.ggml.merges").is_none(), "{name}");
+        assert!(gguf.metadata("tokenizer.ggml.model").is_some(), "{name}");
     }
 }
 

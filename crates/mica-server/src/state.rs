@@ -14,7 +14,7 @@
 use crate::error::ApiError;
 use axum::http::HeaderMap;
 use mica_engine::{EngineConfig, EngineHandle, Lane, SchedulerConfig};
-use mica_models::LoadedModel;
+use mica_models::{LoadOptions, LoadedModel};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Instant, SystemTime};
@@ -42,6 +42,8 @@ pub struct ServerConfig {
     pub max_waiting_per_lane: usize,
     /// Models kept loaded at once.
     pub max_loaded: usize,
+    /// Repack weights at load ([`LoadOptions::repack`]).
+    pub repack: bool,
     /// Memory loaded models and their KV caches may take together, bytes (default: what the
     /// system reports available when loading).
     pub mem_limit: Option<u64>,
@@ -330,7 +332,8 @@ fn mem_available() -> Option<u64> {
 }
 
 fn load(cfg: &ServerConfig, name: String, path: PathBuf) -> Result<Loaded, ApiError> {
-    let model = LoadedModel::open(&path)
+    let opts = LoadOptions { repack: cfg.repack };
+    let model = LoadedModel::open_with(&path, opts)
         .map_err(|e| ApiError::internal(format!("cannot load model '{name}': {e}")))?;
     let model = Arc::new(model);
     let n_ctx = cfg

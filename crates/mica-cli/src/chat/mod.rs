@@ -17,7 +17,7 @@ use std::time::Instant;
 use anyhow::{Result, bail};
 use clap::Args;
 use mica_engine::Session;
-use mica_models::LoadedModel;
+use mica_models::{LoadOptions, LoadedModel};
 
 use crate::download;
 use crate::sampling_args::SamplingArgs;
@@ -47,6 +47,10 @@ pub struct ChatArgs {
     /// Context size in tokens (default: the model's, at most 4096).
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<usize>,
+    /// Keep the weights in the file's layout instead of repacking them at load for faster
+    /// products (same results; repacking reads the whole file up front).
+    #[arg(long = "no-repack")]
+    pub no_repack: bool,
 }
 
 pub fn chat(args: ChatArgs) -> Result<()> {
@@ -77,13 +81,16 @@ pub fn chat(args: ChatArgs) -> Result<()> {
         },
         stats: Stats::default(),
     };
-    let mut current = (load(&path)?, path, name);
+    let opts = LoadOptions {
+        repack: !args.no_repack,
+    };
+    let mut current = (load(&path, opts)?, path, name);
     loop {
         let (lm, path, name) = &current;
         let outcome = session_loop(lm, path, name, &args, &mut state, &mut input);
         match outcome {
             Outcome::Quit => return Ok(()),
-            Outcome::Switch(new_path, new_name) => match load(&new_path) {
+            Outcome::Switch(new_path, new_name) => match load(&new_path, opts) {
                 Ok(lm) => current = (lm, new_path, new_name),
                 Err(e) => eprintln!("error: {e:#}; staying with {name}"),
             },
@@ -133,9 +140,9 @@ fn session_loop(
     repl::run(&mut chat, input)
 }
 
-fn load(path: &Path) -> Result<LoadedModel> {
+fn load(path: &Path, opts: LoadOptions) -> Result<LoadedModel> {
     let t0 = Instant::now();
-    let lm = LoadedModel::open(path)?;
+    let lm = LoadedModel::open_with(path, opts)?;
     eprintln!(
         "mica: loaded {} in {:.0} ms",
         path.display(),

@@ -175,6 +175,20 @@ impl GgufFile {
     pub fn drop_metadata(&mut self, keys: &[&str]) {
         self.metadata.retain(|(k, _)| !keys.contains(&k.as_str()));
         self.metadata.shrink_to_fit();
+        self.reindex_metadata();
+    }
+
+    /// Removes the metadata entry `key` and hands its value over, if present: a loader that
+    /// needs a large array for itself (a 262k-token vocabulary is ~16 MB parsed, in as many
+    /// small strings) moves it out instead of copying it.
+    pub fn take_metadata(&mut self, key: &str) -> Option<MetaValue> {
+        let i = *self.meta_index.get(key)?;
+        let (_, value) = self.metadata.remove(i);
+        self.reindex_metadata();
+        Some(value)
+    }
+
+    fn reindex_metadata(&mut self) {
         self.meta_index = (self.metadata.iter().enumerate())
             .map(|(i, (k, _))| (k.clone(), i))
             .collect();
@@ -250,6 +264,10 @@ impl GgufFile {
 
     /// The whole mapped file.
     pub fn bytes(&self) -> &[u8] {
+        &self.mmap
+    }
+
+    pub(crate) fn mmap(&self) -> &Mmap {
         &self.mmap
     }
 }

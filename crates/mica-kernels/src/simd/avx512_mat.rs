@@ -21,7 +21,7 @@
 use std::arch::x86_64::*;
 
 use super::mat::{ActRows, BlockAux, MatOut, WeightRows};
-use super::{DotPath, Kernels};
+use super::{DotPath, Kernels, Packing};
 use crate::DType;
 use crate::quant::blocks::QK;
 
@@ -37,9 +37,12 @@ pub(super) fn install(k: &mut Kernels) {
             });
             k.set_packed(
                 DType::$t,
-                pack::<$F>,
-                // SAFETY: as above.
-                |w, x, o| unsafe { legacy::<$F, true>(w, x, o) },
+                Packing {
+                    pack: pack::<$F>,
+                    unpack: unpack::<$F>,
+                    // SAFETY: as above.
+                    mat: |w, x, o| unsafe { legacy::<$F, true>(w, x, o) },
+                },
             );
         };
     }
@@ -386,9 +389,9 @@ unsafe fn legacy<F: Legacy, const PACKED: bool>(w: &WeightRows, x: &ActRows, out
     );
     assert!(x.data.len() == x.n * nb * x.dtype.type_size() && x.aux.len() == x.n * nb);
     let base = w.data.as_ptr();
-    if !PACKED && !F::WIDE && x.n >= DECODE_MIN_TOKENS {
+    if !F::WIDE && x.n >= DECODE_MIN_TOKENS {
         // SAFETY: the sizes are checked above.
-        return unsafe { legacy_decoded::<F>(w, x, out) };
+        return unsafe { legacy_decoded::<F, PACKED>(w, x, out) };
     }
     for t0 in (0..x.n).step_by(TOK_TILE) {
         let t1 = (t0 + TOK_TILE).min(x.n);
@@ -447,17 +450,27 @@ struct Decoded {
     m: __m256,
 }
 
-/// Decodes blocks `0..nb` of two groups of four rows into `buf`.
+/// Decodes blocks `0..nb` of two groups of four rows into `buf` (`PACKED`: each group's
+/// `Rows4` is its packed group, four times).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-unsafe fn decode8<F: Legacy>(rows: &[Rows4; 2], nb: usize, buf: &mut Vec<Decoded>) {
+unsafe fn decode8<F: Legacy, const PACKED: bool>(
+    rows: &[Rows4; 2],
+    nb: usize,
+    buf: &mut Vec<Decoded>,
+) {
     buf.clear();
     for b in 0..nb {
         // SAFETY: block b < nb of every row (checked by the driver).
         let ((qa, da), (qb, db)) = unsafe {
             let g = |r: &Rows4| {
-                let wb = r.map(|p| p.add(b * F::BYTES));
-                (F::quants(&wb), F::scales(&wb))
+                if PACKED {
+                    let p = r[0].add(b * 4 * F::BYTES);
+                    (packed_quants::<F>(p), packed_scales::<F>(p))
+                } else {
+                    let wb = r.map(|p| p.add(b * F::BYTES));
+                    (F::quants(&wb), F::scales(&wb))
+                }
             };
             (g(&rows[0]), g(&rows[1]))
         };
@@ -579,10 +592,15 @@ unsafe fn tokens8<F: Legacy, const C: usize>(
     }
 }
 
-/// The decoded-path driver of [`legacy`] (file layout, 4- and 5-bit formats): token tiles of
-/// [`TOK_TILE`], row groups of eight decoded once per tile, micro-kernels of four tokens.
+/// The decoded-path driver of [`legacy`] (4- and 5-bit formats, the file's layout or
+/// packed): token tiles of [`TOK_TILE`], row groups of eight decoded once per tile,
+/// micro-kernels of four tokens.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn legacy_decoded<F: Legacy>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
+unsafe fn legacy_decoded<F: Legacy, const PACKED: bool>(
+    w: &WeightRows,
+    x: &ActRows,
+    out: &mut MatOut,
+) {
     let nb = w.n / QK;
     let base = w.data.as_ptr();
     let mut buf: Vec<Decoded> = Vec::with_capacity(nb);
@@ -599,15 +617,21 @@ unsafe fn legacy_decoded<F: Legacy>(w: &WeightRows, x: &ActRows, out: &mut MatOu
         for r0 in (0..w.rows).step_by(8) {
             let nr = (w.rows - r0).min(8);
             // SAFETY: rows r0..r0+nr exist (checked by `legacy`); missing rows repeat the
-            // last one.
+            // last one (packed: a missing second group repeats the first, whose padding rows
+            // repeat the last row).
             let rows: [Rows4; 2] = std::array::from_fn(|g| {
                 std::array::from_fn(|i| unsafe {
-                    base.add((r0 + (4 * g + i).min(nr - 1)) * w.stride)
+                    if PACKED {
+                        let last = (w.rows - 1) / 4;
+                        base.add((r0 / 4 + g).min(last) * w.stride)
+                    } else {
+                        base.add((r0 + (4 * g + i).min(nr - 1)) * w.stride)
+                    }
                 })
             });
             // SAFETY (all calls): blocks 0..nb of the rows; tokens t..t+C < t1 <= x.n.
             unsafe {
-                decode8::<F>(&rows, nb, &mut buf);
+                decode8::<F, PACKED>(&rows, nb, &mut buf);
                 let mut t = t0;
                 while t + 4 <= t1 {
                     tokens8::<F, 4>(&buf, &offs, x, t, out, r0, nr);
@@ -720,4 +744,36 @@ fn pack<F: Legacy>(n: usize, rows: usize, data: &[u8]) -> Vec<u8> {
         }
     }
     out
+}
+
+/// The inverse of [`pack`] for one row: blocks `blocks` of row `r` in the file's layout.
+fn unpack<F: Legacy>(
+    n: usize,
+    data: &[u8],
+    r: usize,
+    blocks: std::ops::Range<usize>,
+    out: &mut [u8],
+) {
+    let nb = n / QK;
+    let gb = 4 * F::BYTES;
+    let qs_len = if F::WIDE { 32 } else { 16 };
+    let q = packed_qs::<F>();
+    let (g, i) = (r / 4, r % 4);
+    let group = &data[g * nb * gb..][..nb * gb];
+    let src = group[blocks.start * gb..blocks.end * gb].chunks_exact(gb);
+    for (o, s) in out.chunks_exact_mut(F::BYTES).zip(src) {
+        o[F::QS..F::QS + qs_len].copy_from_slice(&s[i * qs_len..(i + 1) * qs_len]);
+        o[0..2].copy_from_slice(&s[q + 2 * i..q + 2 * i + 2]);
+        if F::MIN {
+            o[F::M..F::M + 2].copy_from_slice(&s[q + 8 + 2 * i..q + 10 + 2 * i]);
+        }
+        if let Some(qh) = F::QH {
+            let k = q + if F::MIN { 16 } else { 8 };
+            let bits = |at: usize| {
+                (u64::from_le_bytes(s[at..at + 8].try_into().unwrap()) >> (16 * i)) & 0xFFFF
+            };
+            let h = (bits(k) | bits(k + 8) << 16) as u32;
+            o[qh..qh + 4].copy_from_slice(&h.to_le_bytes());
+        }
+    }
 }

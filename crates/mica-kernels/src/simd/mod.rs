@@ -77,6 +77,17 @@ pub type QuantizeFn = fn(&[f32], &mut [u8]);
 pub type MatFn = fn(&WeightRows, &ActRows, &mut MatOut);
 /// `(n, rows, row-major weights) -> packed weights` (see [`Kernels::pack`]).
 pub type PackFn = fn(usize, usize, &[u8]) -> Vec<u8>;
+/// `(n, packed weights, row, blocks, out)`: the file-layout bytes of blocks `blocks` of one
+/// row of packed weights (see [`Kernels::unpack_blocks`]).
+pub type UnpackFn = fn(usize, &[u8], usize, std::ops::Range<usize>, &mut [u8]);
+
+/// A type's load-time packed layout: how to pack and unpack it, and its matrix kernel.
+#[derive(Clone, Copy)]
+pub(crate) struct Packing {
+    pub pack: PackFn,
+    pub unpack: UnpackFn,
+    pub mat: MatFn,
+}
 
 const N_TYPES: usize = DType::ALL.len();
 
@@ -105,7 +116,7 @@ pub struct Kernels {
     /// where the table computes the product one `dot_fn` per output.
     mats: [[Option<MatFn>; N_TYPES]; 4],
     /// Load-time repacking of weights and the matrix kernel for the packed layout, by type.
-    packed: [Option<(PackFn, MatFn)>; N_TYPES],
+    packed: [Option<Packing>; N_TYPES],
 }
 
 impl std::fmt::Debug for Kernels {
@@ -300,7 +311,7 @@ impl Kernels {
     pub fn matmul(&self, path: DotPath, w: &WeightRows, x: &ActRows, out: &mut MatOut) {
         let f = if w.packed {
             assert_eq!(path, DotPath::VecDot, "packed weights");
-            self.packed[slot(w.dtype)].map(|p| p.1)
+            self.packed[slot(w.dtype)].map(|p| p.mat)
         } else {
             self.mats[path.slot().map_or(0, |p| p + 1)][slot(w.dtype)]
         };
@@ -316,7 +327,24 @@ impl Kernels {
         if rows == 0 {
             return None;
         }
-        self.packed[slot(t)].map(|p| (p.0)(n, rows, data))
+        self.packed[slot(t)].map(|p| (p.pack)(n, rows, data))
+    }
+
+    /// Blocks `blocks` of row `row` of `n`-element rows packed by [`Kernels::pack`] (`data`),
+    /// written to `out` in the file's layout (`blocks.len()` blocks): the bytes the row had
+    /// before packing. Panics where `t` has no packed layout in this table.
+    pub fn unpack_blocks(
+        &self,
+        t: DType,
+        n: usize,
+        data: &[u8],
+        row: usize,
+        blocks: std::ops::Range<usize>,
+        out: &mut [u8],
+    ) {
+        let p = self.packed[slot(t)].unwrap_or_else(|| panic!("{t} has no packed layout"));
+        assert_eq!(out.len(), blocks.len() * t.type_size(), "unpacked blocks");
+        (p.unpack)(n, data, row, blocks, out)
     }
 
     /// Whether this table has a dedicated matrix kernel for `path` and `t` (otherwise
@@ -356,8 +384,8 @@ impl Kernels {
 
     /// Installs a packing function and its matrix kernel for `t` (used by the ISA modules).
     #[allow(dead_code)]
-    fn set_packed(&mut self, t: DType, pack: PackFn, f: MatFn) {
-        self.packed[slot(t)] = Some((pack, f));
+    fn set_packed(&mut self, t: DType, p: Packing) {
+        self.packed[slot(t)] = Some(p);
     }
 
     /// Replaces the quantizer of `t` (used by the ISA modules).

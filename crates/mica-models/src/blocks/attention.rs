@@ -25,7 +25,7 @@
 use crate::kv_cache::{CacheElem, KvCache, KvType, SeqId, SeqKv};
 use half::f16;
 use mica_kernels::ThreadPool;
-use mica_kernels::attention::{KvHead, Q_TILE, ScoreMod, TileScratch, attend_tile_mod};
+use mica_kernels::attention::{KvHead, Q_TILE, ScoreMod, TileScratch, attend_tile_batch};
 use mica_kernels::ops::f16v;
 use mica_kernels::pool::split_range;
 use std::cell::RefCell;
@@ -301,6 +301,9 @@ fn attention_tiled<T: AttnElem>(
         // and two threads, 10 vs 26 key tiles per head).
         pool.run(|i, nt| {
             TILE_SCRATCH.with_borrow_mut(|(scratch, qbuf, obuf)| {
+                // The cache holds this call's keys and values from here on: converted rows
+                // are reused across this thread's tiles and query heads, not across calls.
+                scratch.begin_batch();
                 for item in (i..items).step_by(nt) {
                     let ((t0, rows), h) = (tiles[item / shape.n_head], item % shape.n_head);
                     let g = h / (shape.n_head / shape.n_head_kv);
@@ -320,7 +323,7 @@ fn attention_tiled<T: AttnElem>(
                         qbuf.extend_from_slice(&q[(t0 + r) * q_dim + h * hd..][..hd]);
                     }
                     obuf.resize(rows * hd, 0.0);
-                    attend_tile_mod(&kv, qbuf, &pos[t0..t0 + rows], &sm, scratch, obuf);
+                    attend_tile_batch(&kv, qbuf, &pos[t0..t0 + rows], &sm, scratch, obuf);
                     for r in 0..rows {
                         // SAFETY: (tile, head) items write disjoint rows/heads of `out`.
                         let o = unsafe { dst.slice((t0 + r) * q_dim + h * hd, hd) };

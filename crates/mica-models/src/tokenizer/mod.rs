@@ -30,6 +30,7 @@ mod pretokenize;
 mod spec;
 mod special;
 mod spm;
+mod store;
 mod vocab;
 
 use std::sync::Arc;
@@ -39,12 +40,9 @@ pub use error::{Result, TokenizerError};
 pub use spec::{SpacePrefix, TokenType, TokenizerSpec};
 
 use bpe::BpeEncoder;
-use vocab::attr;
-
-/// Token text → id. HF's hash map type (aHash), which is much faster to fill than the std
-/// SipHash map for a 262k-entry vocabulary.
-type TokenMap = tokenizers::models::bpe::Vocab;
 use special::{Fragment, SpecialMatcher};
+use store::VocabStore;
+use vocab::attr;
 
 /// The tokenizer families mica implements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,11 +67,9 @@ enum Model {
 struct Inner {
     kind: VocabKind,
     pre: Option<String>,
-    tokens: Vec<String>,
+    /// Token texts, their rendered pieces and the text → id index, each stored once.
+    vocab: VocabStore,
     attrs: Vec<u8>,
-    /// Each token's bytes when rendered with special tokens shown.
-    pieces: Vec<Box<[u8]>>,
-    token_to_id: TokenMap,
     model: Model,
     specials: SpecialMatcher,
     ids: vocab::SpecialTokens,
@@ -136,26 +132,16 @@ impl Tokenizer {
             VocabKind::Spm => None,
         };
 
-        let mut token_to_id = TokenMap::with_capacity(n);
-        let mut duplicates = 0usize;
-        for (id, text) in spec.tokens.iter().enumerate() {
-            // A later duplicate shadows an earlier one, as in HF's vocabulary map.
-            duplicates += token_to_id.insert(text.clone(), id as u32).is_some() as usize;
-        }
+        // A later duplicate shadows an earlier one, as in HF's vocabulary map.
+        let (mut store, duplicates) = VocabStore::new(&spec.tokens)?;
         if duplicates > 0 {
             warnings.push(format!(
                 "{duplicates} duplicate token texts in the vocabulary; the highest id wins"
             ));
         }
         let mut attrs = vocab::token_attrs(spec);
-        let special_ids = vocab::special_tokens(
-            spec,
-            kind,
-            pre.as_ref(),
-            &mut attrs,
-            &token_to_id,
-            &mut warnings,
-        )?;
+        let special_ids =
+            vocab::special_tokens(spec, kind, pre.as_ref(), &mut attrs, &store, &mut warnings)?;
 
         let specials: Vec<(u32, &str, bool)> = (0..n)
             .filter(|&id| attrs[id] & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN) != 0)
@@ -165,20 +151,16 @@ impl Tokenizer {
             })
             .collect();
         let specials = SpecialMatcher::new(&specials);
-        let model = build_model(spec, pre.as_ref(), &token_to_id, &mut warnings)?;
+        let model = build_model(spec, pre.as_ref(), &store, &mut warnings)?;
         let alphabet = decode::Gpt2Alphabet::new();
-        let pieces = (0..n)
-            .map(|id| vocab::piece_of(kind, &spec.tokens[id], attrs[id], &alphabet))
-            .collect();
+        store.set_pieces(|id, text| vocab::piece_of(kind, text, attrs[id], &alphabet))?;
 
         Ok(Tokenizer {
             inner: Arc::new(Inner {
                 kind,
                 pre: pre.map(|p| p.name),
-                tokens: spec.tokens.clone(),
+                vocab: store,
                 attrs,
-                pieces,
-                token_to_id,
                 model,
                 specials,
                 ids: special_ids,
@@ -233,7 +215,7 @@ impl Tokenizer {
                         } => {
                             let escaped = escape(plain);
                             let vocab = spm::SpmVocab {
-                                token_to_id: &inner.token_to_id,
+                                store: &inner.vocab,
                                 scores,
                                 byte_tokens,
                                 unk: inner.ids.unk,
@@ -278,13 +260,10 @@ impl Tokenizer {
 
     fn checked_piece(&self, id: u32, options: DecodeOptions) -> Result<&[u8]> {
         let inner = &*self.inner;
-        let piece = inner
-            .pieces
-            .get(id as usize)
-            .ok_or(TokenizerError::IdOutOfRange {
-                id,
-                vocab_size: inner.tokens.len(),
-            })?;
+        let piece = inner.vocab.piece(id).ok_or(TokenizerError::IdOutOfRange {
+            id,
+            vocab_size: inner.vocab.len(),
+        })?;
         let hidden = attr::CONTROL | attr::UNKNOWN;
         if options.skip_special && inner.attrs[id as usize] & hidden != 0 {
             return Ok(&[]);
@@ -294,12 +273,12 @@ impl Tokenizer {
 
     /// The vocabulary entry of `id` as stored in the file (`Ġthe`, `▁the`, `<0x0A>`).
     pub fn token_text(&self, id: u32) -> Option<&str> {
-        self.inner.tokens.get(id as usize).map(String::as_str)
+        self.inner.vocab.text(id)
     }
 
     /// The id of a vocabulary entry, by its stored text.
     pub fn token_id(&self, text: &str) -> Option<u32> {
-        self.inner.token_to_id.get(text).copied()
+        self.inner.vocab.id(text)
     }
 
     /// The type of `id`, after llama.cpp's load-time adjustments (end-of-turn tokens typed
@@ -324,7 +303,7 @@ impl Tokenizer {
     }
 
     pub fn vocab_size(&self) -> usize {
-        self.inner.tokens.len()
+        self.inner.vocab.len()
     }
     pub fn kind(&self) -> VocabKind {
         self.inner.kind
@@ -390,7 +369,7 @@ fn check_len(key: &'static str, len: Option<usize>, vocab: usize) -> Result<()> 
 fn build_model(
     spec: &TokenizerSpec,
     pre: Option<&pretokenize::PreTokenizer>,
-    token_to_id: &TokenMap,
+    store: &VocabStore,
     warnings: &mut Vec<String>,
 ) -> Result<Model> {
     if let Some(pre) = pre {
@@ -413,13 +392,10 @@ fn build_model(
     // The `<0xNN>` token of each byte, or failing that the one-character token (ASCII).
     let mut byte_tokens = Box::new([None; 256]);
     for (b, slot) in byte_tokens.iter_mut().enumerate() {
-        *slot = token_to_id
-            .get(format!("<0x{b:02X}>").as_str())
-            .copied()
-            .or_else(|| {
-                let ascii = char::from_u32(b as u32).filter(|_| b < 0x80)?;
-                token_to_id.get(ascii.to_string().as_str()).copied()
-            });
+        *slot = store.id(&format!("<0x{b:02X}>")).or_else(|| {
+            let ascii = char::from_u32(b as u32).filter(|_| b < 0x80)?;
+            store.id(ascii.encode_utf8(&mut [0; 4]))
+        });
     }
     let n = spec.tokens.len();
     let scores = spec

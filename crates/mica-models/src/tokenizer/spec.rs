@@ -2,7 +2,7 @@
 //! plain owned data. The tokenizer is built from this, never from the file directly, so tests
 //! can hand-write tiny vocabularies and other sources (a `tokenizer.json`) can fill it later.
 
-use mica_formats::{GgufFile, MetaArray};
+use mica_formats::{GgufFile, MetaArray, MetaValue};
 
 use super::error::{Result, TokenizerError};
 
@@ -91,10 +91,47 @@ pub struct TokenizerSpec {
     pub chat_template: Option<String>,
 }
 
+const TOKENS: &str = "tokenizer.ggml.tokens";
+const MERGES: &str = "tokenizer.ggml.merges";
+
 impl TokenizerSpec {
     /// Reads the `tokenizer.*` keys of an open GGUF file. Only types are checked here; the
     /// contents are validated when the tokenizer is built.
     pub fn from_gguf(gguf: &GgufFile) -> Result<TokenizerSpec> {
+        let copy = |key: &'static str| -> Result<Option<Vec<String>>> {
+            match gguf.get_array(key) {
+                None => Ok(None),
+                Some(MetaArray::String(v)) => Ok(Some(v.clone())),
+                Some(a) => Err(not_strings(key, a)),
+            }
+        };
+        Self::read(gguf, copy(TOKENS), copy(MERGES))
+    }
+
+    /// [`from_gguf`](Self::from_gguf), moving the vocabulary and merges out of the file
+    /// instead of copying them: they are the bulk of the metadata (262k tokens are ~16 MB
+    /// parsed), and a loader has no use for them once the tokenizer is built. Both keys are
+    /// gone from `gguf` afterwards, whatever the result.
+    pub fn take_from_gguf(gguf: &mut GgufFile) -> Result<TokenizerSpec> {
+        let mut take = |key: &'static str| -> Result<Option<Vec<String>>> {
+            match gguf.take_metadata(key) {
+                Some(MetaValue::Array(MetaArray::String(v))) => Ok(Some(v)),
+                Some(MetaValue::Array(a)) => Err(not_strings(key, &a)),
+                // Not an array: missing, as `GgufFile::get_array` sees it.
+                _ => Ok(None),
+            }
+        };
+        let (tokens, merges) = (take(TOKENS), take(MERGES));
+        Self::read(gguf, tokens, merges)
+    }
+
+    /// Everything but the two string arrays, which the caller has fetched (its errors are
+    /// reported in key order).
+    fn read(
+        gguf: &GgufFile,
+        tokens: Result<Option<Vec<String>>>,
+        merges: Result<Option<Vec<String>>>,
+    ) -> Result<TokenizerSpec> {
         let str_key =
             |key: &'static str| -> Result<Option<String>> {
                 match gguf.metadata(key) {
@@ -130,25 +167,9 @@ impl TokenizerSpec {
                 }),
             }
         };
-        let str_array =
-            |key: &'static str| -> Result<Option<Vec<String>>> {
-                match gguf.get_array(key) {
-                    None => Ok(None),
-                    Some(a) => a.as_strings().map(|s| Some(s.to_vec())).ok_or_else(|| {
-                        TokenizerError::BadKey {
-                            key,
-                            msg: format!(
-                                "expected an array of strings, found {}",
-                                a.elem_type_name()
-                            ),
-                        }
-                    }),
-                }
-            };
-
         let model = str_key("tokenizer.ggml.model")?
             .ok_or(TokenizerError::MissingKey("tokenizer.ggml.model"))?;
-        let tokens = str_array("tokenizer.ggml.tokens")?.ok_or(TokenizerError::MissingVocab)?;
+        let tokens = tokens?.ok_or(TokenizerError::MissingVocab)?;
         let scores = match gguf.get_array("tokenizer.ggml.scores") {
             None => None,
             Some(MetaArray::F32(v)) => Some(v.clone()),
@@ -184,7 +205,7 @@ impl TokenizerSpec {
             tokens,
             scores,
             token_types,
-            merges: str_array("tokenizer.ggml.merges")?,
+            merges: merges?,
             bos_id: id_key("tokenizer.ggml.bos_token_id")?,
             eos_id: id_key("tokenizer.ggml.eos_token_id")?,
             eot_id: id_key("tokenizer.ggml.eot_token_id")?,
@@ -200,5 +221,12 @@ impl TokenizerSpec {
             space_prefix_rule: SpacePrefix::default(),
             chat_template: str_key("tokenizer.chat_template")?,
         })
+    }
+}
+
+fn not_strings(key: &'static str, a: &MetaArray) -> TokenizerError {
+    TokenizerError::BadKey {
+        key,
+        msg: format!("expected an array of strings, found {}", a.elem_type_name()),
     }
 }

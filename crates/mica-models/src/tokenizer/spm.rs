@@ -22,6 +22,9 @@ struct Symbol {
     len: usize,
     prev: Option<usize>,
     next: Option<usize>,
+    /// The token of a merged symbol, known from its merge (so the end need not look it up
+    /// again); `None` for a single character, which may have no token.
+    id: Option<u32>,
 }
 
 /// A merge candidate: symbols `left` and `right`, whose joined text is a token of `score`.
@@ -31,6 +34,8 @@ struct Bigram {
     right: usize,
     /// Joined length when the candidate was made; a mismatch later means it is stale.
     len: usize,
+    /// The token of the joined text.
+    id: u32,
 }
 
 impl Ord for Bigram {
@@ -55,7 +60,8 @@ impl Eq for Bigram {}
 
 /// What the SPM encoder needs from the vocabulary.
 pub(crate) struct SpmVocab<'a> {
-    pub token_to_id: &'a super::TokenMap,
+    /// Token texts and the text → id index.
+    pub store: &'a super::store::VocabStore,
     /// Per-token merge priority, indexed by id.
     pub scores: &'a [f32],
     /// The `<0xNN>` token (or failing that the one-byte token) for each byte value.
@@ -74,6 +80,7 @@ pub(crate) fn encode(vocab: &SpmVocab<'_>, text: &str, out: &mut Vec<u32>) {
             len: ch.len_utf8(),
             prev: index.checked_sub(1),
             next: None,
+            id: None,
         });
         if index > 0 {
             symbols[index - 1].next = Some(index);
@@ -83,17 +90,18 @@ pub(crate) fn encode(vocab: &SpmVocab<'_>, text: &str, out: &mut Vec<u32>) {
         return;
     }
 
-    let mut queue = BinaryHeap::new();
+    let mut queue = BinaryHeap::with_capacity(symbols.len());
     let try_add =
         |queue: &mut BinaryHeap<Bigram>, symbols: &[Symbol], left: usize, right: usize| {
             let (l, r) = (symbols[left], symbols[right]);
             let joined = &text[l.start..r.start + r.len];
-            if let Some(&id) = vocab.token_to_id.get(joined) {
+            if let Some(id) = vocab.store.id(joined) {
                 queue.push(Bigram {
                     score: vocab.scores[id as usize],
                     left,
                     right,
                     len: joined.len(),
+                    id,
                 });
             }
         };
@@ -109,6 +117,7 @@ pub(crate) fn encode(vocab: &SpmVocab<'_>, text: &str, out: &mut Vec<u32>) {
         }
         // Merge the right symbol into the left one and unlink it.
         symbols[bigram.left].len += r.len;
+        symbols[bigram.left].id = Some(bigram.id);
         symbols[bigram.right].len = 0;
         symbols[bigram.left].next = r.next;
         if let Some(next) = r.next {
@@ -126,8 +135,8 @@ pub(crate) fn encode(vocab: &SpmVocab<'_>, text: &str, out: &mut Vec<u32>) {
     while let Some(i) = cursor {
         let sym = symbols[i];
         let piece = &text[sym.start..sym.start + sym.len];
-        match vocab.token_to_id.get(piece) {
-            Some(&id) => out.push(id),
+        match sym.id.or_else(|| vocab.store.id(piece)) {
+            Some(id) => out.push(id),
             None => out.extend(
                 piece
                     .bytes()
@@ -140,27 +149,25 @@ pub(crate) fn encode(vocab: &SpmVocab<'_>, text: &str, out: &mut Vec<u32>) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::store::VocabStore;
     use super::*;
 
-    fn toy() -> (super::super::TokenMap, Vec<f32>, [Option<u32>; 256]) {
+    fn toy() -> (VocabStore, Vec<f32>, [Option<u32>; 256]) {
         // ids: 0 a, 1 b, 2 c, 3 ab, 4 bc, 5 abc, 6 <0x78> ('x')
-        let tokens = ["a", "b", "c", "ab", "bc", "abc", "<0x78>"];
+        let tokens = ["a", "b", "c", "ab", "bc", "abc", "<0x78>"].map(String::from);
         let scores = vec![0.0, 0.0, 0.0, -2.0, -1.0, -3.0, 0.0];
-        let map = tokens
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.to_string(), i as u32))
-            .collect();
+        let (store, duplicates) = VocabStore::new(&tokens).unwrap();
+        assert_eq!(duplicates, 0);
         let mut bytes = [None; 256];
         bytes[b'x' as usize] = Some(6);
-        (map, scores, bytes)
+        (store, scores, bytes)
     }
 
     #[test]
     fn highest_score_merges_first_then_bytes_for_unknown_chars() {
-        let (map, scores, bytes) = toy();
+        let (store, scores, bytes) = toy();
         let vocab = SpmVocab {
-            token_to_id: &map,
+            store: &store,
             scores: &scores,
             byte_tokens: &bytes,
             unk: None,

@@ -2,12 +2,14 @@
 //! attributes from the GGUF token types, special-token ids with their per-family defaults,
 //! the end-of-generation set (partly found by token text), and each token's decoded bytes.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 
 use super::decode::{self, Gpt2Alphabet};
 use super::error::{Result, TokenizerError};
 use super::pretokenize::PreTokenizer;
-use super::{TokenMap, TokenType, TokenizerSpec, VocabKind};
+use super::store::VocabStore;
+use super::{TokenType, TokenizerSpec, VocabKind};
 
 /// Token attributes, as llama.cpp's `llama_token_attr` bit flags: the GGUF token type plus
 /// flags llama.cpp adds at load (e.g. CONTROL on end-of-turn tokens typed NORMAL).
@@ -107,7 +109,7 @@ pub(crate) fn special_tokens(
     kind: VocabKind,
     pre: Option<&PreTokenizer>,
     attrs: &mut [u8],
-    token_to_id: &TokenMap,
+    store: &VocabStore,
     warnings: &mut Vec<String>,
 ) -> Result<SpecialTokens> {
     let n = spec.tokens.len();
@@ -156,7 +158,7 @@ pub(crate) fn special_tokens(
 
     // Tokens found by their text become CONTROL.
     let mut find_control = |texts: &[&str]| -> Option<u32> {
-        let id = texts.iter().find_map(|t| token_to_id.get(*t).copied())?;
+        let id = texts.iter().find_map(|t| store.id(t))?;
         attrs[id as usize] |= attr::CONTROL;
         Some(id)
     };
@@ -169,13 +171,13 @@ pub(crate) fn special_tokens(
     ];
     let mut eog: HashSet<u32> = fim.iter().flatten().copied().collect();
     for text in EOG_TEXTS {
-        if let Some(&id) = token_to_id.get(*text) {
+        if let Some(id) = store.id(text) {
             eog.insert(id);
             attrs[id as usize] |= attr::CONTROL;
         }
     }
     eog.extend([eos, eot, eom].iter().flatten());
-    apply_eog_workarounds(&mut eog, attrs, token_to_id);
+    apply_eog_workarounds(&mut eog, attrs, store);
     let mut eog: Vec<u32> = eog.into_iter().collect();
     eog.sort_unstable();
 
@@ -209,47 +211,52 @@ fn attr_of(t: TokenType) -> u8 {
 /// llama.cpp's special cases for the end-of-generation set: gpt-oss's `<|end|>` separates
 /// messages rather than ending generation when `<|return|>`/`<|call|>` exist, and the
 /// gpt-oss channel markers are always-rendered user-defined tokens.
-fn apply_eog_workarounds(eog: &mut HashSet<u32>, attrs: &mut [u8], token_to_id: &TokenMap) {
-    let eog_has =
-        |eog: &HashSet<u32>, t: &str| token_to_id.get(t).is_some_and(|id| eog.contains(id));
+fn apply_eog_workarounds(eog: &mut HashSet<u32>, attrs: &mut [u8], store: &VocabStore) {
+    let eog_has = |eog: &HashSet<u32>, t: &str| store.id(t).is_some_and(|id| eog.contains(&id));
     let gpt_oss = (eog_has(eog, "<|return|>") && eog_has(eog, "<|call|>"))
         || (eog_has(eog, "<|calls|>") && eog_has(eog, "<|flush|>"));
-    if let Some(&end) = token_to_id.get("<|end|>")
+    if let Some(end) = store.id("<|end|>")
         && gpt_oss
         && eog.remove(&end)
     {
         attrs[end as usize] = attr::USER_DEFINED;
     }
     // Gemma 4 and PaddleOCR use `</s>` as ordinary text when `<|tool_response>` exists.
-    if let Some(&s) = token_to_id.get("</s>")
+    if let Some(s) = store.id("</s>")
         && eog_has(eog, "<|tool_response>")
         && eog.remove(&s)
     {
         attrs[s as usize] = attr::NORMAL;
     }
     for text in ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"] {
-        if let Some(&id) = token_to_id.get(text) {
+        if let Some(id) = store.id(text) {
             attrs[id as usize] = attr::USER_DEFINED;
         }
     }
 }
 
 /// A token's bytes when special tokens are shown (llama.cpp `token_to_piece`, special=true).
-pub(crate) fn piece_of(kind: VocabKind, text: &str, a: u8, byte_table: &Gpt2Alphabet) -> Box<[u8]> {
+pub(crate) fn piece_of<'t>(
+    kind: VocabKind,
+    text: &'t str,
+    a: u8,
+    byte_table: &Gpt2Alphabet,
+) -> Cow<'t, [u8]> {
     if a & (attr::UNKNOWN | attr::CONTROL | attr::USER_DEFINED) != 0 {
-        return text.as_bytes().into();
+        return Cow::Borrowed(text.as_bytes());
     }
     if a & attr::NORMAL != 0 {
         return match kind {
-            VocabKind::Spm => text.replace('▁', " ").into_bytes().into(),
-            VocabKind::Bpe => decode::byte_level_piece(text, byte_table).into(),
+            VocabKind::Spm if !text.contains('▁') => Cow::Borrowed(text.as_bytes()),
+            VocabKind::Spm => Cow::Owned(text.replace('▁', " ").into_bytes()),
+            VocabKind::Bpe => Cow::Owned(decode::byte_level_piece(text, byte_table)),
         };
     }
     if a & attr::BYTE != 0
         && let Some(b) = decode::parse_byte_token(text)
     {
-        return Box::new([b]);
+        return Cow::Owned(vec![b]);
     }
     // UNUSED, UNDEFINED (and malformed byte tokens) render as nothing, as in llama.cpp.
-    Box::new([])
+    Cow::Borrowed(&[])
 }

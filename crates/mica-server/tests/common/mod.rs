@@ -54,6 +54,7 @@ pub fn config(scheduler: SchedulerConfig, api_keys: Vec<ApiKey>) -> ServerConfig
         scheduler,
         max_waiting_per_lane: 64,
         max_loaded: 1,
+        repack: true,
         mem_limit: None,
     }
 }

@@ -34,6 +34,8 @@ pub const KV_TILE: usize = 64;
 pub trait KvElem: Copy + Default + Send + Sync + 'static {
     fn to_f32(self) -> f32;
     fn from_f32(x: f32) -> Self;
+    /// `dst[i] = src[i].to_f32()`, vectorized where the CPU can.
+    fn slice_to_f32(src: &[Self], dst: &mut [f32]);
     /// The tile kernel for this element type, picked once for this CPU.
     fn tile_fn() -> TileFn<Self>;
 }
@@ -46,6 +48,11 @@ impl KvElem for f16 {
     #[inline(always)]
     fn from_f32(x: f32) -> Self {
         f16::from_f32(x)
+    }
+    #[inline]
+    fn slice_to_f32(src: &[Self], dst: &mut [f32]) {
+        use half::slice::HalfFloatSliceExt;
+        src.convert_to_f32_slice(dst)
     }
     fn tile_fn() -> TileFn<Self> {
         static F: OnceLock<TileFn<f16>> = OnceLock::new();
@@ -61,6 +68,10 @@ impl KvElem for f32 {
     #[inline(always)]
     fn from_f32(x: f32) -> Self {
         x
+    }
+    #[inline]
+    fn slice_to_f32(src: &[Self], dst: &mut [f32]) {
+        dst.copy_from_slice(src)
     }
     fn tile_fn() -> TileFn<Self> {
         static F: OnceLock<TileFn<f32>> = OnceLock::new();
@@ -134,13 +145,89 @@ pub struct TileScratch {
     kt: Vec<f32>,
     /// `[KV_TILE][head_dim]` the value tile in f32
     vt: Vec<f32>,
-    /// `[KV_TILE]` scores of one row
-    s: Vec<f32>,
+    /// `[head_dim]` one key row in f32
+    krow: Vec<f32>,
+    /// Which keys and values `pk`/`pv` hold (addresses, offset, stride, head size), and how
+    /// many of their rows are converted: the register-blocked kernel converts each row once
+    /// per [`TileScratch::begin_batch`] and reuses it for every query tile and every query
+    /// head of the group.
+    prep: Option<(usize, usize, usize, usize, usize)>,
+    prep_rows: usize,
+    /// `[tiles][head_dim][KV_TILE]` the keys in f32, transposed tile by tile
+    pk: Vec<f32>,
+    /// `[tiles · KV_TILE][head_dim]` the values in f32
+    pv: Vec<f32>,
     /// `[rows][head_dim]` accumulators
     acc: Vec<f32>,
     m: Vec<f32>,
     sum: Vec<f32>,
 }
+
+impl TileScratch {
+    /// Empty accumulators, running maxima and sums for `rows` rows of `hd`.
+    fn start_rows(&mut self, rows: usize, hd: usize) {
+        self.acc.clear();
+        self.acc.resize(rows * hd, 0.0);
+        self.m.clear();
+        self.m.resize(rows, f32::NEG_INFINITY);
+        self.sum.clear();
+        self.sum.resize(rows, 0.0);
+    }
+
+    /// `out[r] = acc[r] / sum[r]` for every row (0 for a row that saw nothing).
+    fn finish_rows(&self, hd: usize, out: &mut [f32]) {
+        for (r, &sum) in self.sum.iter().enumerate() {
+            let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+            for (o, &a) in out[r * hd..(r + 1) * hd]
+                .iter_mut()
+                .zip(&self.acc[r * hd..(r + 1) * hd])
+            {
+                *o = a * inv;
+            }
+        }
+    }
+
+    /// Forgets the prepared (converted) keys and values: call whenever the cache's contents
+    /// may have changed since the last [`attend_tile_batch`] with this scratch.
+    pub fn begin_batch(&mut self) {
+        self.prep = None;
+        self.prep_rows = 0;
+    }
+
+    /// Makes sure rows `0..n_kv` of `kv` are converted into `pk`/`pv`.
+    fn prepare<T: KvElem>(&mut self, kv: &KvHead<T>, n_kv: usize) {
+        let hd = kv.head_dim;
+        let id = (
+            kv.keys.as_ptr() as usize,
+            kv.values.as_ptr() as usize,
+            kv.offset,
+            kv.stride,
+            hd,
+        );
+        if self.prep != Some(id) {
+            self.prep = Some(id);
+            self.prep_rows = 0;
+        }
+        let tiles = n_kv.div_ceil(KV_TILE);
+        if self.pk.len() < tiles * KV_TILE * hd {
+            self.pk.resize(tiles * KV_TILE * hd, 0.0);
+            self.pv.resize(tiles * KV_TILE * hd, 0.0);
+        }
+        self.krow.resize(hd, 0.0);
+        for j in self.prep_rows..n_kv {
+            let (t0, tk) = (j / KV_TILE * KV_TILE * hd, j % KV_TILE);
+            T::slice_to_f32(kv.key(j), &mut self.krow[..hd]);
+            for (d, &k) in self.krow[..hd].iter().enumerate() {
+                self.pk[t0 + d * KV_TILE + tk] = k;
+            }
+            T::slice_to_f32(kv.value(j), &mut self.pv[j * hd..(j + 1) * hd]);
+        }
+        self.prep_rows = self.prep_rows.max(n_kv);
+    }
+}
+
+mod blocked;
+use blocked::tile_fast;
 
 /// A tile kernel over a cache of element type `T`.
 pub type TileFn<T> = fn(&KvHead<T>, &[f32], &[usize], &ScoreMod, &mut TileScratch, &mut [f32]);
@@ -181,6 +268,22 @@ pub fn attend_tile_mod<T: KvElem>(
     scratch: &mut TileScratch,
     out: &mut [f32],
 ) {
+    scratch.begin_batch();
+    attend_tile_batch(kv, q, pos, sm, scratch, out)
+}
+
+/// [`attend_tile_mod`] reusing the keys and values `scratch` converted since its last
+/// [`TileScratch::begin_batch`]: the caller promises the cache rows it passes have not
+/// changed since then (one call of a layer's prompt attention), and calls `begin_batch`
+/// before the next such call.
+pub fn attend_tile_batch<T: KvElem>(
+    kv: &KvHead<T>,
+    q: &[f32],
+    pos: &[usize],
+    sm: &ScoreMod,
+    scratch: &mut TileScratch,
+    out: &mut [f32],
+) {
     debug_assert!(pos.len() <= Q_TILE);
     debug_assert_eq!(q.len(), pos.len() * kv.head_dim);
     debug_assert_eq!(out.len(), q.len());
@@ -209,7 +312,7 @@ fn tile_avx2<T: KvElem>(
     s: &mut TileScratch,
     out: &mut [f32],
 ) {
-    tile_body(kv, q, pos, sm, s, out)
+    tile_fast::<T, false>(kv, q, pos, sm, s, out)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -222,7 +325,7 @@ fn tile_avx512<T: KvElem>(
     s: &mut TileScratch,
     out: &mut [f32],
 ) {
-    tile_body(kv, q, pos, sm, s, out)
+    tile_fast::<T, true>(kv, q, pos, sm, s, out)
 }
 
 fn tile_generic<T: KvElem>(
@@ -260,13 +363,7 @@ fn tile_body<T: KvElem>(
     let n_kv = pos.iter().copied().max().map_or(0, |p| p + 1);
     s.kt.resize(hd * KV_TILE, 0.0);
     s.vt.resize(KV_TILE * hd, 0.0);
-    s.s.resize(KV_TILE, 0.0);
-    s.acc.clear();
-    s.acc.resize(rows * hd, 0.0);
-    s.m.clear();
-    s.m.resize(rows, f32::NEG_INFINITY);
-    s.sum.clear();
-    s.sum.resize(rows, 0.0);
+    s.start_rows(rows, hd);
 
     let mut ic = 0;
     while ic < n_kv {
@@ -290,49 +387,15 @@ fn tile_body<T: KvElem>(
                 continue;
             }
             let qr = &q[r * hd..(r + 1) * hd];
-            let sc = &mut s.s[..KV_TILE];
-            sc.fill(0.0);
+            let mut sc = [0f32; KV_TILE];
             for (d, &qd) in qr.iter().enumerate() {
                 let kd = &s.kt[d * KV_TILE..(d + 1) * KV_TILE];
                 for (a, &k) in sc.iter_mut().zip(kd) {
                     *a = k.mul_add(qd, *a);
                 }
             }
-            if sm.softcap.is_none() {
-                for a in sc.iter_mut() {
-                    *a *= sm.scale;
-                }
-            } else {
-                for a in sc.iter_mut() {
-                    *a = sm.apply(*a);
-                }
-            }
-            for a in &mut sc[visible..] {
-                *a = f32::NEG_INFINITY;
-            }
-            for a in &mut sc[..lo] {
-                *a = f32::NEG_INFINITY;
-            }
-            let tile_max = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let m_old = s.m[r];
-            let m_new = m_old.max(tile_max);
+            softmax_step(s, sm, r, hd, &mut sc, lo..visible);
             let acc = &mut s.acc[r * hd..(r + 1) * hd];
-            if m_new > m_old {
-                let ms = (m_old - m_new).exp();
-                for a in acc.iter_mut() {
-                    *a *= ms;
-                }
-                s.sum[r] *= ms;
-            }
-            s.m[r] = m_new;
-            let mut total = 0f64;
-            for group in sc.chunks_exact_mut(16) {
-                for a in group.iter_mut() {
-                    *a = expf_lane(*a - m_new);
-                }
-                total += reduce16(group) as f64;
-            }
-            s.sum[r] = (s.sum[r] as f64 + total) as f32;
             // Masked and padded positions have weight exactly 0 and leave `acc` unchanged.
             for tk in lo..visible {
                 let p = sc[tk];
@@ -344,15 +407,56 @@ fn tile_body<T: KvElem>(
         }
         ic += tile;
     }
-    for r in 0..rows {
-        let inv = if s.sum[r] == 0.0 { 0.0 } else { 1.0 / s.sum[r] };
-        for (o, &a) in out[r * hd..(r + 1) * hd]
-            .iter_mut()
-            .zip(&s.acc[r * hd..(r + 1) * hd])
-        {
-            *o = a * inv;
+    s.finish_rows(hd, out);
+}
+
+/// One row's step of the online softmax for a key tile (its raw scores `sc`, visible
+/// positions `vis`): the scaling, masking, running max and sum, leaving `sc`
+/// the weights of the values (accumulated by the caller).
+#[inline(always)]
+fn softmax_step(
+    s: &mut TileScratch,
+    sm: &ScoreMod,
+    r: usize,
+    hd: usize,
+    sc: &mut [f32; KV_TILE],
+    vis: std::ops::Range<usize>,
+) {
+    if sm.softcap.is_none() {
+        for a in sc.iter_mut() {
+            *a *= sm.scale;
+        }
+    } else {
+        for a in sc.iter_mut() {
+            *a = sm.apply(*a);
         }
     }
+    for a in &mut sc[vis.end..] {
+        *a = f32::NEG_INFINITY;
+    }
+    for a in &mut sc[..vis.start] {
+        *a = f32::NEG_INFINITY;
+    }
+    let tile_max = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let m_old = s.m[r];
+    let m_new = m_old.max(tile_max);
+    let acc = &mut s.acc[r * hd..(r + 1) * hd];
+    if m_new > m_old {
+        let ms = (m_old - m_new).exp();
+        for a in acc.iter_mut() {
+            *a *= ms;
+        }
+        s.sum[r] *= ms;
+    }
+    s.m[r] = m_new;
+    let mut total = 0f64;
+    for group in sc.chunks_exact_mut(16) {
+        for a in group.iter_mut() {
+            *a = expf_lane(*a - m_new);
+        }
+        total += reduce16(group) as f64;
+    }
+    s.sum[r] = (s.sum[r] as f64 + total) as f32;
 }
 
 #[cfg(test)]
@@ -461,5 +565,72 @@ mod tests {
         let mut o3 = vec![0f32; hd];
         attend_tile(&kv, &q[5 * hd..6 * hd], &pos[5..6], 0.125, &mut s1, &mut o3);
         assert_eq!(&o3[..], &o1[5 * hd..6 * hd]);
+    }
+
+    /// The register-blocked kernel equals the plain one bit for bit: head sizes taking each
+    /// value-chunk width (128, 32, 1), odd row counts (a row without a partner), rows with
+    /// nothing visible in a tile (sliding window), and soft-capping.
+    #[test]
+    fn register_blocked_tile_equals_plain_tile_bitwise() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+        for hd in [40, 64, 96, 256] {
+            let stride = hd;
+            let n = 140;
+            let keys: Vec<f16> = (0..n * stride)
+                .map(|_| f16::from_f32(rng.random_range(-1.5..1.5)))
+                .collect();
+            let values: Vec<f16> = (0..n * stride)
+                .map(|_| f16::from_f32(rng.random_range(-1.0..1.0)))
+                .collect();
+            let kv = KvHead {
+                keys: &keys,
+                values: &values,
+                stride,
+                offset: 0,
+                head_dim: hd,
+            };
+            for pos in [
+                vec![0usize],
+                vec![3, 4, 5],
+                (60..75).collect::<Vec<_>>(),
+                vec![0, 70, 71, 139, 2],
+            ] {
+                let q: Vec<f32> = (0..pos.len() * hd)
+                    .map(|_| rng.random_range(-2.0..2.0))
+                    .collect();
+                for (window, softcap) in [(None, None), (Some(9), None), (Some(30), Some(0.7))] {
+                    let sm = ScoreMod {
+                        scale: 1.0 / (hd as f32).sqrt(),
+                        softcap,
+                        window,
+                    };
+                    let mut want = vec![0f32; q.len()];
+                    let mut got = vec![1f32; q.len()];
+                    let mut sc = TileScratch::default();
+                    tile_generic(&kv, &q, &pos, &sm, &mut sc, &mut want);
+                    tile_fast::<f16, false>(&kv, &q, &pos, &sm, &mut sc, &mut got);
+                    let same = want
+                        .iter()
+                        .zip(&got)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(
+                        same,
+                        "hd {hd} pos {pos:?} window {window:?} cap {softcap:?}"
+                    );
+                    attend_tile_mod(&kv, &q, &pos, &sm, &mut sc, &mut got);
+                    assert_eq!(want, got, "dispatched, hd {hd}");
+                    // One batch, rows in two calls (the second needs more converted rows
+                    // than the first): the reused conversions give the same rows.
+                    sc.begin_batch();
+                    let half = pos.len() / 2;
+                    for (lo, hi) in [(0, half), (half, pos.len())] {
+                        let mut part = vec![0f32; (hi - lo) * hd];
+                        let qp = &q[lo * hd..hi * hd];
+                        attend_tile_batch(&kv, qp, &pos[lo..hi], &sm, &mut sc, &mut part);
+                        assert_eq!(part, want[lo * hd..hi * hd], "batched, hd {hd}");
+                    }
+                }
+            }
+        }
     }
 }
