@@ -13,6 +13,7 @@ pub mod kv_cache;
 pub mod loader;
 pub mod model;
 pub mod names;
+mod packed_buf;
 pub mod tokenizer;
 pub mod weights;
 

@@ -4,6 +4,7 @@
 
 use crate::error::{ModelError, Result};
 use crate::names::NameTable;
+use crate::packed_buf::PackedBytes;
 use mica_formats::{GgufFile, SafetensorsSet, TensorBytes, TensorInfo};
 use mica_kernels::matmul::{QActs, QMatrix, matmul};
 use mica_kernels::{DType, ThreadPool, quant};
@@ -37,7 +38,7 @@ pub struct Matrix {
     data: TensorData,
     /// Optional repacked copy for the kernels ([`Matrix::repack`]); the file's bytes stay
     /// untouched.
-    packed: Option<Arc<Vec<u8>>>,
+    packed: Option<Arc<PackedBytes>>,
 }
 
 impl Matrix {
@@ -48,7 +49,7 @@ impl Matrix {
             cols: self.cols,
             data: self.data.bytes(),
             extra_paths: self.extra_paths,
-            packed: self.packed.as_deref().map(Vec::as_slice),
+            packed: self.packed.as_deref().map(PackedBytes::as_slice),
         }
     }
 
@@ -63,7 +64,9 @@ impl Matrix {
         let rb = self.view().row_bytes();
         // Whole groups of four rows: packing pieces gives the bytes of packing the whole.
         let step = ((4 << 20) / rb.max(1)).next_multiple_of(4);
-        let mut out: Vec<u8> = Vec::new();
+        let total = self.rows.div_ceil(4) * 4 * rb;
+        let mut out: Option<PackedBytes> = None;
+        let mut written = 0;
         let mut r0 = 0;
         while r0 < self.rows {
             let r1 = (r0 + step).min(self.rows);
@@ -74,10 +77,19 @@ impl Matrix {
                 ..self.view()
             };
             let Some(p) = piece.pack() else { return 0 };
-            if out.capacity() == 0 {
-                out.reserve_exact(self.rows.div_ceil(4) * 4 * rb);
+            if out.is_none() {
+                // Out of address space only: the file's layout still works.
+                let Ok(buf) = PackedBytes::zeroed(total) else { return 0 };
+                out = Some(buf);
             }
-            out.extend_from_slice(&p);
+            let dst = out.as_mut().expect("allocated above").as_mut_slice();
+            assert!(
+                written + p.len() <= total,
+                "{}: packed pieces exceed {total} bytes",
+                self.name
+            );
+            dst[written..written + p.len()].copy_from_slice(&p);
+            written += p.len();
             if release {
                 self.data
                     .file
@@ -85,9 +97,9 @@ impl Matrix {
             }
             r0 = r1;
         }
-        let n = out.len();
-        self.packed = (n > 0).then(|| Arc::new(out));
-        n
+        assert_eq!(written, total, "{}: packed size", self.name);
+        self.packed = out.map(Arc::new);
+        if self.packed.is_some() { written } else { 0 }
     }
 
     /// Bytes the weights occupy.
