@@ -79,7 +79,9 @@ impl Matrix {
             let Some(p) = piece.pack() else { return 0 };
             if out.is_none() {
                 // Out of address space only: the file's layout still works.
-                let Ok(buf) = PackedBytes::zeroed(total) else { return 0 };
+                let Ok(buf) = PackedBytes::zeroed(total) else {
+                    return 0;
+                };
                 out = Some(buf);
             }
             let dst = out.as_mut().expect("allocated above").as_mut_slice();

@@ -176,6 +176,9 @@ unsafe fn legacy<F: Legacy>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
             // SAFETY: rows r0..r0+nr exist; missing rows repeat the last one.
             let rows =
                 std::array::from_fn(|i| unsafe { base.add((r0 + i.min(nr - 1)) * w.stride) });
+            if t0 == 0 {
+                w.prefetch_ahead(r0);
+            }
             for t in t0..(t0 + TOK_TILE).min(x.n) {
                 // SAFETY: token t exists.
                 let res = unsafe { rows4::<F>(&rows, x.data.as_ptr().add(t * nb * F::XBYTES), nb) };
@@ -415,6 +418,7 @@ kvec!(
 unsafe fn kvec<V: KVec>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
     assert!(w.rows > 0 && x.dtype == DType::Q8_K);
     for r0 in (0..w.rows).step_by(4) {
+        w.prefetch_ahead(r0);
         let nr = (w.rows - r0).min(4);
         let rows: [&[V::B]; 4] = std::array::from_fn(|i| blocks(w.row(r0 + i.min(nr - 1))));
         for t in 0..x.n {

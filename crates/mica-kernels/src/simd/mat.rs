@@ -25,6 +25,9 @@ use super::{DotPath, Kernels, MatFn};
 use crate::DType;
 use crate::quant::blocks::{BlockQ8_0, BlockQ8_1, QK, blocks, f16_to_f32};
 
+/// How far ahead [`WeightRows::prefetch_ahead`] asks for weights.
+pub const PREFETCH_BYTES: usize = 8 << 10;
+
 /// `rows` weight rows of `n` elements: row `r` at `data[r * stride..][..row bytes]`, or,
 /// `packed`, groups of four rows interleaved by [`Kernels::pack`] (`stride` bytes per
 /// group).
@@ -77,6 +80,37 @@ impl<'a> WeightRows<'a> {
         assert!(!self.packed, "row of packed weights");
         let rb = self.dtype.row_bytes(self.n).unwrap_or(0);
         &self.data[r * self.stride..r * self.stride + rb]
+    }
+
+    /// Asks the cache for the four rows (file layout) that a kernel working on rows
+    /// `r0..r0 + 4` will reach about [`PREFETCH_BYTES`] later. A decode step streams every
+    /// weight from DRAM once, and on some CPUs the hardware prefetcher alone does not run far
+    /// enough ahead of a dense kernel: on a Zen 3 the AVX2 Q8_0 kernel read a 178 MB head at
+    /// ~5 GB/s per thread against 12 GB/s from L3; asking 8 KiB ahead took Gemma3-270M's
+    /// decode from 37-44 to 51-60 t/s and Qwen2.5-0.5B's from 20-24 to 30-32 t/s. A hint only: nothing is read, and addresses past the rows are
+    /// never touched.
+    #[inline(always)]
+    pub fn prefetch_ahead(&self, r0: usize) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let ahead = (PREFETCH_BYTES / self.stride.max(1))
+                .next_multiple_of(4)
+                .max(4);
+            let (start, end) = (
+                ((r0 + ahead) * self.stride).min(self.data.len()),
+                ((r0 + ahead + 4) * self.stride).min(self.data.len()),
+            );
+            for off in (start..end).step_by(64) {
+                // SAFETY: `off` is inside `data`; a prefetch reads nothing the program sees.
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                        self.data.as_ptr().add(off).cast(),
+                    )
+                };
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = r0;
     }
 
     /// Rows `range` of these rows (packed: `range.start` a multiple of four).

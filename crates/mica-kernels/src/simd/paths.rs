@@ -416,6 +416,7 @@ pub(super) mod avx2 {
     unsafe fn mat<S: Sums, const STEP: u8>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
         assert!(w.rows > 0 && x.dtype == DType::Q8_K && w.n.is_multiple_of(QK_K));
         for r0 in (0..w.rows).step_by(4) {
+            w.prefetch_ahead(r0);
             let nr = (w.rows - r0).min(4);
             let rows: [&[S::B]; 4] = std::array::from_fn(|i| blocks(w.row(r0 + i.min(nr - 1))));
             for t in 0..x.n {
