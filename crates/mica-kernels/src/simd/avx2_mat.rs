@@ -12,14 +12,15 @@
 use std::arch::x86_64::*;
 
 use super::avx2::{
-    hsum_f32, load32i, mul_sum_i8, mul_sum_us8, nibbles, q4_0_bytes, q5_0_bytes, q5_1_bytes,
+    bits_to_bytes, hsum_f32, load32i, mul_sum_i8, mul_sum_us8, nibbles, q4_0_bytes, q5_0_bytes,
+    q5_1_bytes,
 };
 use super::avx2_kquants::{
     bsums16, chunks_k4, chunks_q2k, chunks_q3k, chunks_q6k, finish_q4k, groups16, hsum_i32x4,
     min_lanes_k4, offset_lanes_q6k, sum_chunks,
 };
 use super::mat::{ActRows, MatOut, WeightRows};
-use super::{DotPath, Kernels};
+use super::{DotPath, Kernels, Packing};
 use crate::DType;
 use crate::quant::blocks::{
     BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K,
@@ -47,6 +48,25 @@ pub(super) fn install(k: &mut Kernels) {
     k.set_mat(DotPath::VecDot, DType::Q8_0, |w, x, o| unsafe {
         legacy::<Q8_0>(w, x, o)
     });
+    macro_rules! packed {
+        ($t:ident) => {
+            let (pack, unpack) = super::avx512_mat::layout(DType::$t).expect("a packed layout");
+            k.set_packed(
+                DType::$t,
+                Packing {
+                    pack,
+                    unpack,
+                    // SAFETY: as above.
+                    mat: |w, x, o| unsafe { legacy_packed::<$t>(w, x, o) },
+                },
+            );
+        };
+    }
+    packed!(Q4_0);
+    packed!(Q4_1);
+    packed!(Q5_0);
+    packed!(Q5_1);
+    packed!(Q8_0);
     k.set_mat(DotPath::VecDot, DType::F32, |w, x, o| unsafe {
         float::<F32>(w, x, o)
     });
@@ -65,7 +85,8 @@ pub(super) fn install(k: &mut Kernels) {
 /// A legacy format: its block lanes (`avx2.rs`'s) and scale fields.
 ///
 /// # Safety
-/// `lanes` reads one weight block at `w` and one activation block at `x`, nothing else.
+/// `lanes` reads one weight block at `w` and one activation block at `x`, nothing else;
+/// `packed_lanes` reads one group block of the packed layout at `p` and one activation block.
 unsafe trait Legacy {
     const BYTES: usize;
     /// Activation block bytes (Q8_0: 34, Q8_1: 36).
@@ -73,17 +94,25 @@ unsafe trait Legacy {
     /// Whether the format has the `m·s` term (Q4_1/Q5_1, byte offset 2; activations' `s`
     /// at byte 2 of Q8_1).
     const MIN: bool;
+    /// Bytes of one row's quants in a packed group block (16, Q8_0: 32).
+    const PQ: usize;
     unsafe fn lanes(w: *const u8, x: *const u8) -> __m256i;
+    /// [`Legacy::lanes`] of row `i` of a packed group block (the same exact i32 lanes).
+    unsafe fn packed_lanes(p: *const u8, i: usize, x: *const u8) -> __m256i;
 }
 
 macro_rules! legacy_format {
-    ($name:ident, $W:ty, $X:ty, min: $min:expr, |$a:ident, $b:ident| $lanes:expr) => {
+    ($name:ident, $W:ty, $X:ty, min: $min:expr, pq: $pq:expr,
+     |$a:ident, $b:ident| $lanes:expr,
+     packed |$p:ident, $i:ident, $y:ident| $plane:expr) => {
         struct $name;
-        // SAFETY: `$W` and `$X` are the block types (alignment 1, any bit pattern).
+        // SAFETY: `$W` and `$X` are the block types (alignment 1, any bit pattern); the
+        // packed reads stay inside the group block (see `avx512_mat.rs` for the layout).
         unsafe impl Legacy for $name {
             const BYTES: usize = size_of::<$W>();
             const XBYTES: usize = size_of::<$X>();
             const MIN: bool = $min;
+            const PQ: usize = $pq;
             #[inline]
             #[target_feature(enable = "avx2,fma,f16c")]
             unsafe fn lanes(w: *const u8, x: *const u8) -> __m256i {
@@ -91,20 +120,63 @@ macro_rules! legacy_format {
                 let ($a, $b) = unsafe { (&*w.cast::<$W>(), &*x.cast::<$X>()) };
                 $lanes
             }
+            #[inline]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn packed_lanes($p: *const u8, $i: usize, x: *const u8) -> __m256i {
+                // SAFETY: the caller passes a whole group block and activation block.
+                let $y = unsafe { load32i(&(*x.cast::<$X>()).qs) };
+                #[allow(unused_unsafe)]
+                unsafe {
+                    $plane
+                }
+            }
         }
     };
 }
 
-legacy_format!(Q4_0, BlockQ4_0, BlockQ8_0, min: false,
-    |a, b| mul_sum_i8(q4_0_bytes(a), load32i(&b.qs)));
-legacy_format!(Q4_1, BlockQ4_1, BlockQ8_1, min: true,
-    |a, b| mul_sum_us8(nibbles(&a.qs), load32i(&b.qs)));
-legacy_format!(Q5_0, BlockQ5_0, BlockQ8_0, min: false,
-    |a, b| mul_sum_i8(q5_0_bytes(a), load32i(&b.qs)));
-legacy_format!(Q5_1, BlockQ5_1, BlockQ8_1, min: true,
-    |a, b| mul_sum_us8(q5_1_bytes(a), load32i(&b.qs)));
-legacy_format!(Q8_0, BlockQ8_0, BlockQ8_0, min: false,
-    |a, b| mul_sum_i8(load32i(&a.qs), load32i(&b.qs)));
+/// Row `i`'s 16 nibble bytes of a packed group block, as `nibbles` unpacks them.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn packed_nibbles(p: *const u8, i: usize) -> __m256i {
+    // SAFETY: the caller passes a whole group block.
+    nibbles(unsafe { &*p.add(16 * i).cast::<[u8; 16]>() })
+}
+
+/// Row `i`'s fifth-bit word (`qh`) of a packed Q5 group block whose bit masks start at `k`.
+#[inline(always)]
+unsafe fn packed_qh(p: *const u8, k: usize, i: usize) -> [u8; 4] {
+    // SAFETY: the caller passes a whole group block.
+    let (lo, hi) = unsafe {
+        (
+            p.add(k).cast::<u64>().read_unaligned(),
+            p.add(k + 8).cast::<u64>().read_unaligned(),
+        )
+    };
+    let h = ((lo >> (16 * i)) & 0xFFFF) | ((hi >> (16 * i)) & 0xFFFF) << 16;
+    (h as u32).to_le_bytes()
+}
+
+legacy_format!(Q4_0, BlockQ4_0, BlockQ8_0, min: false, pq: 16,
+    |a, b| mul_sum_i8(q4_0_bytes(a), load32i(&b.qs)),
+    packed |p, i, y| mul_sum_i8(_mm256_sub_epi8(packed_nibbles(p, i), _mm256_set1_epi8(8)), y));
+legacy_format!(Q4_1, BlockQ4_1, BlockQ8_1, min: true, pq: 16,
+    |a, b| mul_sum_us8(nibbles(&a.qs), load32i(&b.qs)),
+    packed |p, i, y| mul_sum_us8(packed_nibbles(p, i), y));
+legacy_format!(Q5_0, BlockQ5_0, BlockQ8_0, min: false, pq: 16,
+    |a, b| mul_sum_i8(q5_0_bytes(a), load32i(&b.qs)),
+    packed |p, i, y| {
+        let hi = _mm256_andnot_si256(bits_to_bytes(packed_qh(p, 64 + 8, i)), _mm256_set1_epi8(-16));
+        mul_sum_i8(_mm256_or_si256(packed_nibbles(p, i), hi), y)
+    });
+legacy_format!(Q5_1, BlockQ5_1, BlockQ8_1, min: true, pq: 16,
+    |a, b| mul_sum_us8(q5_1_bytes(a), load32i(&b.qs)),
+    packed |p, i, y| {
+        let hi = _mm256_and_si256(bits_to_bytes(packed_qh(p, 64 + 16, i)), _mm256_set1_epi8(0x10));
+        mul_sum_us8(_mm256_or_si256(packed_nibbles(p, i), hi), y)
+    });
+legacy_format!(Q8_0, BlockQ8_0, BlockQ8_0, min: false, pq: 32,
+    |a, b| mul_sum_i8(load32i(&a.qs), load32i(&b.qs)),
+    packed |p, i, y| mul_sum_i8(load32i(&*p.add(32 * i).cast::<[i8; 32]>()), y));
 
 #[inline(always)]
 unsafe fn rd16(p: *const u8) -> u64 {
@@ -184,6 +256,68 @@ unsafe fn legacy<F: Legacy>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
                 let res = unsafe { rows4::<F>(&rows, x.data.as_ptr().add(t * nb * F::XBYTES), nb) };
                 for (i, &v) in res[..nr].iter().enumerate() {
                     out.set(t, r0 + i, v);
+                }
+            }
+        }
+    }
+}
+
+/// [`legacy`] over the packed layout ([`super::avx512_mat::layout`]: four rows interleaved
+/// block by block, their four `d` (and `m`) side by side). Per output the same arithmetic as
+/// [`rows4`]; what the layout saves is the per-row gathering of scales and a single stream
+/// per group of rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn legacy_packed<F: Legacy>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
+    let nb = w.n / QK;
+    let gb = 4 * F::BYTES;
+    assert!(w.packed && nb * QK == w.n && w.rows > 0 && w.stride == nb * gb);
+    assert!(
+        w.data.len() >= w.rows.div_ceil(4) * w.stride,
+        "packed rows"
+    );
+    assert!(x.data.len() == x.n * nb * F::XBYTES, "activation rows");
+    assert!(x.aux.len() == x.n * nb, "activation block data");
+    let q = 4 * F::PQ;
+    let idx: [__m256i; 4] = std::array::from_fn(|r| _mm256_set1_epi32(r as i32));
+    for t0 in (0..x.n).step_by(TOK_TILE) {
+        for r0 in (0..w.rows).step_by(4) {
+            let nr = (w.rows - r0).min(4);
+            if t0 == 0 {
+                w.prefetch_ahead(r0);
+            }
+            // SAFETY: group r0 / 4 exists (asserted above).
+            let g = unsafe { w.data.as_ptr().add(r0 / 4 * w.stride) };
+            for t in t0..(t0 + TOK_TILE).min(x.n) {
+                let mut acc = [_mm256_setzero_ps(); 4];
+                let mut summs = [0f32; 4];
+                for b in 0..nb {
+                    let a = x.aux[t * nb + b];
+                    // SAFETY: block b of the group and of token t exist (asserted above).
+                    unsafe {
+                        let p = g.add(b * gb);
+                        let xb = x.data.as_ptr().add((t * nb + b) * F::XBYTES);
+                        let dw = _mm_cvtph_ps(_mm_loadl_epi64(p.add(q).cast()));
+                        let d = _mm256_castps128_ps256(_mm_mul_ps(dw, _mm_set1_ps(a.d)));
+                        for r in 0..4 {
+                            let l = _mm256_cvtepi32_ps(F::packed_lanes(p, r, xb));
+                            let dr = _mm256_permutevar8x32_ps(d, idx[r]);
+                            acc[r] = _mm256_fmadd_ps(dr, l, acc[r]);
+                        }
+                        if F::MIN {
+                            let mut m = [0f32; 4];
+                            _mm_storeu_ps(
+                                m.as_mut_ptr(),
+                                _mm_cvtph_ps(_mm_loadl_epi64(p.add(q + 8).cast())),
+                            );
+                            for r in 0..4 {
+                                summs[r] = m[r].mul_add(a.s, summs[r]);
+                            }
+                        }
+                    }
+                }
+                for r in 0..nr {
+                    let h = hsum_f32(acc[r]);
+                    out.set(t, r0 + r, if F::MIN { h + summs[r] } else { h });
                 }
             }
         }

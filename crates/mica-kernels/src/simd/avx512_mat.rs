@@ -655,6 +655,19 @@ unsafe fn legacy_decoded<F: Legacy, const PACKED: bool>(
 // each, Q8_0: 32), then the four f16 `d`, the four f16 `m` (Q4_1, Q5_1), and the fifth bits
 // as the two 64-bit masks [`fifth_bits`] builds (Q5_0, Q5_1): exactly four blocks' bytes.
 
+/// The packed layout's pack and unpack functions for `t` (plain code: the AVX2 table packs
+/// into the same layout), `None` for the types without one.
+pub(super) fn layout(t: DType) -> Option<(super::PackFn, super::UnpackFn)> {
+    Some(match t {
+        DType::Q4_0 => (pack::<Q4_0>, unpack::<Q4_0>),
+        DType::Q4_1 => (pack::<Q4_1>, unpack::<Q4_1>),
+        DType::Q5_0 => (pack::<Q5_0>, unpack::<Q5_0>),
+        DType::Q5_1 => (pack::<Q5_1>, unpack::<Q5_1>),
+        DType::Q8_0 => (pack::<Q8_0>, unpack::<Q8_0>),
+        _ => return None,
+    })
+}
+
 /// Bytes of the four rows' quants in a packed group block.
 const fn packed_qs<F: Legacy>() -> usize {
     if F::WIDE { 128 } else { 64 }

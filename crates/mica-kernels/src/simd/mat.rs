@@ -93,12 +93,12 @@ impl<'a> WeightRows<'a> {
     pub fn prefetch_ahead(&self, r0: usize) {
         #[cfg(target_arch = "x86_64")]
         {
-            let ahead = (PREFETCH_BYTES / self.stride.max(1))
-                .next_multiple_of(4)
-                .max(4);
+            // Packed: `stride` is a group of four rows, and `r0` starts a group.
+            let row = if self.packed { self.stride / 4 } else { self.stride };
+            let ahead = (PREFETCH_BYTES / row.max(1)).next_multiple_of(4).max(4);
             let (start, end) = (
-                ((r0 + ahead) * self.stride).min(self.data.len()),
-                ((r0 + ahead + 4) * self.stride).min(self.data.len()),
+                ((r0 + ahead) * row).min(self.data.len()),
+                ((r0 + ahead + 4) * row).min(self.data.len()),
             );
             for off in (start..end).step_by(64) {
                 // SAFETY: `off` is inside `data`; a prefetch reads nothing the program sees.
