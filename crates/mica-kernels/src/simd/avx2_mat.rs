@@ -12,8 +12,7 @@
 use std::arch::x86_64::*;
 
 use super::avx2::{
-    bits_to_bytes, hsum_f32, load32i, mul_sum_i8, mul_sum_us8, nibbles, q4_0_bytes, q5_0_bytes,
-    q5_1_bytes,
+    hsum_f32, load32i, mul_sum_i8, mul_sum_us8, nibbles, q4_0_bytes, q5_0_bytes, q5_1_bytes,
 };
 use super::avx2_kquants::{
     bsums16, chunks_k4, chunks_q2k, chunks_q3k, chunks_q6k, finish_q4k, groups16, hsum_i32x4,
@@ -96,15 +95,29 @@ unsafe trait Legacy {
     const MIN: bool;
     /// Bytes of one row's quants in a packed group block (16, Q8_0: 32).
     const PQ: usize;
+    /// The packed kernel takes Q4_0/Q5_0 quants as unsigned `u = q + 2^SHIFT` and adds
+    /// `2^SHIFT · (-Σy)` per lane (the activations' [`super::mat::BlockAux`] lane sums):
+    /// the same exact i32 lanes as the sign trick, in fewer instructions.
+    const SHIFT: Option<i32>;
+    /// Whether the format has fifth bits (Q5_0, Q5_1).
+    const Q5: bool;
     unsafe fn lanes(w: *const u8, x: *const u8) -> __m256i;
-    /// [`Legacy::lanes`] of row `i` of a packed group block (the same exact i32 lanes).
-    unsafe fn packed_lanes(p: *const u8, i: usize, x: *const u8) -> __m256i;
+    /// [`Legacy::lanes`] of row `i` of a packed group block (the same exact i32 lanes);
+    /// `off` is `2^SHIFT · (-Σy)` per lane where the format has a `SHIFT`, and `hi` the
+    /// group's fifth bits broadcast to both halves ([`packed_fifth`]) for the Q5 formats.
+    unsafe fn packed_lanes(
+        p: *const u8,
+        i: usize,
+        x: *const u8,
+        off: __m256i,
+        hi: __m256i,
+    ) -> __m256i;
 }
 
 macro_rules! legacy_format {
-    ($name:ident, $W:ty, $X:ty, min: $min:expr, pq: $pq:expr,
+    ($name:ident, $W:ty, $X:ty, min: $min:expr, pq: $pq:expr, shift: $shift:expr, q5: $q5:expr,
      |$a:ident, $b:ident| $lanes:expr,
-     packed |$p:ident, $i:ident, $y:ident| $plane:expr) => {
+     packed |$p:ident, $i:ident, $y:ident, $off:ident, $hi:ident| $plane:expr) => {
         struct $name;
         // SAFETY: `$W` and `$X` are the block types (alignment 1, any bit pattern); the
         // packed reads stay inside the group block (see `avx512_mat.rs` for the layout).
@@ -113,6 +126,8 @@ macro_rules! legacy_format {
             const XBYTES: usize = size_of::<$X>();
             const MIN: bool = $min;
             const PQ: usize = $pq;
+            const SHIFT: Option<i32> = $shift;
+            const Q5: bool = $q5;
             #[inline]
             #[target_feature(enable = "avx2,fma,f16c")]
             unsafe fn lanes(w: *const u8, x: *const u8) -> __m256i {
@@ -122,7 +137,13 @@ macro_rules! legacy_format {
             }
             #[inline]
             #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn packed_lanes($p: *const u8, $i: usize, x: *const u8) -> __m256i {
+            unsafe fn packed_lanes(
+                $p: *const u8,
+                $i: usize,
+                x: *const u8,
+                $off: __m256i,
+                $hi: __m256i,
+            ) -> __m256i {
                 // SAFETY: the caller passes a whole group block and activation block.
                 let $y = unsafe { load32i(&(*x.cast::<$X>()).qs) };
                 #[allow(unused_unsafe)]
@@ -142,41 +163,61 @@ unsafe fn packed_nibbles(p: *const u8, i: usize) -> __m256i {
     nibbles(unsafe { &*p.add(16 * i).cast::<[u8; 16]>() })
 }
 
-/// Row `i`'s fifth-bit word (`qh`) of a packed Q5 group block whose bit masks start at `k`.
-#[inline(always)]
-unsafe fn packed_qh(p: *const u8, k: usize, i: usize) -> [u8; 4] {
+/// The fifth-bit masks of a packed Q5 group block (at byte `k`: 64 bits of bits 0..15 of
+/// the four rows, then 64 of bits 16..31), in both 128-bit halves.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn packed_fifth(p: *const u8, k: usize) -> __m256i {
     // SAFETY: the caller passes a whole group block.
-    let (lo, hi) = unsafe {
-        (
-            p.add(k).cast::<u64>().read_unaligned(),
-            p.add(k + 8).cast::<u64>().read_unaligned(),
-        )
-    };
-    let h = ((lo >> (16 * i)) & 0xFFFF) | ((hi >> (16 * i)) & 0xFFFF) << 16;
-    (h as u32).to_le_bytes()
+    _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(p.add(k).cast()) })
 }
 
-legacy_format!(Q4_0, BlockQ4_0, BlockQ8_0, min: false, pq: 16,
+/// Row `i`'s fifth bits as bytes `0x10` (set) or 0, from [`packed_fifth`]'s vector: one
+/// shuffle puts the byte holding bit j at byte j, a mask picks the bit.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn fifth_0x10(hi: __m256i, i: usize) -> __m256i {
+    // Byte j of row i: bits 0..15 are bytes 2i, 2i + 1; bits 16..31 bytes 8 + 2i, 9 + 2i.
+    let sel = |j: usize| {
+        (if j < 16 {
+            2 * i + j / 8
+        } else {
+            8 + 2 * i + (j - 16) / 8
+        }) as i8
+    };
+    let ctl: [i8; 32] = std::array::from_fn(sel);
+    let bit: [i8; 32] = std::array::from_fn(|j| (1u8 << (j % 8)) as i8);
+    // SAFETY: 32 readable bytes each.
+    let (ctl, bit) = unsafe {
+        (
+            _mm256_loadu_si256(ctl.as_ptr().cast()),
+            _mm256_loadu_si256(bit.as_ptr().cast()),
+        )
+    };
+    let b = _mm256_and_si256(_mm256_shuffle_epi8(hi, ctl), bit);
+    _mm256_and_si256(_mm256_cmpeq_epi8(b, bit), _mm256_set1_epi8(0x10))
+}
+
+legacy_format!(Q4_0, BlockQ4_0, BlockQ8_0, min: false, pq: 16, shift: Some(3), q5: false,
     |a, b| mul_sum_i8(q4_0_bytes(a), load32i(&b.qs)),
-    packed |p, i, y| mul_sum_i8(_mm256_sub_epi8(packed_nibbles(p, i), _mm256_set1_epi8(8)), y));
-legacy_format!(Q4_1, BlockQ4_1, BlockQ8_1, min: true, pq: 16,
+    packed |p, i, y, off, _hi| _mm256_add_epi32(mul_sum_us8(packed_nibbles(p, i), y), off));
+legacy_format!(Q4_1, BlockQ4_1, BlockQ8_1, min: true, pq: 16, shift: None, q5: false,
     |a, b| mul_sum_us8(nibbles(&a.qs), load32i(&b.qs)),
-    packed |p, i, y| mul_sum_us8(packed_nibbles(p, i), y));
-legacy_format!(Q5_0, BlockQ5_0, BlockQ8_0, min: false, pq: 16,
-    |a, b| mul_sum_i8(q5_0_bytes(a), load32i(&b.qs)),
-    packed |p, i, y| {
-        let hi = _mm256_andnot_si256(bits_to_bytes(packed_qh(p, 64 + 8, i)), _mm256_set1_epi8(-16));
-        mul_sum_i8(_mm256_or_si256(packed_nibbles(p, i), hi), y)
-    });
-legacy_format!(Q5_1, BlockQ5_1, BlockQ8_1, min: true, pq: 16,
-    |a, b| mul_sum_us8(q5_1_bytes(a), load32i(&b.qs)),
-    packed |p, i, y| {
-        let hi = _mm256_and_si256(bits_to_bytes(packed_qh(p, 64 + 16, i)), _mm256_set1_epi8(0x10));
-        mul_sum_us8(_mm256_or_si256(packed_nibbles(p, i), hi), y)
-    });
-legacy_format!(Q8_0, BlockQ8_0, BlockQ8_0, min: false, pq: 32,
+    packed |p, i, y, _off, _hi| mul_sum_us8(packed_nibbles(p, i), y));
+legacy_format!(Q5_0, BlockQ5_0, BlockQ8_0, min: false, pq: 16, shift: Some(4), q5: true,
+|a, b| mul_sum_i8(q5_0_bytes(a), load32i(&b.qs)),
+packed |p, i, y, off, hi| {
+    let u = _mm256_or_si256(packed_nibbles(p, i), fifth_0x10(hi, i));
+    _mm256_add_epi32(mul_sum_us8(u, y), off)
+});
+legacy_format!(Q5_1, BlockQ5_1, BlockQ8_1, min: true, pq: 16, shift: None, q5: true,
+|a, b| mul_sum_us8(q5_1_bytes(a), load32i(&b.qs)),
+packed |p, i, y, _off, hi| {
+    mul_sum_us8(_mm256_or_si256(packed_nibbles(p, i), fifth_0x10(hi, i)), y)
+});
+legacy_format!(Q8_0, BlockQ8_0, BlockQ8_0, min: false, pq: 32, shift: None, q5: false,
     |a, b| mul_sum_i8(load32i(&a.qs), load32i(&b.qs)),
-    packed |p, i, y| mul_sum_i8(load32i(&*p.add(32 * i).cast::<[i8; 32]>()), y));
+    packed |p, i, y, _off, _hi| mul_sum_i8(load32i(&*p.add(32 * i).cast::<[i8; 32]>()), y));
 
 #[inline(always)]
 unsafe fn rd16(p: *const u8) -> u64 {
@@ -271,10 +312,7 @@ unsafe fn legacy_packed<F: Legacy>(w: &WeightRows, x: &ActRows, out: &mut MatOut
     let nb = w.n / QK;
     let gb = 4 * F::BYTES;
     assert!(w.packed && nb * QK == w.n && w.rows > 0 && w.stride == nb * gb);
-    assert!(
-        w.data.len() >= w.rows.div_ceil(4) * w.stride,
-        "packed rows"
-    );
+    assert!(w.data.len() >= w.rows.div_ceil(4) * w.stride, "packed rows");
     assert!(x.data.len() == x.n * nb * F::XBYTES, "activation rows");
     assert!(x.aux.len() == x.n * nb, "activation block data");
     let q = 4 * F::PQ;
@@ -298,8 +336,20 @@ unsafe fn legacy_packed<F: Legacy>(w: &WeightRows, x: &ActRows, out: &mut MatOut
                         let xb = x.data.as_ptr().add((t * nb + b) * F::XBYTES);
                         let dw = _mm_cvtph_ps(_mm_loadl_epi64(p.add(q).cast()));
                         let d = _mm256_castps128_ps256(_mm_mul_ps(dw, _mm_set1_ps(a.d)));
+                        let off = match F::SHIFT {
+                            Some(sh) => _mm256_sll_epi32(
+                                _mm256_loadu_si256(a.neg_lane_sums.as_ptr().cast()),
+                                _mm_cvtsi32_si128(sh),
+                            ),
+                            None => _mm256_setzero_si256(),
+                        };
+                        let hi = if F::Q5 {
+                            packed_fifth(p, q + if F::MIN { 16 } else { 8 })
+                        } else {
+                            _mm256_setzero_si256()
+                        };
                         for r in 0..4 {
-                            let l = _mm256_cvtepi32_ps(F::packed_lanes(p, r, xb));
+                            let l = _mm256_cvtepi32_ps(F::packed_lanes(p, r, xb, off, hi));
                             let dr = _mm256_permutevar8x32_ps(d, idx[r]);
                             acc[r] = _mm256_fmadd_ps(dr, l, acc[r]);
                         }

@@ -94,7 +94,11 @@ impl<'a> WeightRows<'a> {
         #[cfg(target_arch = "x86_64")]
         {
             // Packed: `stride` is a group of four rows, and `r0` starts a group.
-            let row = if self.packed { self.stride / 4 } else { self.stride };
+            let row = if self.packed {
+                self.stride / 4
+            } else {
+                self.stride
+            };
             let ahead = (PREFETCH_BYTES / row.max(1)).next_multiple_of(4).max(4);
             let (start, end) = (
                 ((r0 + ahead) * row).min(self.data.len()),
