@@ -187,7 +187,16 @@ fn packed_weights_equal_row_major_bit_for_bit() {
             let Some(_) = k.pack(t, n, 1, &weights(t, 1, 7, 0, &mut r)) else {
                 continue;
             };
-            for (rows, toks) in [(1, 1), (6, 1), (13, 5), (37, 9), (3, 8), (5, 8), (21, 70)] {
+            for (rows, toks) in [
+                (1, 1),
+                (6, 1),
+                (13, 5),
+                (37, 9),
+                (3, 8),
+                (5, 8),
+                (19, 13),
+                (21, 70),
+            ] {
                 let w = weights(t, rows, 7, rows, &mut r);
                 let packed = k.pack(t, n, rows, &w).unwrap();
                 // Unpacking gives back every row's bytes, whole or a block range at a time.

@@ -28,7 +28,7 @@ use crate::quant::blocks::{
 use crate::quant::kquants::scales_mins_k4;
 
 /// Tokens per cache tile.
-const TOK_TILE: usize = 32;
+pub(super) const TOK_TILE: usize = 32;
 
 pub(super) fn install(k: &mut Kernels) {
     // SAFETY (all entries): installed only in tables whose CPU has AVX2, FMA and F16C.
@@ -86,7 +86,7 @@ pub(super) fn install(k: &mut Kernels) {
 /// # Safety
 /// `lanes` reads one weight block at `w` and one activation block at `x`, nothing else;
 /// `packed_lanes` reads one group block of the packed layout at `p` and one activation block.
-unsafe trait Legacy {
+pub(super) unsafe trait Legacy {
     const BYTES: usize;
     /// Activation block bytes (Q8_0: 34, Q8_1: 36).
     const XBYTES: usize;
@@ -158,7 +158,7 @@ macro_rules! legacy_format {
 /// Row `i`'s 16 nibble bytes of a packed group block, as `nibbles` unpacks them.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn packed_nibbles(p: *const u8, i: usize) -> __m256i {
+pub(super) unsafe fn packed_nibbles(p: *const u8, i: usize) -> __m256i {
     // SAFETY: the caller passes a whole group block.
     nibbles(unsafe { &*p.add(16 * i).cast::<[u8; 16]>() })
 }
@@ -167,7 +167,7 @@ unsafe fn packed_nibbles(p: *const u8, i: usize) -> __m256i {
 /// the four rows, then 64 of bits 16..31), in both 128-bit halves.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn packed_fifth(p: *const u8, k: usize) -> __m256i {
+pub(super) unsafe fn packed_fifth(p: *const u8, k: usize) -> __m256i {
     // SAFETY: the caller passes a whole group block.
     _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(p.add(k).cast()) })
 }
@@ -176,7 +176,7 @@ unsafe fn packed_fifth(p: *const u8, k: usize) -> __m256i {
 /// shuffle puts the byte holding bit j at byte j, a mask picks the bit.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn fifth_0x10(hi: __m256i, i: usize) -> __m256i {
+pub(super) fn fifth_0x10(hi: __m256i, i: usize) -> __m256i {
     // Byte j of row i: bits 0..15 are bytes 2i, 2i + 1; bits 16..31 bytes 8 + 2i, 9 + 2i.
     let sel = |j: usize| {
         (if j < 16 {
@@ -315,6 +315,10 @@ unsafe fn legacy_packed<F: Legacy>(w: &WeightRows, x: &ActRows, out: &mut MatOut
     assert!(w.data.len() >= w.rows.div_ceil(4) * w.stride, "packed rows");
     assert!(x.data.len() == x.n * nb * F::XBYTES, "activation rows");
     assert!(x.aux.len() == x.n * nb, "activation block data");
+    if x.n >= super::avx2_prefill::DECODE_MIN_TOKENS {
+        // SAFETY: the features are enabled here; the rows are packed (asserted).
+        return unsafe { super::avx2_prefill::legacy_decoded::<F>(w, x, out) };
+    }
     let q = 4 * F::PQ;
     let idx: [__m256i; 4] = std::array::from_fn(|r| _mm256_set1_epi32(r as i32));
     for t0 in (0..x.n).step_by(TOK_TILE) {

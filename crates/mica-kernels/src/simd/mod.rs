@@ -56,6 +56,8 @@ mod avx2_kquants;
 #[cfg(target_arch = "x86_64")]
 mod avx2_mat;
 #[cfg(target_arch = "x86_64")]
+mod avx2_prefill;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_kmat;
