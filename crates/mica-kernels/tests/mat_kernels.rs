@@ -159,7 +159,10 @@ fn matrix_kernels_cover_token_tiles() {
         DType::Q5_0,
         DType::Q5_1,
         DType::Q8_0,
+        DType::Q2_K,
+        DType::Q3_K,
         DType::Q4_K,
+        DType::Q5_K,
         DType::Q6_K,
     ] {
         for path in paths(t) {

@@ -52,6 +52,8 @@ use crate::quant::blocks::blocks_mut;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
+mod avx2_kprefill;
+#[cfg(target_arch = "x86_64")]
 mod avx2_kquants;
 #[cfg(target_arch = "x86_64")]
 mod avx2_mat;

@@ -269,6 +269,7 @@ pub(super) fn install_scalar(k: &mut Kernels) {
 pub(super) mod avx2 {
     use super::*;
     use crate::simd::avx2::{entry, hsum_i32};
+    use crate::simd::avx2_kprefill::{DECODE_MIN_TOKENS, K4, K5, K6, kquant_decoded};
     use crate::simd::avx2_kquants::{
         Chunks, chunks_k4, chunks_q2k, chunks_q3k, chunks_q6k, min_lanes_k4,
     };
@@ -453,7 +454,11 @@ pub(super) mod avx2 {
             mat::<S4, 0>(w, x, o)
         });
         k.set_mat(DotPath::RepackGemm, DType::Q4_K, |w, x, o| unsafe {
-            mat::<S4, 1>(w, x, o)
+            if x.n >= DECODE_MIN_TOKENS {
+                kquant_decoded::<K4, 1>(w, x, o)
+            } else {
+                mat::<S4, 1>(w, x, o)
+            }
         });
         k.set_mat(DotPath::Tiled, DType::Q2_K, |w, x, o| unsafe {
             mat::<S2, 2>(w, x, o)
@@ -462,13 +467,25 @@ pub(super) mod avx2 {
             mat::<S3, 2>(w, x, o)
         });
         k.set_mat(DotPath::Tiled, DType::Q4_K, |w, x, o| unsafe {
-            mat::<S4, 2>(w, x, o)
+            if x.n >= DECODE_MIN_TOKENS {
+                kquant_decoded::<K4, 2>(w, x, o)
+            } else {
+                mat::<S4, 2>(w, x, o)
+            }
         });
         k.set_mat(DotPath::Tiled, DType::Q5_K, |w, x, o| unsafe {
-            mat::<S5, 2>(w, x, o)
+            if x.n >= DECODE_MIN_TOKENS {
+                kquant_decoded::<K5, 2>(w, x, o)
+            } else {
+                mat::<S5, 2>(w, x, o)
+            }
         });
         k.set_mat(DotPath::Tiled, DType::Q6_K, |w, x, o| unsafe {
-            mat::<S6, 2>(w, x, o)
+            if x.n >= DECODE_MIN_TOKENS {
+                kquant_decoded::<K6, 2>(w, x, o)
+            } else {
+                mat::<S6, 2>(w, x, o)
+            }
         });
         k.set_path_dot(DotPath::RepackGemv, DType::Q4_K, entry!(dot gemv_q4k));
         k.set_path_dot(DotPath::RepackGemm, DType::Q4_K, entry!(dot gemm_q4k));
