@@ -32,7 +32,9 @@ pub(super) const DECODE_MIN_TOKENS: usize = 8;
 #[repr(C, align(32))]
 struct Decoded {
     q: [__m256i; 4],
-    d: [f32; 4],
+    /// Each row's `d` in all eight lanes (one `vmulps` with `d_x` gives the product
+    /// broadcast, where a shuffle and a broadcast would be two instructions).
+    db: [__m256; 4],
     m: [f32; 4],
 }
 
@@ -61,13 +63,15 @@ unsafe fn decode<F: Legacy, const G: usize>(
                 let p = g.add(b * 4 * F::BYTES);
                 let mut e = Decoded {
                     q: [_mm256_setzero_si256(); 4],
-                    d: [0.0; 4],
+                    db: [_mm256_setzero_ps(); 4],
                     m: [0.0; 4],
                 };
+                let mut d = [0f32; 4];
                 _mm_storeu_ps(
-                    e.d.as_mut_ptr(),
+                    d.as_mut_ptr(),
                     _mm_cvtph_ps(_mm_loadl_epi64(p.add(q).cast())),
                 );
+                e.db = d.map(|v| _mm256_set1_ps(v));
                 if F::MIN {
                     _mm_storeu_ps(
                         e.m.as_mut_ptr(),
@@ -130,11 +134,9 @@ unsafe fn tile<F: Legacy, const G: usize, const C: usize>(
                 } else {
                     _mm256_setzero_si256()
                 };
-                let dx = _mm_set1_ps(aux.d);
+                let dx = _mm256_set1_ps(aux.d);
                 for g in 0..G {
                     let e = wd.get_unchecked(b * G + g);
-                    let mut d = [0f32; 4];
-                    _mm_storeu_ps(d.as_mut_ptr(), _mm_mul_ps(_mm_loadu_ps(e.d.as_ptr()), dx));
                     for r in 0..4 {
                         let ys = if signed::<F>() {
                             _mm256_sign_epi8(y, sg.get_unchecked(b * G + g)[r])
@@ -146,7 +148,7 @@ unsafe fn tile<F: Legacy, const G: usize, const C: usize>(
                             l = _mm256_add_epi32(l, off);
                         }
                         acc[c][g][r] = _mm256_fmadd_ps(
-                            _mm256_set1_ps(d[r]),
+                            _mm256_mul_ps(e.db[r], dx),
                             _mm256_cvtepi32_ps(l),
                             acc[c][g][r],
                         );
