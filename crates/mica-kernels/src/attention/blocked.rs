@@ -54,6 +54,14 @@ pub(super) fn tile_fast<T: KvElem, const AVX512: bool>(
                     // SAFETY: AVX512 is set only in the AVX-512 build of this kernel.
                     unsafe { scores2_avx512(kt, q0, q1, &mut s0, &mut s1) };
                 }
+                #[cfg(target_arch = "x86_64")]
+                (Some(_), Some(_)) => {
+                    let q1 = &q[(r + 1) * hd..(r + 2) * hd];
+                    // SAFETY: on x86 the build without AVX512 is reached only from the
+                    // AVX2 + FMA entry point (`super::tile_avx2`).
+                    unsafe { scores2_avx2(kt, q0, q1, &mut s0, &mut s1) };
+                }
+                #[cfg(not(target_arch = "x86_64"))]
                 (Some(_), Some(_)) => {
                     let q1 = &q[(r + 1) * hd..(r + 2) * hd];
                     for d in 0..hd {
@@ -100,6 +108,12 @@ pub(super) fn tile_fast<T: KvElem, const AVX512: bool>(
                             accumulate_pair_avx512::<4>(acc, vt, hd, (&s0, &s1), v0, v1)
                         }
                     }
+                }
+                #[cfg(target_arch = "x86_64")]
+                (Some(v0), Some(v1)) if !AVX512 && hd.is_multiple_of(32) => {
+                    let acc = &mut s.acc[r * hd..(r + 2) * hd];
+                    // SAFETY: as for the scores above.
+                    unsafe { accumulate_pair_avx2(acc, vt, hd, (&s0, &s1), v0, v1) }
                 }
                 (v0, v1) => {
                     if let Some(v) = v0 {
@@ -154,6 +168,111 @@ unsafe fn scores2_avx512(
         unsafe {
             _mm512_storeu_ps(s0.as_mut_ptr().add(16 * j), a[j]);
             _mm512_storeu_ps(s1.as_mut_ptr().add(16 * j), b[j]);
+        }
+    }
+}
+
+/// [`scores2_avx512`] in ymm registers: the tile in two halves of 32 positions, each in
+/// 2 × 4 accumulators (all 64 would not fit in AVX2's sixteen registers).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn scores2_avx2(
+    kt: &[f32],
+    q0: &[f32],
+    q1: &[f32],
+    s0: &mut [f32; KV_TILE],
+    s1: &mut [f32; KV_TILE],
+) {
+    use std::arch::x86_64::*;
+    const L: usize = 4;
+    let hd = q0.len();
+    assert!(q1.len() == hd && kt.len() >= hd * KV_TILE);
+    for h in (0..KV_TILE).step_by(8 * L) {
+        let mut a = [_mm256_setzero_ps(); L];
+        let mut b = [_mm256_setzero_ps(); L];
+        for d in 0..hd {
+            // SAFETY: row d of the transposed tile is in bounds (asserted above).
+            unsafe {
+                let k = kt.as_ptr().add(d * KV_TILE + h);
+                let (x, y) = (_mm256_set1_ps(q0[d]), _mm256_set1_ps(q1[d]));
+                for j in 0..L {
+                    let kv = _mm256_loadu_ps(k.add(8 * j));
+                    a[j] = _mm256_fmadd_ps(kv, x, a[j]);
+                    b[j] = _mm256_fmadd_ps(kv, y, b[j]);
+                }
+            }
+        }
+        for j in 0..L {
+            // SAFETY: 8 floats at h + 8·j of 64-float arrays.
+            unsafe {
+                _mm256_storeu_ps(s0.as_mut_ptr().add(h + 8 * j), a[j]);
+                _mm256_storeu_ps(s1.as_mut_ptr().add(h + 8 * j), b[j]);
+            }
+        }
+    }
+}
+
+/// [`accumulate_pair_avx512`] in ymm registers: 32 elements of each row at a time.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn accumulate_pair_avx2(
+    acc: &mut [f32],
+    vt: &[f32],
+    hd: usize,
+    (sc0, sc1): (&[f32; KV_TILE], &[f32; KV_TILE]),
+    v0: std::ops::Range<usize>,
+    v1: std::ops::Range<usize>,
+) {
+    use std::arch::x86_64::*;
+    const L: usize = 4;
+    let ch = 8 * L;
+    assert!(acc.len() == 2 * hd && hd.is_multiple_of(ch));
+    assert!(v0.end.max(v1.end) <= KV_TILE && vt.len() >= KV_TILE * hd);
+    let shared = v0.start.max(v1.start)..v0.end.min(v1.end);
+    let a0p = acc.as_mut_ptr();
+    // SAFETY: row 1 starts `hd` elements in (asserted above).
+    let a1p = unsafe { a0p.add(hd) };
+    let vp = vt.as_ptr();
+    // SAFETY (all pointer accesses): chunk `c..c + ch` of a row of `hd`, value rows < KV_TILE
+    // (asserted above).
+    let one = |a: &mut [__m256; L], sc: &[f32; KV_TILE], tks: std::ops::Range<usize>, c: usize| {
+        for tk in tks {
+            let p = _mm256_set1_ps(sc[tk]);
+            for j in 0..L {
+                let v = unsafe { _mm256_loadu_ps(vp.add(tk * hd + c + 8 * j)) };
+                a[j] = _mm256_fmadd_ps(v, p, a[j]);
+            }
+        }
+    };
+    for c in (0..hd).step_by(ch) {
+        let mut a0: [__m256; L] =
+            std::array::from_fn(|j| unsafe { _mm256_loadu_ps(a0p.add(c + 8 * j)) });
+        let mut a1: [__m256; L] =
+            std::array::from_fn(|j| unsafe { _mm256_loadu_ps(a1p.add(c + 8 * j)) });
+        if shared.is_empty() {
+            one(&mut a0, sc0, v0.clone(), c);
+            one(&mut a1, sc1, v1.clone(), c);
+        } else {
+            one(&mut a0, sc0, v0.start..shared.start, c);
+            one(&mut a1, sc1, v1.start..shared.start, c);
+            for tk in shared.clone() {
+                let (p0, p1) = (_mm256_set1_ps(sc0[tk]), _mm256_set1_ps(sc1[tk]));
+                for j in 0..L {
+                    let v = unsafe { _mm256_loadu_ps(vp.add(tk * hd + c + 8 * j)) };
+                    a0[j] = _mm256_fmadd_ps(v, p0, a0[j]);
+                    a1[j] = _mm256_fmadd_ps(v, p1, a1[j]);
+                }
+            }
+            one(&mut a0, sc0, shared.end..v0.end, c);
+            one(&mut a1, sc1, shared.end..v1.end, c);
+        }
+        for j in 0..L {
+            unsafe {
+                _mm256_storeu_ps(a0p.add(c + 8 * j), a0[j]);
+                _mm256_storeu_ps(a1p.add(c + 8 * j), a1[j]);
+            }
         }
     }
 }

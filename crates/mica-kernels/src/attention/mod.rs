@@ -608,6 +608,16 @@ mod tests {
                     let mut got = vec![1f32; q.len()];
                     let mut sc = TileScratch::default();
                     tile_generic(&kv, &q, &pos, &sm, &mut sc, &mut want);
+                    // On x86 the build without AVX512 runs AVX2 + FMA code: its entry point.
+                    #[cfg(target_arch = "x86_64")]
+                    {
+                        let ok =
+                            is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+                        assert!(ok, "this test needs AVX2 and FMA on x86");
+                        // SAFETY: checked just above.
+                        unsafe { tile_avx2(&kv, &q, &pos, &sm, &mut sc, &mut got) };
+                    }
+                    #[cfg(not(target_arch = "x86_64"))]
                     tile_fast::<f16, false>(&kv, &q, &pos, &sm, &mut sc, &mut got);
                     let same = want
                         .iter()
