@@ -271,7 +271,8 @@ pub(super) mod avx2 {
     use crate::simd::avx2::{entry, hsum_i32};
     use crate::simd::avx2_kprefill::{DECODE_MIN_TOKENS, K4, K5, K6, kquant_decoded};
     use crate::simd::avx2_kquants::{
-        Chunks, chunks_k4, chunks_q2k, chunks_q3k, chunks_q6k, min_lanes_k4,
+        Chunks, chunks_k4, chunks_q2k, chunks_q3k, chunks_q6k, hsum_i32x4, min_lanes_k4,
+        offset_lanes_q6k, sum_chunks,
     };
     use crate::simd::mat::{ActRows, MatOut, WeightRows};
     use std::arch::x86_64::*;
@@ -371,10 +372,31 @@ pub(super) mod avx2 {
         /// `Some(dmin)` for the formats with mins.
         fn scales(a: &Self::B) -> (f32, Option<f32>);
         unsafe fn sums(a: &Self::B, b: &BlockQ8K) -> KSums;
+        /// The super-block totals `(Σ part, Σ min)` alone (what the gemv and tiled steps
+        /// use), without the per-64-element horizontal sums of [`Sums::sums`].
+        unsafe fn totals(a: &Self::B, b: &BlockQ8K) -> (i32, i32) {
+            // SAFETY: the caller's contract is `sums`'.
+            let s = unsafe { Self::sums(a, b) };
+            (s.part.iter().sum(), s.min.iter().sum())
+        }
+    }
+
+    /// Q4_K/Q5_K totals: one horizontal sum of all chunks, one of the min lanes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn totals_k4(
+        scales: &[u8; 12],
+        qs: &[u8; 128],
+        qh: Option<&[u8; 32]>,
+        b: &BlockQ8K,
+    ) -> (i32, i32) {
+        let (sc, mn) = scales_mins_k4(scales);
+        let part = hsum_i32(sum_chunks(&chunks_k4(&sc, qs, qh, b)));
+        (part, hsum_i32x4(min_lanes_k4(&mn, b)))
     }
 
     macro_rules! sums {
-        ($name:ident, $B:ty, |$a:ident| $scales:expr, $f:ident) => {
+        ($name:ident, $B:ty, |$a:ident| $scales:expr, $f:ident $(, |$ta:ident, $tb:ident| $totals:expr)?) => {
             struct $name;
             // SAFETY: `$f` needs only AVX2.
             unsafe impl Sums for $name {
@@ -388,6 +410,13 @@ pub(super) mod avx2 {
                 unsafe fn sums(a: &$B, b: &BlockQ8K) -> KSums {
                     $f(a, b)
                 }
+                $(
+                #[inline]
+                #[target_feature(enable = "avx2")]
+                unsafe fn totals($ta: &$B, $tb: &BlockQ8K) -> (i32, i32) {
+                    $totals
+                }
+                )?
             }
         };
     }
@@ -402,15 +431,29 @@ pub(super) mod avx2 {
         S4,
         BlockQ4K,
         |a| (f16_to_f32(a.d), Some(f16_to_f32(a.dmin))),
-        ksums_q4k
+        ksums_q4k,
+        |a, b| totals_k4(&a.scales, &a.qs, None, b)
     );
     sums!(
         S5,
         BlockQ5K,
         |a| (f16_to_f32(a.d), Some(f16_to_f32(a.dmin))),
-        ksums_q5k
+        ksums_q5k,
+        |a, b| totals_k4(&a.scales, &a.qs, Some(&a.qh), b)
     );
-    sums!(S6, BlockQ6K, |a| (f16_to_f32(a.d), None), ksums_q6k);
+    sums!(
+        S6,
+        BlockQ6K,
+        |a| (f16_to_f32(a.d), None),
+        ksums_q6k,
+        |a, b| {
+            let sumi = _mm256_sub_epi32(
+                sum_chunks(&chunks_q6k(a, b)),
+                offset_lanes_q6k(&a.scales, b),
+            );
+            (hsum_i32(sumi), 0)
+        }
+    );
 
     /// `Acc` steps: 0 = repacked gemv, 1 = repacked gemm, 2 = tiled.
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -427,7 +470,18 @@ pub(super) mod avx2 {
                     for (acc, row) in acc.iter_mut().zip(&rows) {
                         let a = &row[i];
                         // SAFETY: AVX2 is enabled here.
-                        let s = unsafe { S::sums(a, b) };
+                        let s = unsafe {
+                            if STEP == 1 {
+                                S::sums(a, b)
+                            } else {
+                                // Totals in the first slot: the same exact integer sums.
+                                let (p, m) = S::totals(a, b);
+                                KSums {
+                                    part: [p, 0, 0, 0],
+                                    min: [m, 0, 0, 0],
+                                }
+                            }
+                        };
                         let (dw, dmin) = S::scales(a);
                         match STEP {
                             0 => acc.gemv(&s, dw, dmin.unwrap_or(0.0), b.d()),
