@@ -61,19 +61,26 @@ impl<'a> QMatrix<'a> {
         }
     }
 
-    /// A repacked copy of the weights for this CPU's kernels (four rows interleaved block by
-    /// block: one load per block for four rows), or `None` where the kernels have no packed
-    /// layout for this type. Costs as much memory as `data` (rows rounded up to 4).
+    /// A repacked copy of the weights for this CPU's kernels (groups of
+    /// [`QMatrix::pack_group`] rows interleaved, so one load serves several rows), or `None`
+    /// where the kernels have no packed layout for this type. Costs as much memory as `data`
+    /// (rows rounded up to a group).
     pub fn pack(&self) -> Option<Vec<u8>> {
         kernels().pack(self.dtype, self.cols, self.rows, self.data)
     }
 
+    /// Rows per group of [`QMatrix::pack`]'s layout (1 where there is none).
+    pub fn pack_group(&self) -> usize {
+        kernels().pack_group(self.dtype)
+    }
+
     /// Rows `range` as the kernels' view (the packed copy when there is one and the range
-    /// starts on a group of four).
+    /// starts on a group).
     fn rows_view(&self, range: std::ops::Range<usize>) -> WeightRows<'a> {
+        let group = self.pack_group();
         match self.packed {
-            Some(p) if range.start.is_multiple_of(4) => {
-                WeightRows::packed(self.dtype, self.cols, self.rows, p).sub(range)
+            Some(p) if range.start.is_multiple_of(group) => {
+                WeightRows::packed(self.dtype, self.cols, self.rows, group, p).sub(range)
             }
             _ => WeightRows::new(self.dtype, self.cols, self.rows, self.data).sub(range),
         }
@@ -205,7 +212,7 @@ pub fn matmul_rows(
     let x = xq.view();
     let dst = SyncPtr(out.as_mut_ptr());
     let work = |i: usize, nt: usize| {
-        let mine = split_range(n_out, i, nt, row_align(n_out, nt));
+        let mine = split_range(n_out, i, nt, row_align(n_out, nt).max(w.pack_group()));
         if mine.is_empty() {
             return;
         }
@@ -226,7 +233,7 @@ pub fn matmul_rows(
 }
 
 /// Rows per chunk of the split across threads: whole row groups of the kernels (16 rows)
-/// when every thread still gets several, else 4.
+/// when every thread still gets several, else 4 (the caller rounds up to a packed group).
 fn row_align(n_out: usize, nt: usize) -> usize {
     if n_out >= 64 * nt { 16 } else { 4 }
 }

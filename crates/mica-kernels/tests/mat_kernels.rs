@@ -233,7 +233,7 @@ fn packed_weights_equal_row_major_bit_for_bit() {
                 let mut want = vec![0f32; rows * toks];
                 let mut got = vec![1f32; rows * toks];
                 let plain = WeightRows::new(t, n, rows, &w);
-                let pk = WeightRows::packed(t, n, rows, &packed);
+                let pk = WeightRows::packed(t, n, rows, k.pack_group(t), &packed);
                 let path = DotPath::VecDot;
                 k.matmul(
                     path,
@@ -271,7 +271,7 @@ fn packed_weights_equal_row_major_bit_for_bit() {
                         m.dequantize_row(row, &mut b);
                         assert!(a.iter().zip(&b).all(|(x, y)| same(*x, *y)), "{t} row {row}");
                     }
-                    for range in [0..rows, 4..rows - 1, 1..rows] {
+                    for range in [0..rows, 4..rows - 1, 8..rows, 1..rows] {
                         let mut part = vec![0f32; toks * range.len()];
                         matmul_rows(&pool, &m, &acts, &mut part, range.clone());
                         for tok in 0..toks {

@@ -62,9 +62,10 @@ impl Matrix {
     pub fn repack(&mut self, release: bool) -> usize {
         self.packed = None;
         let rb = self.view().row_bytes();
-        // Whole groups of four rows: packing pieces gives the bytes of packing the whole.
-        let step = ((4 << 20) / rb.max(1)).next_multiple_of(4);
-        let total = self.rows.div_ceil(4) * 4 * rb;
+        let group = self.view().pack_group();
+        // Whole groups of rows: packing pieces gives the bytes of packing the whole.
+        let step = ((4 << 20) / rb.max(1)).next_multiple_of(group);
+        let total = self.rows.div_ceil(group) * group * rb;
         let mut out: Option<PackedBytes> = None;
         let mut written = 0;
         let mut r0 = 0;

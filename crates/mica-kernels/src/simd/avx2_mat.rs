@@ -49,14 +49,14 @@ pub(super) fn install(k: &mut Kernels) {
     });
     macro_rules! packed {
         ($t:ident) => {
-            let (pack, unpack) = super::avx512_mat::layout(DType::$t).expect("a packed layout");
             k.set_packed(
                 DType::$t,
                 Packing {
-                    pack,
-                    unpack,
+                    group: super::avx2_x8::GROUP,
+                    pack: super::avx2_x8::pack::<$t>,
+                    unpack: super::avx2_x8::unpack::<$t>,
                     // SAFETY: as above.
-                    mat: |w, x, o| unsafe { legacy_packed::<$t>(w, x, o) },
+                    mat: |w, x, o| unsafe { super::avx2_x8::mat::<$t>(w, x, o) },
                 },
             );
         };
@@ -84,8 +84,7 @@ pub(super) fn install(k: &mut Kernels) {
 /// A legacy format: its block lanes (`avx2.rs`'s) and scale fields.
 ///
 /// # Safety
-/// `lanes` reads one weight block at `w` and one activation block at `x`, nothing else;
-/// `packed_lanes` reads one group block of the packed layout at `p` and one activation block.
+/// `lanes` reads one weight block at `w` and one activation block at `x`, nothing else.
 pub(super) unsafe trait Legacy {
     const BYTES: usize;
     /// Activation block bytes (Q8_0: 34, Q8_1: 36).
@@ -93,34 +92,22 @@ pub(super) unsafe trait Legacy {
     /// Whether the format has the `m·s` term (Q4_1/Q5_1, byte offset 2; activations' `s`
     /// at byte 2 of Q8_1).
     const MIN: bool;
-    /// Bytes of one row's quants in a packed group block (16, Q8_0: 32).
+    /// Bytes of one row's quants (16, Q8_0: 32).
     const PQ: usize;
-    /// The packed kernel takes Q4_0/Q5_0 quants as unsigned `u = q + 2^SHIFT` and adds
+    /// The packed kernels take Q4_0/Q5_0 quants as unsigned `u = q + 2^SHIFT` and adds
     /// `2^SHIFT · (-Σy)` per lane (the activations' [`super::mat::BlockAux`] lane sums):
     /// the same exact i32 lanes as the sign trick, in fewer instructions.
     const SHIFT: Option<i32>;
     /// Whether the format has fifth bits (Q5_0, Q5_1).
     const Q5: bool;
     unsafe fn lanes(w: *const u8, x: *const u8) -> __m256i;
-    /// [`Legacy::lanes`] of row `i` of a packed group block (the same exact i32 lanes);
-    /// `off` is `2^SHIFT · (-Σy)` per lane where the format has a `SHIFT`, and `hi` the
-    /// group's fifth bits broadcast to both halves ([`packed_fifth`]) for the Q5 formats.
-    unsafe fn packed_lanes(
-        p: *const u8,
-        i: usize,
-        x: *const u8,
-        off: __m256i,
-        hi: __m256i,
-    ) -> __m256i;
 }
 
 macro_rules! legacy_format {
     ($name:ident, $W:ty, $X:ty, min: $min:expr, pq: $pq:expr, shift: $shift:expr, q5: $q5:expr,
-     |$a:ident, $b:ident| $lanes:expr,
-     packed |$p:ident, $i:ident, $y:ident, $off:ident, $hi:ident| $plane:expr) => {
+     |$a:ident, $b:ident| $lanes:expr) => {
         struct $name;
-        // SAFETY: `$W` and `$X` are the block types (alignment 1, any bit pattern); the
-        // packed reads stay inside the group block (see `avx512_mat.rs` for the layout).
+        // SAFETY: `$W` and `$X` are the block types (alignment 1, any bit pattern).
         unsafe impl Legacy for $name {
             const BYTES: usize = size_of::<$W>();
             const XBYTES: usize = size_of::<$X>();
@@ -135,89 +122,20 @@ macro_rules! legacy_format {
                 let ($a, $b) = unsafe { (&*w.cast::<$W>(), &*x.cast::<$X>()) };
                 $lanes
             }
-            #[inline]
-            #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn packed_lanes(
-                $p: *const u8,
-                $i: usize,
-                x: *const u8,
-                $off: __m256i,
-                $hi: __m256i,
-            ) -> __m256i {
-                // SAFETY: the caller passes a whole group block and activation block.
-                let $y = unsafe { load32i(&(*x.cast::<$X>()).qs) };
-                #[allow(unused_unsafe)]
-                unsafe {
-                    $plane
-                }
-            }
         }
     };
 }
 
-/// Row `i`'s 16 nibble bytes of a packed group block, as `nibbles` unpacks them.
-#[inline]
-#[target_feature(enable = "avx2")]
-pub(super) unsafe fn packed_nibbles(p: *const u8, i: usize) -> __m256i {
-    // SAFETY: the caller passes a whole group block.
-    nibbles(unsafe { &*p.add(16 * i).cast::<[u8; 16]>() })
-}
-
-/// The fifth-bit masks of a packed Q5 group block (at byte `k`: 64 bits of bits 0..15 of
-/// the four rows, then 64 of bits 16..31), in both 128-bit halves.
-#[inline]
-#[target_feature(enable = "avx2")]
-pub(super) unsafe fn packed_fifth(p: *const u8, k: usize) -> __m256i {
-    // SAFETY: the caller passes a whole group block.
-    _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(p.add(k).cast()) })
-}
-
-/// Row `i`'s fifth bits as bytes `0x10` (set) or 0, from [`packed_fifth`]'s vector: one
-/// shuffle puts the byte holding bit j at byte j, a mask picks the bit.
-#[inline]
-#[target_feature(enable = "avx2")]
-pub(super) fn fifth_0x10(hi: __m256i, i: usize) -> __m256i {
-    // Byte j of row i: bits 0..15 are bytes 2i, 2i + 1; bits 16..31 bytes 8 + 2i, 9 + 2i.
-    let sel = |j: usize| {
-        (if j < 16 {
-            2 * i + j / 8
-        } else {
-            8 + 2 * i + (j - 16) / 8
-        }) as i8
-    };
-    let ctl: [i8; 32] = std::array::from_fn(sel);
-    let bit: [i8; 32] = std::array::from_fn(|j| (1u8 << (j % 8)) as i8);
-    // SAFETY: 32 readable bytes each.
-    let (ctl, bit) = unsafe {
-        (
-            _mm256_loadu_si256(ctl.as_ptr().cast()),
-            _mm256_loadu_si256(bit.as_ptr().cast()),
-        )
-    };
-    let b = _mm256_and_si256(_mm256_shuffle_epi8(hi, ctl), bit);
-    _mm256_and_si256(_mm256_cmpeq_epi8(b, bit), _mm256_set1_epi8(0x10))
-}
-
 legacy_format!(Q4_0, BlockQ4_0, BlockQ8_0, min: false, pq: 16, shift: Some(3), q5: false,
-    |a, b| mul_sum_i8(q4_0_bytes(a), load32i(&b.qs)),
-    packed |p, i, y, off, _hi| _mm256_add_epi32(mul_sum_us8(packed_nibbles(p, i), y), off));
+    |a, b| mul_sum_i8(q4_0_bytes(a), load32i(&b.qs)));
 legacy_format!(Q4_1, BlockQ4_1, BlockQ8_1, min: true, pq: 16, shift: None, q5: false,
-    |a, b| mul_sum_us8(nibbles(&a.qs), load32i(&b.qs)),
-    packed |p, i, y, _off, _hi| mul_sum_us8(packed_nibbles(p, i), y));
+    |a, b| mul_sum_us8(nibbles(&a.qs), load32i(&b.qs)));
 legacy_format!(Q5_0, BlockQ5_0, BlockQ8_0, min: false, pq: 16, shift: Some(4), q5: true,
-|a, b| mul_sum_i8(q5_0_bytes(a), load32i(&b.qs)),
-packed |p, i, y, off, hi| {
-    let u = _mm256_or_si256(packed_nibbles(p, i), fifth_0x10(hi, i));
-    _mm256_add_epi32(mul_sum_us8(u, y), off)
-});
+|a, b| mul_sum_i8(q5_0_bytes(a), load32i(&b.qs)));
 legacy_format!(Q5_1, BlockQ5_1, BlockQ8_1, min: true, pq: 16, shift: None, q5: true,
-|a, b| mul_sum_us8(q5_1_bytes(a), load32i(&b.qs)),
-packed |p, i, y, _off, hi| {
-    mul_sum_us8(_mm256_or_si256(packed_nibbles(p, i), fifth_0x10(hi, i)), y)
-});
+|a, b| mul_sum_us8(q5_1_bytes(a), load32i(&b.qs)));
 legacy_format!(Q8_0, BlockQ8_0, BlockQ8_0, min: false, pq: 32, shift: None, q5: false,
-    |a, b| mul_sum_i8(load32i(&a.qs), load32i(&b.qs)),
-    packed |p, i, y, _off, _hi| mul_sum_i8(load32i(&*p.add(32 * i).cast::<[i8; 32]>()), y));
+    |a, b| mul_sum_i8(load32i(&a.qs), load32i(&b.qs)));
 
 #[inline(always)]
 unsafe fn rd16(p: *const u8) -> u64 {
@@ -297,81 +215,6 @@ unsafe fn legacy<F: Legacy>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
                 let res = unsafe { rows4::<F>(&rows, x.data.as_ptr().add(t * nb * F::XBYTES), nb) };
                 for (i, &v) in res[..nr].iter().enumerate() {
                     out.set(t, r0 + i, v);
-                }
-            }
-        }
-    }
-}
-
-/// [`legacy`] over the packed layout ([`super::avx512_mat::layout`]: four rows interleaved
-/// block by block, their four `d` (and `m`) side by side). Per output the same arithmetic as
-/// [`rows4`]; what the layout saves is the per-row gathering of scales and a single stream
-/// per group of rows.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn legacy_packed<F: Legacy>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
-    let nb = w.n / QK;
-    let gb = 4 * F::BYTES;
-    assert!(w.packed && nb * QK == w.n && w.rows > 0 && w.stride == nb * gb);
-    assert!(w.data.len() >= w.rows.div_ceil(4) * w.stride, "packed rows");
-    assert!(x.data.len() == x.n * nb * F::XBYTES, "activation rows");
-    assert!(x.aux.len() == x.n * nb, "activation block data");
-    if x.n >= super::avx2_prefill::DECODE_MIN_TOKENS {
-        // SAFETY: the features are enabled here; the rows are packed (asserted).
-        return unsafe { super::avx2_prefill::legacy_decoded::<F>(w, x, out) };
-    }
-    let q = 4 * F::PQ;
-    let idx: [__m256i; 4] = std::array::from_fn(|r| _mm256_set1_epi32(r as i32));
-    for t0 in (0..x.n).step_by(TOK_TILE) {
-        for r0 in (0..w.rows).step_by(4) {
-            let nr = (w.rows - r0).min(4);
-            if t0 == 0 {
-                w.prefetch_ahead(r0);
-            }
-            // SAFETY: group r0 / 4 exists (asserted above).
-            let g = unsafe { w.data.as_ptr().add(r0 / 4 * w.stride) };
-            for t in t0..(t0 + TOK_TILE).min(x.n) {
-                let mut acc = [_mm256_setzero_ps(); 4];
-                let mut summs = [0f32; 4];
-                for b in 0..nb {
-                    let a = x.aux[t * nb + b];
-                    // SAFETY: block b of the group and of token t exist (asserted above).
-                    unsafe {
-                        let p = g.add(b * gb);
-                        let xb = x.data.as_ptr().add((t * nb + b) * F::XBYTES);
-                        let dw = _mm_cvtph_ps(_mm_loadl_epi64(p.add(q).cast()));
-                        let d = _mm256_castps128_ps256(_mm_mul_ps(dw, _mm_set1_ps(a.d)));
-                        let off = match F::SHIFT {
-                            Some(sh) => _mm256_sll_epi32(
-                                _mm256_loadu_si256(a.neg_lane_sums.as_ptr().cast()),
-                                _mm_cvtsi32_si128(sh),
-                            ),
-                            None => _mm256_setzero_si256(),
-                        };
-                        let hi = if F::Q5 {
-                            packed_fifth(p, q + if F::MIN { 16 } else { 8 })
-                        } else {
-                            _mm256_setzero_si256()
-                        };
-                        for r in 0..4 {
-                            let l = _mm256_cvtepi32_ps(F::packed_lanes(p, r, xb, off, hi));
-                            let dr = _mm256_permutevar8x32_ps(d, idx[r]);
-                            acc[r] = _mm256_fmadd_ps(dr, l, acc[r]);
-                        }
-                        if F::MIN {
-                            let mut m = [0f32; 4];
-                            _mm_storeu_ps(
-                                m.as_mut_ptr(),
-                                _mm_cvtph_ps(_mm_loadl_epi64(p.add(q + 8).cast())),
-                            );
-                            for r in 0..4 {
-                                summs[r] = m[r].mul_add(a.s, summs[r]);
-                            }
-                        }
-                    }
-                }
-                for r in 0..nr {
-                    let h = hsum_f32(acc[r]);
-                    out.set(t, r0 + r, if F::MIN { h + summs[r] } else { h });
                 }
             }
         }

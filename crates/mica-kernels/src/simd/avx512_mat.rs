@@ -38,6 +38,7 @@ pub(super) fn install(k: &mut Kernels) {
             k.set_packed(
                 DType::$t,
                 Packing {
+                    group: 4,
                     pack: pack::<$F>,
                     unpack: unpack::<$F>,
                     // SAFETY: as above.
@@ -651,22 +652,9 @@ unsafe fn legacy_decoded<F: Legacy, const PACKED: bool>(
 // ---------------------------------------------------------------------------------------------
 // The packed layout: four rows interleaved block by block, so that one load gives the quants
 // of four rows and one conversion their scales (llama.cpp repacks Q4_0 into a similar
-// `block_q4_0x8`). Per group of four rows and block: the quants of the four rows (16 bytes
+// `block_q4_0x8`; the AVX2 table has its own, `avx2_x8.rs`). Per group of four rows and block: the quants of the four rows (16 bytes
 // each, Q8_0: 32), then the four f16 `d`, the four f16 `m` (Q4_1, Q5_1), and the fifth bits
 // as the two 64-bit masks [`fifth_bits`] builds (Q5_0, Q5_1): exactly four blocks' bytes.
-
-/// The packed layout's pack and unpack functions for `t` (plain code: the AVX2 table packs
-/// into the same layout), `None` for the types without one.
-pub(super) fn layout(t: DType) -> Option<(super::PackFn, super::UnpackFn)> {
-    Some(match t {
-        DType::Q4_0 => (pack::<Q4_0>, unpack::<Q4_0>),
-        DType::Q4_1 => (pack::<Q4_1>, unpack::<Q4_1>),
-        DType::Q5_0 => (pack::<Q5_0>, unpack::<Q5_0>),
-        DType::Q5_1 => (pack::<Q5_1>, unpack::<Q5_1>),
-        DType::Q8_0 => (pack::<Q8_0>, unpack::<Q8_0>),
-        _ => return None,
-    })
-}
 
 /// Bytes of the four rows' quants in a packed group block.
 const fn packed_qs<F: Legacy>() -> usize {

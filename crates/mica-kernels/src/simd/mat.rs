@@ -29,7 +29,7 @@ use crate::quant::blocks::{BlockQ8_0, BlockQ8_1, QK, blocks, f16_to_f32};
 pub const PREFETCH_BYTES: usize = 8 << 10;
 
 /// `rows` weight rows of `n` elements: row `r` at `data[r * stride..][..row bytes]`, or,
-/// `packed`, groups of four rows interleaved by [`Kernels::pack`] (`stride` bytes per
+/// `packed`, groups of `group` rows interleaved by [`Kernels::pack`] (`stride` bytes per
 /// group).
 #[derive(Clone, Copy, Debug)]
 pub struct WeightRows<'a> {
@@ -39,6 +39,8 @@ pub struct WeightRows<'a> {
     pub stride: usize,
     pub data: &'a [u8],
     pub packed: bool,
+    /// Rows per packed group ([`Kernels::pack_group`]); 1 when not packed.
+    pub group: usize,
 }
 
 impl<'a> WeightRows<'a> {
@@ -54,14 +56,17 @@ impl<'a> WeightRows<'a> {
             stride,
             data,
             packed: false,
+            group: 1,
         }
     }
 
-    /// Rows packed by [`Kernels::pack`] (`data` is its output for these `rows`).
-    pub fn packed(dtype: DType, n: usize, rows: usize, data: &'a [u8]) -> Self {
-        let stride = 4 * dtype.row_bytes(n).expect("whole blocks");
+    /// Rows packed by [`Kernels::pack`] in groups of `group` (`data` is its output for
+    /// these `rows`).
+    pub fn packed(dtype: DType, n: usize, rows: usize, group: usize, data: &'a [u8]) -> Self {
+        assert!(group > 0, "packed group size");
+        let stride = group * dtype.row_bytes(n).expect("whole blocks");
         assert!(
-            data.len() >= rows.div_ceil(4) * stride,
+            data.len() >= rows.div_ceil(group) * stride,
             "packed rows out of bounds"
         );
         WeightRows {
@@ -71,6 +76,7 @@ impl<'a> WeightRows<'a> {
             stride,
             data,
             packed: true,
+            group,
         }
     }
 
@@ -82,8 +88,8 @@ impl<'a> WeightRows<'a> {
         &self.data[r * self.stride..r * self.stride + rb]
     }
 
-    /// Asks the cache for the four rows (file layout) that a kernel working on rows
-    /// `r0..r0 + 4` will reach about [`PREFETCH_BYTES`] later. A decode step streams every
+    /// Asks the cache for the rows (four, or a packed group) that a kernel working on rows
+    /// `r0..r0 + 4` (or a packed group from `r0`) will reach about [`PREFETCH_BYTES`] later. A decode step streams every
     /// weight from DRAM once, and on some CPUs the hardware prefetcher alone does not run far
     /// enough ahead of a dense kernel: on a Zen 3 the AVX2 Q8_0 kernel read a 178 MB head at
     /// ~5 GB/s per thread against 12 GB/s from L3; asking 8 KiB ahead took Gemma3-270M's
@@ -93,16 +99,18 @@ impl<'a> WeightRows<'a> {
     pub fn prefetch_ahead(&self, r0: usize) {
         #[cfg(target_arch = "x86_64")]
         {
-            // Packed: `stride` is a group of four rows, and `r0` starts a group.
-            let row = if self.packed {
-                self.stride / 4
+            // Packed: `stride` is a group of rows, and `r0` starts a group.
+            let (row, span) = if self.packed {
+                (self.stride / self.group, self.group)
             } else {
-                self.stride
+                (self.stride, 4)
             };
-            let ahead = (PREFETCH_BYTES / row.max(1)).next_multiple_of(4).max(4);
+            let ahead = (PREFETCH_BYTES / row.max(1))
+                .next_multiple_of(span)
+                .max(span);
             let (start, end) = (
                 ((r0 + ahead) * row).min(self.data.len()),
-                ((r0 + ahead + 4) * row).min(self.data.len()),
+                ((r0 + ahead + span) * row).min(self.data.len()),
             );
             for off in (start..end).step_by(64) {
                 // SAFETY: `off` is inside `data`; a prefetch reads nothing the program sees.
@@ -117,15 +125,15 @@ impl<'a> WeightRows<'a> {
         let _ = r0;
     }
 
-    /// Rows `range` of these rows (packed: `range.start` a multiple of four).
+    /// Rows `range` of these rows (packed: `range.start` a multiple of the group).
     pub fn sub(&self, range: std::ops::Range<usize>) -> Self {
         assert!(range.end <= self.rows);
         let start = if self.packed {
             assert!(
-                range.start.is_multiple_of(4),
+                range.start.is_multiple_of(self.group),
                 "packed rows split inside a group"
             );
-            range.start / 4 * self.stride
+            range.start / self.group * self.stride
         } else {
             range.start * self.stride
         };

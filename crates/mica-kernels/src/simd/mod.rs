@@ -58,7 +58,7 @@ mod avx2_kquants;
 #[cfg(target_arch = "x86_64")]
 mod avx2_mat;
 #[cfg(target_arch = "x86_64")]
-mod avx2_prefill;
+mod avx2_x8;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
@@ -88,6 +88,8 @@ pub type UnpackFn = fn(usize, &[u8], usize, std::ops::Range<usize>, &mut [u8]);
 /// A type's load-time packed layout: how to pack and unpack it, and its matrix kernel.
 #[derive(Clone, Copy)]
 pub(crate) struct Packing {
+    /// Rows per group.
+    pub group: usize,
     pub pack: PackFn,
     pub unpack: UnpackFn,
     pub mat: MatFn,
@@ -323,15 +325,21 @@ impl Kernels {
     }
 
     /// Load-time repacking: `rows` rows of `n` elements of type `t` (`data`, row-major as in
-    /// the file) rearranged for this table's packed kernel (four rows interleaved block by
-    /// block), or `None` where the table has none for `t`. Products with the packed copy
-    /// ([`WeightRows::packed`]) are bit-identical to products with `data`; the copy takes
-    /// `rows` rounded up to 4 rows' bytes.
+    /// the file) rearranged for this table's packed kernel (groups of
+    /// [`Kernels::pack_group`] rows interleaved), or `None` where the table has none for
+    /// `t`. Products with the packed copy ([`WeightRows::packed`]) are bit-identical to
+    /// products with `data`; the copy takes `rows` rounded up to a group's bytes.
     pub fn pack(&self, t: DType, n: usize, rows: usize, data: &[u8]) -> Option<Vec<u8>> {
         if rows == 0 {
             return None;
         }
         self.packed[slot(t)].map(|p| (p.pack)(n, rows, data))
+    }
+
+    /// Rows per group of this table's packed layout for `t` (AVX-512: 4, AVX2: 8; 1 where
+    /// `t` has none).
+    pub fn pack_group(&self, t: DType) -> usize {
+        self.packed[slot(t)].map_or(1, |p| p.group)
     }
 
     /// Blocks `blocks` of row `row` of `n`-element rows packed by [`Kernels::pack`] (`data`),
