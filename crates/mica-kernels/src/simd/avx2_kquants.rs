@@ -46,6 +46,30 @@ fn scales16(s0: i16, s1: i16) -> __m256i {
     _mm256_set_m128i(_mm_set1_epi16(s1), _mm_set1_epi16(s0))
 }
 
+/// Chunk c's Q6_K scales from the 16 signed scale bytes `v`: `v[2c]` in the eight low i16
+/// lanes, `v[2c + 1]` in the eight high ones (one shuffle, one sign extension).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn pair16(v: __m128i, c: usize) -> __m256i {
+    /// Shuffle controls: row c is byte 2c eight times, then byte 2c + 1 eight times.
+    const PAIR: [[i8; 16]; 8] = {
+        let mut t = [[0i8; 16]; 8];
+        let mut c = 0;
+        while c < 8 {
+            let mut j = 0;
+            while j < 16 {
+                t[c][j] = (2 * c + j / 8) as i8;
+                j += 1;
+            }
+            c += 1;
+        }
+        t
+    };
+    // SAFETY: 16 readable bytes.
+    let ctl = unsafe { _mm_loadu_si128(PAIR[c].as_ptr().cast()) };
+    _mm256_cvtepi8_epi16(_mm_shuffle_epi8(v, ctl))
+}
+
 /// `scale · Σ q·a` per i32 lane for one chunk of 32 unsigned quants.
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -196,7 +220,8 @@ pub(super) fn chunks_k4(
 #[target_feature(enable = "avx2")]
 pub(super) fn chunks_q6k(a: &BlockQ6K, b: &BlockQ8K) -> Chunks {
     let low4 = _mm256_set1_epi8(0x0F);
-    let sc = &a.scales;
+    // SAFETY: 16 readable bytes.
+    let sv = unsafe { _mm_loadu_si128(a.scales.as_ptr().cast()) };
     let mut out = [_mm256_setzero_si256(); 8];
     for h in 0..2 {
         let ql0 = load32(piece(&a.ql, 2 * h));
@@ -217,8 +242,7 @@ pub(super) fn chunks_q6k(a: &BlockQ6K, b: &BlockQ8K) -> Chunks {
         ];
         for (j, q) in q.into_iter().enumerate() {
             let c = 4 * h + j;
-            let s = scales16(sc[2 * c] as i16, sc[2 * c + 1] as i16);
-            out[c] = chunk(q, piece(&b.qs, c), s);
+            out[c] = chunk(q, piece(&b.qs, c), pair16(sv, c));
         }
     }
     out
