@@ -386,7 +386,7 @@ unsafe fn decode<F: Legacy>(
 }
 
 /// A decoded group × one token (activation row at `x`, block data `aux`, lane offsets
-/// `offs`, one per block).
+/// `offs`, one per block; read only where the format has a `SHIFT`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn decoded_dot<F: Legacy>(
@@ -396,6 +396,7 @@ unsafe fn decoded_dot<F: Legacy>(
     aux: &[BlockAux],
     offs: &[[i32; 8]],
 ) -> [f32; 8] {
+    assert!(F::SHIFT.is_none() || offs.len() >= wd.len(), "lane offsets");
     let xq = if F::MIN { 4 } else { 2 };
     let mut acc = [_mm256_setzero_ps(); 8];
     let mut summs = _mm256_setzero_ps();
@@ -438,8 +439,6 @@ unsafe fn decoded<F: Legacy>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
         offs.clear();
         if F::SHIFT.is_some() {
             offs.extend(x.aux[t0 * nb..t1 * nb].iter().map(|a| offsets::<F>(a)));
-        } else {
-            offs.resize((t1 - t0) * nb, [0; 8]);
         }
         for r0 in (0..w.rows).step_by(GROUP) {
             let nr = (w.rows - r0).min(GROUP);
@@ -453,7 +452,8 @@ unsafe fn decoded<F: Legacy>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
                         &signs,
                         x.data.as_ptr().add(t * nb * F::XBYTES),
                         &x.aux[t * nb..(t + 1) * nb],
-                        &offs[(t - t0) * nb..(t - t0 + 1) * nb],
+                        // Empty for the formats without offsets (never read).
+                        offs.get((t - t0) * nb..(t - t0 + 1) * nb).unwrap_or(&[]),
                     )
                 };
                 for (i, &v) in res[..nr].iter().enumerate() {
