@@ -11,6 +11,10 @@
 //!   whatever fits in the last-level cache is read from it: compare against `bandwidth`
 //!   (256 MiB) for the DRAM limit a whole model streams at.
 //! - `gemv_2t/...`: the same through a two-thread pool (the split `matmul` does).
+//! - `stream/TYPE/{1t,2t}`: one token through 256 MiB of 896×4864 matrices (Qwen2.5-0.5B's
+//!   FFN down shape), one matrix after another as a decode step does, with the load-time
+//!   repacked layout where there is one: the kernel's rate from DRAM, to hold against
+//!   `bandwidth`.
 //! - `gemm/TYPE/TOKENS`: a 896×4864 matrix times 128 or 512 tokens (prefill), in FLOP/s:
 //!   criterion's "elem/s" here counts 2·rows·cols·tokens floating-point operations per run.
 //! - `.../packed`: the same product with the load-time repacked copy (`QMatrix::pack`), for
@@ -154,6 +158,63 @@ fn gemv(c: &mut Criterion) {
     }
 }
 
+fn stream(c: &mut Criterion) {
+    let mut r = Rng(0x1234_5678_9abc_def1);
+    let pools = [("1t", ThreadPool::new(1)), ("2t", ThreadPool::new(2))];
+    let (rows, cols) = (896, 4864);
+    for t in [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q8_0,
+        DType::Q4_K,
+        DType::Q6_K,
+    ] {
+        let one = matrix(t, rows, cols, &mut r);
+        let count = (256 << 20) / one.len();
+        let mats: Vec<Vec<u8>> = (0..count)
+            .map(|_| {
+                let m = matrix(t, rows, cols, &mut r);
+                let w = QMatrix {
+                    dtype: t,
+                    rows,
+                    cols,
+                    data: &m,
+                    extra_paths: true,
+                    packed: None,
+                };
+                w.pack().unwrap_or(m)
+            })
+            .collect();
+        let packed = kernels().pack_group(t) > 1;
+        let views: Vec<QMatrix> = mats
+            .iter()
+            .map(|m| QMatrix {
+                dtype: t,
+                rows,
+                cols,
+                data: if packed { &one } else { m },
+                extra_paths: true,
+                packed: packed.then_some(m.as_slice()),
+            })
+            .collect();
+        let x = acts(t, cols, 1, &mut r);
+        let mut out = vec![0f32; rows];
+        let mut g = c.benchmark_group(format!("stream/{t}"));
+        g.throughput(Throughput::Bytes((count * one.len()) as u64));
+        for (name, pool) in &pools {
+            g.bench_function(*name, |b| {
+                b.iter(|| {
+                    for w in &views {
+                        matmul(pool, w, &x, &mut out);
+                    }
+                })
+            });
+        }
+        g.finish();
+    }
+}
+
 fn gemm(c: &mut Criterion) {
     let mut r = Rng(0x2545_f491_4f6c_dd1d);
     let one = ThreadPool::new(1);
@@ -193,6 +254,6 @@ fn gemm(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = config();
-    targets = bandwidth, gemv, gemm
+    targets = bandwidth, gemv, stream, gemm
 }
 criterion_main!(benches);

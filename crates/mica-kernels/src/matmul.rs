@@ -8,6 +8,8 @@
 //! runs its rows against every token (tiled inside the kernel so a batch of prompt tokens
 //! reads each weight block from memory once).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use crate::pool::{ThreadPool, split_range};
 use crate::simd::mat::{act_aux, aux_len};
 use crate::simd::{ActRows, BlockAux, DotPath, MatOut, WeightRows, kernels};
@@ -211,25 +213,49 @@ pub fn matmul_rows(
     let k = kernels();
     let x = xq.view();
     let dst = SyncPtr(out.as_mut_ptr());
-    let work = |i: usize, nt: usize| {
-        let mine = split_range(n_out, i, nt, row_align(n_out, nt).max(w.pack_group()));
-        if mine.is_empty() {
-            return;
-        }
+    let nt = pool.n_threads();
+    let align = row_align(n_out, nt).max(w.pack_group());
+    let chunk = chunk_rows(n_out, nt, align);
+    let n_chunks = n_out.div_ceil(chunk);
+    // Chunks beyond each thread's first are handed out on demand, so a thread that runs
+    // slower (a descheduled vCPU, a busier core) takes fewer of them instead of holding
+    // everyone at the join.
+    let next = AtomicUsize::new(nt);
+    let run_chunk = |c: usize| {
+        let mine = c * chunk..((c + 1) * chunk).min(n_out);
         let wv = w.rows_view(rows.start + mine.start..rows.start + mine.end);
-        // SAFETY: this thread alone writes columns `mine` of every token's output row.
+        // SAFETY: this chunk alone writes columns `mine` of every token's output row.
         let mut o = unsafe { MatOut::from_raw(dst.ptr().add(mine.start), n_out, mine.len(), n) };
         for_each_path(w, n, |path, toks| {
             let mut ot = o.offset(toks.start, 0);
             k.matmul(path, &wv, &x.sub(toks), &mut ot);
         });
     };
+    let work = |i: usize, _nt: usize| {
+        let mut c = i;
+        while c < n_chunks {
+            run_chunk(c);
+            c = next.fetch_add(1, Ordering::Relaxed);
+        }
+    };
     // A single small product is not worth waking the pool for.
-    if n * n_out * w.cols < 64 * 1024 {
-        work(0, 1);
+    if n * n_out * w.cols < 64 * 1024 || nt == 1 {
+        for c in 0..n_chunks {
+            run_chunk(c);
+        }
     } else {
         pool.run(work);
     }
+}
+
+/// Chunks per thread of a product's rows: enough that the threads finish together when one
+/// runs slower than the other, few enough that each kernel call streams a long run of rows.
+const CHUNKS_PER_THREAD: usize = 4;
+
+/// Rows per chunk: a multiple of `align`, about `n_out / (nt * CHUNKS_PER_THREAD)`.
+fn chunk_rows(n_out: usize, nt: usize, align: usize) -> usize {
+    let want = n_out.div_ceil(nt * CHUNKS_PER_THREAD);
+    want.div_ceil(align).max(1) * align
 }
 
 /// Rows per chunk of the split across threads: whole row groups of the kernels (16 rows)

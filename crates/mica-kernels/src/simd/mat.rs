@@ -88,23 +88,29 @@ impl<'a> WeightRows<'a> {
         &self.data[r * self.stride..r * self.stride + rb]
     }
 
-    /// Asks the cache for the rows (four, or a packed group) that a kernel working on rows
-    /// `r0..r0 + 4` (or a packed group from `r0`) will reach about [`PREFETCH_BYTES`] later. A decode step streams every
-    /// weight from DRAM once, and on some CPUs the hardware prefetcher alone does not run far
-    /// enough ahead of a dense kernel: on a Zen 3 the AVX2 Q8_0 kernel read a 178 MB head at
-    /// ~5 GB/s per thread against 12 GB/s from L3; asking 8 KiB ahead took Gemma3-270M's
-    /// decode from 37-44 to 51-60 t/s and Qwen2.5-0.5B's from 20-24 to 30-32 t/s. A hint only: nothing is read, and addresses past the rows are
-    /// never touched.
+    /// Asks the cache for the four rows that a kernel working on rows `r0..r0 + 4` will reach
+    /// about [`PREFETCH_BYTES`] later. A decode step streams every weight from DRAM once, and
+    /// four rows far apart are four streams the hardware prefetcher does not run far enough
+    /// ahead on: on a Zen 3 the AVX2 Q8_0 kernel read a 178 MB head at ~5 GB/s per thread
+    /// against 12 GB/s from L3; asking 8 KiB ahead took Gemma3-270M's decode from 37-44 to
+    /// 51-60 t/s and Qwen2.5-0.5B's from 20-24 to 30-32 t/s (file layout, before the packed
+    /// one). Q6_K still reads 4.4-4.9 GiB/s from DRAM with it against 3.7-3.8 without.
+    ///
+    /// Packed weights are one sequential stream, which the hardware prefetcher follows by
+    /// itself, and there the burst of hints only gets in the way of the kernel's own loads:
+    /// through 256 MiB of packed 896×4864 matrices (`stream` benchmark, Zen 3) Q8_0 reads
+    /// 8.3 GiB/s with hints against 10.8-12.3 without (2 threads 14.6 against 19-21), Q5_0
+    /// 6.3 against 9.1 (11.4 against 16), so this does nothing for them.
+    ///
+    /// A hint only: nothing is read, and addresses past the rows are never touched.
     #[inline(always)]
     pub fn prefetch_ahead(&self, r0: usize) {
         #[cfg(target_arch = "x86_64")]
         {
-            // Packed: `stride` is a group of rows, and `r0` starts a group.
-            let (row, span) = if self.packed {
-                (self.stride / self.group, self.group)
-            } else {
-                (self.stride, 4)
-            };
+            if self.packed {
+                return;
+            }
+            let (row, span) = (self.stride, 4);
             let ahead = (PREFETCH_BYTES / row.max(1))
                 .next_multiple_of(span)
                 .max(span);
