@@ -18,7 +18,7 @@ use super::avx2_kquants::{
     bsums16, chunks_k4, chunks_q2k, chunks_q3k, chunks_q6k, finish_q4k, groups16, hsum_i32x4,
     min_lanes_k4, offset_lanes_q6k, sum_chunks,
 };
-use super::mat::{ActRows, MatOut, WeightRows};
+use super::mat::{ActRows, MatOut, WeightRows, prefetch, prefetch_next4};
 use super::{DotPath, Kernels, Packing};
 use crate::DType;
 use crate::quant::blocks::{
@@ -160,13 +160,18 @@ unsafe fn f16x4(p: &[*const u8; 4], off: usize) -> __m128 {
 /// Four rows × one token over `nb` blocks.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows4<F: Legacy>(w: &[*const u8; 4], x: *const u8, nb: usize) -> [f32; 4] {
+unsafe fn rows4<F: Legacy>(w: &[*const u8; 4], x: *const u8, nb: usize, pf: usize) -> [f32; 4] {
     let mut acc = [_mm256_setzero_ps(); 4];
     let mut summs = [0f32; 4];
     for b in 0..nb {
         // SAFETY: block b of every row and of the token exists (checked by the driver).
         unsafe {
             let wb = w.map(|p| p.add(b * F::BYTES));
+            if pf != 0 {
+                for p in wb {
+                    prefetch(p.wrapping_add(pf), F::BYTES);
+                }
+            }
             let xb = x.add(b * F::XBYTES);
             let dx = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(rd16(xb) as i32)));
             let mut d = [0f32; 4];
@@ -207,12 +212,12 @@ unsafe fn legacy<F: Legacy>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
             // SAFETY: rows r0..r0+nr exist; missing rows repeat the last one.
             let rows =
                 std::array::from_fn(|i| unsafe { base.add((r0 + i.min(nr - 1)) * w.stride) });
-            if t0 == 0 {
-                w.prefetch_ahead(r0);
-            }
             for t in t0..(t0 + TOK_TILE).min(x.n) {
+                // The same blocks of the next four rows, while the first token reads these.
+                let pf = if t == 0 { 4 * w.stride } else { 0 };
                 // SAFETY: token t exists.
-                let res = unsafe { rows4::<F>(&rows, x.data.as_ptr().add(t * nb * F::XBYTES), nb) };
+                let res =
+                    unsafe { rows4::<F>(&rows, x.data.as_ptr().add(t * nb * F::XBYTES), nb, pf) };
                 for (i, &v) in res[..nr].iter().enumerate() {
                     out.set(t, r0 + i, v);
                 }
@@ -449,7 +454,6 @@ kvec!(
 unsafe fn kvec<V: KVec>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
     assert!(w.rows > 0 && x.dtype == DType::Q8_K);
     for r0 in (0..w.rows).step_by(4) {
-        w.prefetch_ahead(r0);
         let nr = (w.rows - r0).min(4);
         let rows: [&[V::B]; 4] = std::array::from_fn(|i| blocks(w.row(r0 + i.min(nr - 1))));
         for t in 0..x.n {
@@ -461,6 +465,9 @@ unsafe fn kvec<V: KVec>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
             };
             let mut st = [zero; 4];
             for (i, b) in xs.iter().enumerate() {
+                if t == 0 {
+                    prefetch_next4(&rows, i, w.stride);
+                }
                 for (st, row) in st.iter_mut().zip(&rows) {
                     // SAFETY: the features are enabled here.
                     unsafe { V::block(st, &row[i], b) };

@@ -40,7 +40,7 @@
 use std::arch::x86_64::*;
 
 use super::avx2_mat::{Legacy, TOK_TILE};
-use super::mat::{ActRows, BlockAux, MatOut, WeightRows};
+use super::mat::{ActRows, BlockAux, MatOut, PACKED_AHEAD, WeightRows, prefetch};
 use crate::quant::blocks::QK;
 
 /// Rows per packed group.
@@ -257,6 +257,7 @@ unsafe fn group_dot<F: Legacy>(
     x: *const u8,
     aux: &[BlockAux],
     nb: usize,
+    pf: bool,
 ) -> [f32; 8] {
     let gb = GROUP * F::BYTES;
     let xq = if F::MIN { 4 } else { 2 };
@@ -266,6 +267,9 @@ unsafe fn group_dot<F: Legacy>(
         // SAFETY: block b of the group and of the token exist (the driver checks).
         unsafe {
             let p = g.add(b * gb);
+            if pf {
+                prefetch(p.wrapping_add(PACKED_AHEAD), gb);
+            }
             let y = x.add(b * F::XBYTES + xq);
             let d = _mm256_mul_ps(
                 _mm256_cvtph_ps(_mm_loadu_si128(p.add(d_at::<F>()).cast())),
@@ -314,7 +318,6 @@ pub(super) unsafe fn mat<F: Legacy>(w: &WeightRows, x: &ActRows, out: &mut MatOu
         return unsafe { decoded::<F>(w, x, out) };
     }
     for r0 in (0..w.rows).step_by(GROUP) {
-        w.prefetch_ahead(r0);
         let nr = (w.rows - r0).min(GROUP);
         // SAFETY: group r0 / 8 exists (asserted above).
         let g = unsafe { w.data.as_ptr().add(r0 / GROUP * w.stride) };
@@ -326,6 +329,7 @@ pub(super) unsafe fn mat<F: Legacy>(w: &WeightRows, x: &ActRows, out: &mut MatOu
                     x.data.as_ptr().add(t * nb * F::XBYTES),
                     &x.aux[t * nb..(t + 1) * nb],
                     nb,
+                    t == 0,
                 )
             };
             for (i, &v) in res[..nr].iter().enumerate() {

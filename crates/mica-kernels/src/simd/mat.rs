@@ -25,8 +25,58 @@ use super::{DotPath, Kernels, MatFn};
 use crate::DType;
 use crate::quant::blocks::{BlockQ8_0, BlockQ8_1, QK, blocks, f16_to_f32};
 
-/// How far ahead [`WeightRows::prefetch_ahead`] asks for weights.
-pub const PREFETCH_BYTES: usize = 8 << 10;
+/// How far ahead of the block it reads a kernel over packed weights (one sequential stream)
+/// asks for the bytes it will need ([`prefetch`]).
+pub const PACKED_AHEAD: usize = 2 << 10;
+
+/// Asks the cache for the lines holding `len` bytes from `p` (a hint: nothing is read, and
+/// `p` may point anywhere, inside the weights or not; a prefetch never faults).
+///
+/// A decode step streams every weight from DRAM once, and how far ahead of the kernels'
+/// loads the memory system runs decides its speed. The kernels ask for the bytes of the
+/// block they are at, a fixed distance ahead, one block at a time; measured through
+/// 256 MiB of 896×4864 matrices (`stream` benchmark, Zen 3, 1 / 2 threads; bandwidth
+/// 15 / 24 GiB/s):
+///
+/// | weights | no hints | a 4-row group's bytes at once, 8 KiB ahead | per block |
+/// | --- | --- | --- | --- |
+/// | packed Q5_0 | 8.9-9.1 / 15-16 | 6.3 / 11.4 | 2 KiB ahead: 12.0-12.5 / 18.8-20.5 |
+/// | packed Q8_0 | 9.9-12.3 / 18-21 | 8.3 / 14.6 | 2 KiB ahead: 13.5-13.7 / 20.3-21.6 |
+/// | Q6_K, rows in the file's layout | 3.7-3.8 / 6.9-7.9 | 4.4-4.9 / 7.1-8.8 | next 4 rows: 8.2-10.7 / 14.9-17.4 |
+///
+/// A burst of hints for a whole group fills the miss buffers the kernel's own loads need;
+/// one block's worth at a time keeps a steady distance. Four separate rows are four streams
+/// the hardware prefetcher follows poorly; asking for the same block of the next four rows
+/// (same row, 1 KiB ahead: 5.6-5.7 / 9-10) keeps all four in flight.
+#[inline(always)]
+pub fn prefetch(p: *const u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut o = 0;
+        while o < len {
+            // SAFETY: a prefetch reads nothing the program sees and never faults; the
+            // address is computed without assuming it is inside any allocation.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    p.wrapping_add(o).cast(),
+                )
+            };
+            o += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, len);
+}
+
+/// Asks for block `i` of the four rows after `rows` (rows in the file's layout, `stride`
+/// bytes apart), while a kernel reads block `i` of `rows` (see [`prefetch`]).
+#[inline(always)]
+pub fn prefetch_next4<B>(rows: &[&[B]; 4], i: usize, stride: usize) {
+    for row in rows {
+        let p = row.as_ptr().wrapping_add(i).cast::<u8>();
+        prefetch(p.wrapping_add(4 * stride), std::mem::size_of::<B>());
+    }
+}
 
 /// `rows` weight rows of `n` elements: row `r` at `data[r * stride..][..row bytes]`, or,
 /// `packed`, groups of `group` rows interleaved by [`Kernels::pack`] (`stride` bytes per
@@ -86,49 +136,6 @@ impl<'a> WeightRows<'a> {
         assert!(!self.packed, "row of packed weights");
         let rb = self.dtype.row_bytes(self.n).unwrap_or(0);
         &self.data[r * self.stride..r * self.stride + rb]
-    }
-
-    /// Asks the cache for the four rows that a kernel working on rows `r0..r0 + 4` will reach
-    /// about [`PREFETCH_BYTES`] later. A decode step streams every weight from DRAM once, and
-    /// four rows far apart are four streams the hardware prefetcher does not run far enough
-    /// ahead on: on a Zen 3 the AVX2 Q8_0 kernel read a 178 MB head at ~5 GB/s per thread
-    /// against 12 GB/s from L3; asking 8 KiB ahead took Gemma3-270M's decode from 37-44 to
-    /// 51-60 t/s and Qwen2.5-0.5B's from 20-24 to 30-32 t/s (file layout, before the packed
-    /// one). Q6_K still reads 4.4-4.9 GiB/s from DRAM with it against 3.7-3.8 without.
-    ///
-    /// Packed weights are one sequential stream, which the hardware prefetcher follows by
-    /// itself, and there the burst of hints only gets in the way of the kernel's own loads:
-    /// through 256 MiB of packed 896×4864 matrices (`stream` benchmark, Zen 3) Q8_0 reads
-    /// 8.3 GiB/s with hints against 10.8-12.3 without (2 threads 14.6 against 19-21), Q5_0
-    /// 6.3 against 9.1 (11.4 against 16), so this does nothing for them.
-    ///
-    /// A hint only: nothing is read, and addresses past the rows are never touched.
-    #[inline(always)]
-    pub fn prefetch_ahead(&self, r0: usize) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if self.packed {
-                return;
-            }
-            let (row, span) = (self.stride, 4);
-            let ahead = (PREFETCH_BYTES / row.max(1))
-                .next_multiple_of(span)
-                .max(span);
-            let (start, end) = (
-                ((r0 + ahead) * row).min(self.data.len()),
-                ((r0 + ahead + span) * row).min(self.data.len()),
-            );
-            for off in (start..end).step_by(64) {
-                // SAFETY: `off` is inside `data`; a prefetch reads nothing the program sees.
-                unsafe {
-                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                        self.data.as_ptr().add(off).cast(),
-                    )
-                };
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = r0;
     }
 
     /// Rows `range` of these rows (packed: `range.start` a multiple of the group).

@@ -274,6 +274,7 @@ pub(super) mod avx2 {
         Chunks, chunks_k4, chunks_q2k, chunks_q3k, chunks_q6k, hsum_i32x4, min_lanes_k4,
         offset_lanes_q6k, sum_chunks,
     };
+    use crate::simd::mat::prefetch_next4;
     use crate::simd::mat::{ActRows, MatOut, WeightRows};
     use std::arch::x86_64::*;
 
@@ -460,13 +461,15 @@ pub(super) mod avx2 {
     unsafe fn mat<S: Sums, const STEP: u8>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
         assert!(w.rows > 0 && x.dtype == DType::Q8_K && w.n.is_multiple_of(QK_K));
         for r0 in (0..w.rows).step_by(4) {
-            w.prefetch_ahead(r0);
             let nr = (w.rows - r0).min(4);
             let rows: [&[S::B]; 4] = std::array::from_fn(|i| blocks(w.row(r0 + i.min(nr - 1))));
             for t in 0..x.n {
                 let xs: &[BlockQ8K] = blocks(x.row(t));
                 let mut acc: [Acc; 4] = std::array::from_fn(|_| Acc::default());
                 for (i, b) in xs.iter().enumerate() {
+                    if t == 0 {
+                        prefetch_next4(&rows, i, w.stride);
+                    }
                     for (acc, row) in acc.iter_mut().zip(&rows) {
                         let a = &row[i];
                         // SAFETY: AVX2 is enabled here.
