@@ -80,16 +80,70 @@ pub fn gelu_table_ref(x: &mut [f32], up: Option<&[f32]>) {
     }
 }
 
-/// [`gelu_table`] (times `up`) on a whole number of 16-element groups from the start of `x`
-/// where the CPU has AVX-512 and F16C; returns how many elements it did (0 elsewhere).
+/// [`gelu_table`] (times `up`) on a whole number of SIMD groups from the start of `x` (16
+/// elements with AVX-512 and F16C, 8 with AVX2 and F16C); returns how many elements it did
+/// (0 on other CPUs).
 fn simd_table(t: &[f16], x: &mut [f32], up: Option<&[f32]>) -> usize {
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("f16c") {
-        // SAFETY: the features were just detected.
-        return unsafe { table_avx512(t, x, up) };
+    {
+        static ISA: OnceLock<u8> = OnceLock::new();
+        let isa = *ISA.get_or_init(|| {
+            let f16c = std::is_x86_feature_detected!("f16c");
+            if f16c && std::is_x86_feature_detected!("avx512f") {
+                2
+            } else if f16c && std::is_x86_feature_detected!("avx2") {
+                1
+            } else {
+                0
+            }
+        });
+        // SAFETY: the features were detected.
+        match isa {
+            2 => return unsafe { table_avx512(t, x, up) },
+            1 => return unsafe { table_avx2(t, x, up) },
+            _ => {}
+        }
     }
     let _ = (t, x, up);
     0
+}
+
+/// [`table_avx512`]'s steps eight elements at a time: the f16 bits widened to 32-bit
+/// indices, a 4-byte gather whose low half is the entry, packed back to eight f16.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn table_avx2(t: &[f16], x: &mut [f32], up: Option<&[f32]>) -> usize {
+    use std::arch::x86_64::*;
+    assert!(t.len() > u16::MAX as usize + 1, "padded table");
+    assert!(up.is_none_or(|u| u.len() == x.len()));
+    let n = x.len() / 8 * 8;
+    let (lo, hi) = (_mm256_set1_ps(-10.0), _mm256_set1_ps(10.0));
+    let low16 = _mm256_set1_epi32(0xFFFF);
+    let tp = t.as_ptr().cast::<i32>();
+    for i in (0..n).step_by(8) {
+        // SAFETY: i + 8 <= n <= x.len() (and up's length); gathers read 4 bytes at 2·idx of
+        // a table with one padding entry past the largest index.
+        unsafe {
+            let v = _mm256_loadu_ps(x.as_ptr().add(i));
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+            let idx = _mm256_cvtepu16_epi32(h);
+            let g = _mm256_and_si256(_mm256_i32gather_epi32::<2>(tp, idx), low16);
+            // Values below 2^16: the unsigned saturation of the pack keeps them as they are.
+            let packed =
+                _mm_packus_epi32(_mm256_castsi256_si128(g), _mm256_extracti128_si256::<1>(g));
+            let gv = _mm256_cvtph_ps(packed);
+            let below = _mm256_cmp_ps::<_CMP_LE_OQ>(v, lo);
+            let above = _mm256_cmp_ps::<_CMP_GE_OQ>(v, hi);
+            // `above` and `below` never both hold; NaN is in neither and takes the table.
+            let r = _mm256_andnot_ps(below, _mm256_blendv_ps(gv, v, above));
+            let r = match up {
+                Some(u) => _mm256_mul_ps(r, _mm256_loadu_ps(u.as_ptr().add(i))),
+                None => r,
+            };
+            _mm256_storeu_ps(x.as_mut_ptr().add(i), r);
+        }
+    }
+    n
 }
 
 /// Sixteen elements at a time: round to f16 (`vcvtps2ph`, nearest-even as `f16::from_f32`),
@@ -227,6 +281,50 @@ mod tests {
         ];
         xs.extend((0..5000).map(|_| rng.random_range(-12.0f32..12.0)));
         let up: Vec<f32> = (0..xs.len()).map(|_| rng.random_range(-3.0..3.0)).collect();
+        #[cfg(target_arch = "x86_64")]
+        {
+            // Each SIMD path this CPU has, directly (the dispatch below runs only the best).
+            let t = table();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let mut ran = Vec::new();
+            type Path = unsafe fn(&[f16], &mut [f32], Option<&[f32]>) -> usize;
+            let paths: [(&str, bool, Path); 2] = [
+                (
+                    "avx2",
+                    std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c"),
+                    table_avx2,
+                ),
+                (
+                    "avx512",
+                    std::is_x86_feature_detected!("avx512f")
+                        && std::is_x86_feature_detected!("f16c"),
+                    table_avx512,
+                ),
+            ];
+            for (name, ok, f) in paths {
+                if !ok {
+                    eprintln!("gelu table: {name} path skipped (this CPU lacks it)");
+                    continue;
+                }
+                ran.push(name);
+                for u in [None, Some(&up[..])] {
+                    let mut want = xs.clone();
+                    gelu_table_ref(&mut want, u);
+                    let mut got = xs.clone();
+                    // SAFETY: the features were detected above.
+                    let done = unsafe { f(t, &mut got, u) };
+                    let group = if name == "avx2" { 8 } else { 16 };
+                    assert_eq!(done, xs.len() / group * group, "{name} elements done");
+                    assert_eq!(
+                        bits(&got[..done]),
+                        bits(&want[..done]),
+                        "{name}, up {}",
+                        u.is_some()
+                    );
+                }
+            }
+            eprintln!("gelu table: SIMD paths tested: {ran:?}");
+        }
         for len in [xs.len(), 17, 16, 15, 1] {
             let mut want = xs[..len].to_vec();
             gelu_table_ref(&mut want, None);
