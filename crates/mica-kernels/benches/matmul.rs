@@ -186,6 +186,8 @@ fn stream(c: &mut Criterion) {
                 w.pack().unwrap_or(m)
             })
             .collect();
+        // Only the packed copies are kept (256 MiB, not twice that): where there is one, the
+        // products read nothing else, and `data` is one shared matrix of the right size.
         let packed = kernels().pack_group(t) > 1;
         let views: Vec<QMatrix> = mats
             .iter()

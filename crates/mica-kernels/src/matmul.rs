@@ -213,39 +213,35 @@ pub fn matmul_rows(
     let k = kernels();
     let x = xq.view();
     let dst = SyncPtr(out.as_mut_ptr());
-    let nt = pool.n_threads();
-    let align = row_align(n_out, nt).max(w.pack_group());
-    let chunk = chunk_rows(n_out, nt, align);
-    let n_chunks = n_out.div_ceil(chunk);
-    // Chunks beyond each thread's first are handed out on demand, so a thread that runs
-    // slower (a descheduled vCPU, a busier core) takes fewer of them instead of holding
-    // everyone at the join.
-    let next = AtomicUsize::new(nt);
-    let run_chunk = |c: usize| {
-        let mine = c * chunk..((c + 1) * chunk).min(n_out);
+    // Rows `mine` of the product against every token.
+    let run_rows = |mine: std::ops::Range<usize>| {
         let wv = w.rows_view(rows.start + mine.start..rows.start + mine.end);
-        // SAFETY: this chunk alone writes columns `mine` of every token's output row.
+        // SAFETY: this call alone writes columns `mine` of every token's output row.
         let mut o = unsafe { MatOut::from_raw(dst.ptr().add(mine.start), n_out, mine.len(), n) };
         for_each_path(w, n, |path, toks| {
             let mut ot = o.offset(toks.start, 0);
             k.matmul(path, &wv, &x.sub(toks), &mut ot);
         });
     };
-    let work = |i: usize, _nt: usize| {
+    let nt = pool.n_threads();
+    // A single small product is not worth waking the pool for, and one thread takes all
+    // rows in one call.
+    if n * n_out * w.cols < 64 * 1024 || nt == 1 {
+        return run_rows(0..n_out);
+    }
+    let chunk = chunk_rows(n_out, nt, row_align(n_out, nt).max(w.pack_group()));
+    let n_chunks = n_out.div_ceil(chunk);
+    // Chunks beyond each thread's first are handed out on demand, so a thread that runs
+    // slower (a descheduled vCPU, a busier core) takes fewer of them instead of holding
+    // everyone at the join.
+    let next = AtomicUsize::new(nt);
+    pool.run(|i, _| {
         let mut c = i;
         while c < n_chunks {
-            run_chunk(c);
+            run_rows(c * chunk..((c + 1) * chunk).min(n_out));
             c = next.fetch_add(1, Ordering::Relaxed);
         }
-    };
-    // A single small product is not worth waking the pool for.
-    if n * n_out * w.cols < 64 * 1024 || nt == 1 {
-        for c in 0..n_chunks {
-            run_chunk(c);
-        }
-    } else {
-        pool.run(work);
-    }
+    });
 }
 
 /// Chunks per thread of a product's rows: enough that the threads finish together when one
