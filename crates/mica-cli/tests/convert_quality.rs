@@ -132,3 +132,82 @@ fn imatrix_is_written_read_and_used() {
     ]);
     assert!(!ok && err.contains("imatrix"), "{err}");
 }
+
+#[test]
+fn tensor_type_overrides_the_rules_and_the_mix() {
+    let src = workspace().join("fixtures/hf/llama");
+    let dir = scratch("tensor-type");
+    let types = |path: &Path| -> Vec<(String, String)> {
+        let f = GgufFile::open(path).unwrap();
+        f.tensors()
+            .iter()
+            .map(|t| (t.name.clone(), t.ggml_type.name().to_string()))
+            .collect()
+    };
+    let ty = |all: &[(String, String)], name: &str| {
+        all.iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("no tensor {name}"))
+            .1
+            .clone()
+    };
+
+    // On top of --type: the first matching rule wins; norms are never touched.
+    let out = dir.join("q4_0-over.gguf");
+    convert(
+        &src,
+        &out,
+        &[
+            "--type",
+            "q4_0",
+            "--tensor-type",
+            r"blk\.0\.attn_v=q8_0",
+            "--tensor-type",
+            "attn_v=q5_1",
+            "--tensor-type",
+            ".=q4_1",
+        ],
+    );
+    let t = types(&out);
+    assert_eq!(ty(&t, "blk.0.attn_v.weight"), "Q8_0");
+    assert_eq!(ty(&t, "blk.1.attn_v.weight"), "Q5_1");
+    assert_eq!(ty(&t, "blk.1.ffn_up.weight"), "Q4_1");
+    assert_eq!(ty(&t, "blk.0.attn_norm.weight"), "F32");
+
+    // Under --mix the overridden tensors keep their type and count towards the budget.
+    let out = dir.join("mix-over.gguf");
+    let log = convert(
+        &src,
+        &out,
+        &["--mix", "6", "--tensor-type", "ffn_down=q8_0"],
+    );
+    let t = types(&out);
+    for l in 0..2 {
+        assert_eq!(ty(&t, &format!("blk.{l}.ffn_down.weight")), "Q8_0", "{log}");
+    }
+    assert!(!log.contains("ffn_down.weight = "), "mixed anyway:\n{log}");
+    assert!(bpw(&out) <= 6.0 + 1e-9);
+
+    // Clear errors, and no file left behind.
+    let bad = dir.join("bad.gguf");
+    for (arg, want) in [
+        ("attn_v", "expected REGEX=TYPE"),
+        ("attn_v=q9_9", "unknown type 'q9_9'"),
+        ("attn_(=q8_0", "bad regular expression"),
+        ("no_such_tensor=q8_0", "matches no quantizable tensor"),
+        ("attn_v=q4_k", "not a multiple of Q4_K's block of 256"),
+    ] {
+        let (ok, _, err) = mica(&[
+            "convert",
+            src.to_str().unwrap(),
+            "-o",
+            bad.to_str().unwrap(),
+            "--type",
+            "q8_0",
+            "--tensor-type",
+            arg,
+        ]);
+        assert!(!ok && err.contains(want), "--tensor-type {arg}: {err}");
+        assert!(!bad.exists());
+    }
+}

@@ -8,6 +8,7 @@
 
 mod hf;
 mod mix;
+mod overrides;
 mod rules;
 mod source;
 
@@ -43,6 +44,12 @@ pub struct ConvertArgs {
     /// with --imatrix or --calibrate. Tensors the rules keep unquantized stay so.
     #[arg(long, value_name = "BPW")]
     pub mix: Option<f64>,
+    /// Type of the tensors whose name matches REGEX (repeatable; the first match wins, as
+    /// llama-quantize's --tensor-type): e.g. `--tensor-type 'attn_v=q8_0'`,
+    /// `--tensor-type 'blk\.[0-3]\.ffn_down=q6_k'`. These tensors keep the given type
+    /// under --mix too, and their bits count towards its budget.
+    #[arg(long = "tensor-type", value_name = "REGEX=TYPE")]
+    pub tensor_type: Vec<String>,
     /// Importance matrix (llama-imatrix's GGUF or legacy .dat file, or `mica imatrix`'s):
     /// weighs the quantizers' error by each column's mean squared activation.
     #[arg(long, value_name = "FILE", conflicts_with = "calibrate")]
@@ -286,8 +293,10 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
     if args.output.exists() && same_file(&args.src, &args.output) {
         bail!("the output would overwrite the source");
     }
+    let overrides = overrides::parse(&args.tensor_type)?;
     let src = Source::open(&args.src)?;
     let mut planned = plan(&src, ft)?;
+    let fixed = overrides::apply(&overrides, &mut planned)?;
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
@@ -304,7 +313,9 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
         let mixable: Vec<usize> = planned
             .iter()
             .enumerate()
-            .filter(|(_, p)| is_quantized(p.target) && p.target != p.info.ggml_type)
+            .filter(|(i, p)| {
+                is_quantized(p.target) && p.target != p.info.ggml_type && !fixed.contains(i)
+            })
             .map(|(i, _)| i)
             .collect();
         let (got, losses) =
