@@ -211,3 +211,34 @@ fn tensor_type_overrides_the_rules_and_the_mix() {
         assert!(!bad.exists());
     }
 }
+
+#[test]
+fn mix_with_calibration_text_measures_each_tensor_alone() {
+    // SmolLM2 with every tensor but layer 0's fixed, so that only 7 are measured (each
+    // measurement runs the model over the probe's windows).
+    let src = model_path(SMOLLM);
+    let text = workspace().join("fixtures/text/calibration.txt");
+    let out = scratch("mix-kl").join("mix-kl.gguf");
+    let log = convert(
+        &src,
+        &out,
+        &[
+            "--mix",
+            "5",
+            "--tensor-type",
+            r"token_embd|blk\.([1-9]|[12][0-9])\.=q4_0",
+            "--calibrate",
+            text.to_str().unwrap(),
+            "--calibrate-ctx",
+            "64",
+            "--calibrate-chunks",
+            "2",
+            "-t",
+            "2",
+        ],
+    );
+    assert!(log.contains("mix: measured 7 tensors alone"), "{log}");
+    assert!(!log.contains("could not be measured"), "{log}");
+    assert!(log.contains("blk.0.attn_k.weight = "), "{log}");
+    assert!(bpw(&out) <= 5.0 + 1e-9, "{log}");
+}

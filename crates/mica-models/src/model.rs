@@ -233,24 +233,34 @@ impl Model {
     /// Every weight matrix but the embedding tables, mutably (the output head included when it
     /// is the token embedding: its copy in `output` is the one products use).
     fn product_matrices_mut(&mut self) -> impl Iterator<Item = &mut Matrix> {
-        let layers = self.layers.iter_mut().flat_map(|l| {
-            let attn = [&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo].map(|lin| &mut lin.w);
-            let ffn: Vec<&mut Matrix> = match &mut l.ffn {
-                Ffn::Dense(e) => vec![&mut e.gate.w, &mut e.up.w, &mut e.down.w],
-                Ffn::Moe(m) => std::iter::once(&mut m.router.w)
-                    .chain(
-                        m.experts
-                            .iter_mut()
-                            .chain(&mut m.shared)
-                            .flat_map(|e| [&mut e.gate.w, &mut e.up.w, &mut e.down.w]),
-                    )
-                    .chain(m.shared_gate.as_mut().map(|g| &mut g.w))
-                    .collect(),
-                Ffn::Plain { up, down } => vec![&mut up.w, &mut down.w],
-            };
-            attn.into_iter().chain(ffn)
-        });
+        let layers = self.layers.iter_mut().flat_map(layer_matrices_mut);
         layers.chain(std::iter::once(&mut self.output.w))
+    }
+
+    /// Every weight matrix named `name` (canonical, GGUF-style), mutably: the token
+    /// embedding and, when tied, its copy in the output head are both returned.
+    pub fn matrices_named_mut(&mut self, name: &str) -> Vec<&mut Matrix> {
+        self.all_matrices_mut()
+            .into_iter()
+            .filter(|m| m.name == name)
+            .collect()
+    }
+
+    /// Every weight matrix, mutably: the embedding tables, the layers' and the output head
+    /// (twice the same name when the head is the tied token embedding).
+    pub fn all_matrices_mut(&mut self) -> Vec<&mut Matrix> {
+        let Model {
+            tok_embd,
+            pos_embd,
+            layers,
+            output,
+            ..
+        } = self;
+        std::iter::once(tok_embd)
+            .chain(pos_embd.as_mut())
+            .chain(layers.iter_mut().flat_map(layer_matrices_mut))
+            .chain(std::iter::once(&mut output.w))
+            .collect()
     }
 
     /// Repacks every weight matrix the products read into this CPU's packed layout, where
@@ -627,6 +637,25 @@ fn norm_in_place(x: &mut [f32], w: &[f32], eps: f32, tmp: &mut Vec<f32>) {
 }
 
 /// The three matrices of an expert.
+/// The weight matrices of one layer, mutably.
+fn layer_matrices_mut(l: &mut DecoderLayer) -> impl Iterator<Item = &mut Matrix> {
+    let attn = [&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo].map(|lin| &mut lin.w);
+    let ffn: Vec<&mut Matrix> = match &mut l.ffn {
+        Ffn::Dense(e) => vec![&mut e.gate.w, &mut e.up.w, &mut e.down.w],
+        Ffn::Moe(m) => std::iter::once(&mut m.router.w)
+            .chain(
+                m.experts
+                    .iter_mut()
+                    .chain(&mut m.shared)
+                    .flat_map(|e| [&mut e.gate.w, &mut e.up.w, &mut e.down.w]),
+            )
+            .chain(m.shared_gate.as_mut().map(|g| &mut g.w))
+            .collect(),
+        Ffn::Plain { up, down } => vec![&mut up.w, &mut down.w],
+    };
+    attn.into_iter().chain(ffn)
+}
+
 fn expert_matrices(e: &Expert) -> [&Matrix; 3] {
     [&e.gate.w, &e.up.w, &e.down.w]
 }

@@ -109,6 +109,28 @@ impl Matrix {
     pub fn n_bytes(&self) -> usize {
         self.data.len
     }
+
+    /// Replaces the weights by `bytes` of type `dtype` held in memory (same rows and
+    /// columns), dropping any packed copy: e.g. to measure what quantizing this matrix alone
+    /// does to the model's output. Keep a clone of the matrix to put the original back.
+    pub fn substitute(&mut self, dtype: DType, bytes: Vec<u8>) {
+        let row = dtype
+            .row_bytes(self.cols)
+            .expect("substitute: the type's block must divide the rows");
+        assert_eq!(
+            bytes.len(),
+            row * self.rows,
+            "{}: substitute size",
+            self.name
+        );
+        self.dtype = dtype;
+        self.packed = None;
+        self.data = TensorData {
+            len: bytes.len(),
+            file: Arc::new(OwnedBytes(bytes)),
+            start: 0,
+        };
+    }
 }
 
 #[cfg(test)]

@@ -20,9 +20,11 @@
 //! (rows a multiple of 32), Q8_0.
 
 use super::Planned;
+use super::kl::KlProbe;
 use super::source::Source;
 use crate::imatrix::Imatrix;
 use anyhow::{Context, Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
 use mica_formats::ggml_types::GgmlType;
 use mica_kernels::DType;
 use mica_kernels::quant::weighted::quantize_row_weighted;
@@ -123,6 +125,8 @@ pub fn choose(
     imatrix: Option<&Imatrix>,
     bpw: f64,
     threads: usize,
+    probe: Option<&mut KlProbe>,
+    quiet: bool,
 ) -> Result<(f64, Vec<(usize, f64)>)> {
     let n_weights: f64 = planned.iter().map(|p| p.info.n_elements() as f64).sum();
     let budget = bpw * n_weights;
@@ -160,6 +164,9 @@ pub fn choose(
     for r in results {
         opts.extend(r?);
     }
+    if let Some(probe) = probe {
+        calibrate(probe, planned, &mut opts, imatrix, quiet)?;
+    }
 
     let mut at = vec![0usize; opts.len()];
     let mut total = fixed + opts.iter().map(|o| o.choices[0].1).sum::<f64>();
@@ -196,6 +203,77 @@ pub fn choose(
         losses.push((o.planned, l));
     }
     Ok((total / n_weights, losses))
+}
+
+/// Puts the tensors' estimated losses on one scale: each tensor's output error measures how
+/// much its own product changes, not how much the model's predictions do, which depends on
+/// where the tensor sits (an early attention key moves everything after it; the last FFN
+/// little). So each tensor is quantized alone to its cheapest candidate and the model's
+/// KL-divergence from the unquantized model measured ([`KlProbe`]); the ratio of that to the
+/// tensor's estimated error scales all its candidates' losses. Tensors the probe cannot
+/// replace take the median ratio.
+fn calibrate(
+    probe: &mut KlProbe,
+    planned: &[Planned],
+    opts: &mut [Options],
+    imatrix: Option<&Imatrix>,
+    quiet: bool,
+) -> Result<()> {
+    let bar = if quiet {
+        ProgressBar::hidden()
+    } else {
+        let b = ProgressBar::new(opts.len() as u64);
+        b.set_style(
+            ProgressStyle::with_template(
+                "sensitivity {bar:30} {pos}/{len} tensors ETA {eta} {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        b
+    };
+    let t0 = std::time::Instant::now();
+    let mut gains: Vec<Option<f64>> = Vec::with_capacity(opts.len());
+    for o in opts.iter() {
+        let name = &planned[o.planned].info.name;
+        bar.set_message(name.clone());
+        let (t, _, loss) = o.choices[0];
+        let gain = if loss > 0.0 {
+            let imp = imatrix.and_then(|m| m.weights(name));
+            probe.kl_with(name, t, imp.as_deref())?.map(|kl| kl / loss)
+        } else {
+            Some(0.0)
+        };
+        gains.push(gain);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    eprintln!(
+        "mix: measured {} tensors alone in {:.1} s",
+        opts.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    let mut known: Vec<f64> = gains
+        .iter()
+        .flatten()
+        .copied()
+        .filter(|g| *g > 0.0)
+        .collect();
+    known.sort_by(f64::total_cmp);
+    let median = known.get(known.len() / 2).copied().unwrap_or(1.0);
+    let missing = gains.iter().filter(|g| g.is_none()).count();
+    if missing > 0 {
+        eprintln!(
+            "mix: {missing} tensors could not be measured alone; they take the median \
+             sensitivity"
+        );
+    }
+    for (o, g) in opts.iter_mut().zip(gains) {
+        let g = g.unwrap_or(median);
+        for c in &mut o.choices {
+            c.2 *= g;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

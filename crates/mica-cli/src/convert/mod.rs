@@ -7,6 +7,7 @@
 //! the file under a temporary name and renames it only when complete.
 
 mod hf;
+mod kl;
 mod mix;
 mod overrides;
 mod rules;
@@ -318,8 +319,35 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
             })
             .map(|(i, _)| i)
             .collect();
-        let (got, losses) =
-            mix::choose(&src, &mut planned, &mixable, imatrix.as_ref(), bpw, threads)?;
+        // With calibration text, the estimated losses are put on one scale by measuring the
+        // model's KL-divergence with each tensor quantized alone.
+        let mut probe = match &args.calibrate {
+            Some(text) => Some(kl::KlProbe::new(
+                &args.src,
+                &std::fs::read_to_string(text)
+                    .with_context(|| format!("reading {}", text.display()))?,
+                threads,
+            )?),
+            None => {
+                eprintln!(
+                    "note: --mix without --calibrate compares tensors by their own output \
+                     error; with --calibrate TEXT it measures each one's effect on the model's \
+                     predictions (KL-divergence), which chooses better"
+                );
+                None
+            }
+        };
+        let (got, losses) = mix::choose(
+            &src,
+            &mut planned,
+            &mixable,
+            imatrix.as_ref(),
+            bpw,
+            threads,
+            probe.as_mut(),
+            args.quiet,
+        )?;
+        drop(probe);
         let total: f64 = losses.iter().map(|l| l.1).sum();
         eprintln!("mix: {got:.4} bits per weight (budget {bpw}), estimated loss {total:.4e}");
         for (i, l) in losses {
