@@ -43,13 +43,14 @@ Q4K_BPW=$(grep -o '[0-9.]* bits per weight' convert-q4_k.log | cut -d' ' -f1)
 "$MICA" convert "$HF" -o mica-mix-q4k-size.gguf --mix "$Q4K_BPW" --imatrix imatrix.gguf --quiet 2> mix-q4k.log
 # The same budgets with --calibrate: the importance matrix computed from the source on the
 # calibration text, and each tensor's sensitivity measured as the model's KL-divergence.
-for b in 4.5 5 "$Q4K_BPW"; do
+for b in 4.5 4.75 5 "$Q4K_BPW"; do
   "$MICA" convert "$HF" -o "mica-klmix$b.gguf" --mix "$b" --calibrate "$CALIB" \
     --calibrate-chunks 8 -t "$T" --quiet 2> "klmix$b.log"
 done
 
 for f in f32 mica-f16 mica-q8_0 mica-q6_k mica-q4_k mica-q4_k-im mica-q4_0 mica-q4_0-im \
-         mica-mix4.5 mica-mix-q4k-size mica-klmix4.5 mica-klmix5 "mica-klmix$Q4K_BPW"; do
+         mica-mix4.5 mica-mix-q4k-size mica-klmix4.5 mica-klmix4.75 mica-klmix5 \
+         "mica-klmix$Q4K_BPW"; do
   printf '%s\t%s\t' "$f" "$(stat -c %s "$f.gguf")"
   "$MICA" perplexity -m "$f.gguf" -f "$TEXT" -c 256 -t "$T" --quiet 2> /dev/null | head -n 1
 done
