@@ -3,14 +3,13 @@
 //! calibration text. `--mix` uses it to put every tensor's estimated loss on one scale
 //! (see [`super::mix`]).
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use mica_engine::Session;
 use mica_kernels::DType;
 use mica_kernels::matmul::QMatrix;
 use mica_kernels::quant::weighted::quantize_row_weighted;
 use mica_kernels::quant::{dequantize_row, quantize_row};
 use mica_models::LoadedModel;
-use std::path::Path;
 
 /// Tokens per window, and windows.
 pub const CTX: usize = 128;
@@ -27,10 +26,8 @@ pub struct KlProbe {
 }
 
 impl KlProbe {
-    /// Loads the source model and scores the first windows of `text` with it.
-    pub fn new(src: &Path, text: &str, threads: usize) -> Result<KlProbe> {
-        let mut lm = LoadedModel::open(src)
-            .context("--mix measures sensitivities with the source model, which failed to load")?;
+    /// Takes the source model and scores the first windows of `text` with it.
+    pub fn new(mut lm: LoadedModel, text: &str, threads: usize) -> Result<KlProbe> {
         float_base(&mut lm);
         let tokens = lm.tokenizer.encode(text, true, false)?;
         let n = (tokens.len() / CTX).min(WINDOWS);
@@ -65,8 +62,9 @@ impl KlProbe {
     fn log_probs(&self) -> Result<Vec<Vec<f32>>> {
         let n_vocab = self.lm.model.config.n_vocab;
         let mut out = Vec::with_capacity(self.windows.len());
+        let mut s = Session::new(&self.lm, CTX, self.threads);
         for w in &self.windows {
-            let mut s = Session::new(&self.lm, CTX, self.threads);
+            s.reset();
             let mut logits = s.eval(w, true)?;
             logits.drain(..SKIP * n_vocab);
             for row in logits.chunks_mut(n_vocab) {
@@ -199,7 +197,7 @@ mod tests {
     use super::*;
 
     fn fixture(rel: &str) -> std::path::PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR"))
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../..")
             .join(rel)
     }
@@ -221,7 +219,7 @@ mod tests {
     #[test]
     fn probe_measures_one_matrix_and_puts_it_back() {
         let text = std::fs::read_to_string(fixture("fixtures/text/calibration.txt")).unwrap();
-        let mut p = KlProbe::new(&smollm2(), &text, 2).unwrap();
+        let mut p = KlProbe::new(LoadedModel::open(smollm2()).unwrap(), &text, 2).unwrap();
         let name = "blk.0.attn_v.weight";
         let q4 = p.kl_with(name, DType::Q4_0, None).unwrap().unwrap();
         let q8 = p.kl_with(name, DType::Q8_0, None).unwrap().unwrap();

@@ -302,7 +302,7 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .max(1);
-    let (imatrix, quantizer) = importance(&args, ft, threads)?;
+    let (imatrix, quantizer, calibrated) = importance(&args, ft, threads)?;
     let mut mix_note = None;
     if let Some(bpw) = args.mix {
         if imatrix.is_none() {
@@ -321,13 +321,8 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
             .collect();
         // With calibration text, the estimated losses are put on one scale by measuring the
         // model's KL-divergence with each tensor quantized alone.
-        let mut probe = match &args.calibrate {
-            Some(text) => Some(kl::KlProbe::new(
-                &args.src,
-                &std::fs::read_to_string(text)
-                    .with_context(|| format!("reading {}", text.display()))?,
-                threads,
-            )?),
+        let mut probe = match calibrated {
+            Some((lm, text)) => Some(kl::KlProbe::new(lm, &text, threads)?),
             None => {
                 eprintln!(
                     "note: --mix without --calibrate compares tensors by their own output \
@@ -462,13 +457,16 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
     Ok(())
 }
 
-/// The importance matrix (read, or computed on the calibration text with the source model)
-/// and how the provenance describes the quantizer.
-fn importance(
-    args: &ConvertArgs,
-    ft: Option<FileType>,
-    threads: usize,
-) -> Result<(Option<Imatrix>, String)> {
+/// The importance matrix (read, or computed on the calibration text with the source model),
+/// how the provenance describes the quantizer, and with `--calibrate` the loaded source model
+/// and the text (for `--mix` to measure sensitivities with, without loading them again).
+type Importance = (
+    Option<Imatrix>,
+    String,
+    Option<(mica_models::LoadedModel, String)>,
+);
+
+fn importance(args: &ConvertArgs, ft: Option<FileType>, threads: usize) -> Result<Importance> {
     if ft.is_none() && (args.imatrix.is_some() || args.calibrate.is_some()) {
         bail!("--imatrix and --calibrate need a quantized --type");
     }
@@ -484,6 +482,7 @@ fn importance(
         return Ok((
             Some(m),
             format!("importance-weighted (imatrix {})", name.unwrap_or_default()),
+            None,
         ));
     }
     if let Some(text_path) = &args.calibrate {
@@ -508,9 +507,9 @@ fn importance(
             "importance-weighted (calibrated on {name}: {} windows of {})",
             m.chunk_count, m.chunk_size
         );
-        return Ok((Some(m), q));
+        return Ok((Some(m), q, Some((lm, text))));
     }
-    Ok((None, "reference (no imatrix)".into()))
+    Ok((None, "reference (no imatrix)".into(), None))
 }
 
 fn same_file(a: &Path, b: &Path) -> bool {
