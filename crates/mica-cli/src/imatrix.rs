@@ -23,6 +23,7 @@ use mica_formats::atomic::AtomicFile;
 use mica_formats::ggml_types::GgmlType;
 use mica_formats::{GgufFile, GgufWriter, MetaArray, MetaValue};
 use mica_kernels::ThreadPool;
+use mica_models::weights::ActStats;
 use mica_models::{Batch, KvCache, LoadedModel, Workspace};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -212,6 +213,19 @@ pub fn collect(
     threads: usize,
     quiet: bool,
 ) -> Result<Imatrix> {
+    collect_with(lm, text, dataset, (n_ctx, chunks), threads, false, quiet).map(|r| r.0)
+}
+
+/// [`collect`], and with `grams` each input's Gram matrix too (for GPTQ).
+pub fn collect_with(
+    lm: &LoadedModel,
+    text: &str,
+    dataset: &str,
+    (n_ctx, chunks): (usize, Option<usize>),
+    threads: usize,
+    grams: bool,
+    quiet: bool,
+) -> Result<(Imatrix, Option<ActStats>)> {
     let tokens = lm.tokenizer.encode(text, true, false)?;
     if tokens.len() < n_ctx {
         bail!(
@@ -223,7 +237,11 @@ pub fn collect(
     let n_chunk = chunks.map_or(max, |c| c.clamp(1, max));
     let pool = ThreadPool::new(threads);
     let mut ws = Workspace::default();
-    ws.collect_act_stats();
+    if grams {
+        ws.collect_act_grams();
+    } else {
+        ws.collect_act_stats();
+    }
     let bar = if quiet {
         ProgressBar::hidden()
     } else {
@@ -254,17 +272,17 @@ pub fn collect(
         bar.inc(1);
     }
     bar.finish_and_clear();
-    let stats = ws.take_act_stats().unwrap_or_default();
-    Ok(Imatrix {
-        entries: stats
-            .sums
+    let mut stats = ws.take_act_stats().unwrap_or_default();
+    let m = Imatrix {
+        entries: std::mem::take(&mut stats.sums)
             .into_iter()
             .map(|(k, (s, c))| (k, (s.iter().map(|&v| v as f32).collect(), c as f32)))
             .collect(),
         datasets: vec![dataset.to_string()],
         chunk_count: n_chunk as u32,
         chunk_size: n_ctx as u32,
-    })
+    };
+    Ok((m, grams.then_some(stats)))
 }
 
 pub fn imatrix(args: ImatrixArgs) -> Result<()> {

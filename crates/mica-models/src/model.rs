@@ -120,6 +120,12 @@ impl Workspace {
         self.acts.stats.get_or_insert_with(Default::default);
     }
 
+    /// Like [`Workspace::collect_act_stats`], gathering each input's Gram matrix as well
+    /// ([`crate::weights::ActStats::with_grams`]).
+    pub fn collect_act_grams(&mut self) {
+        self.acts.stats = Some(crate::weights::ActStats::with_grams());
+    }
+
     /// The statistics collected so far (collection stops).
     pub fn take_act_stats(&mut self) -> Option<crate::weights::ActStats> {
         self.acts.stats.take()

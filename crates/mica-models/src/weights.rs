@@ -205,11 +205,40 @@ pub struct ActCache {
 pub struct ActStats {
     /// name → (`[cols]` Σ x², rows summed)
     pub sums: HashMap<String, (Vec<f64>, u64)>,
+    /// With [`ActStats::with_grams`]: the input's Gram matrix `Σ x xᵀ` (`[cols × cols]`, row-
+    /// major, rows summed) — the Hessian of a projection's squared output error that
+    /// error-compensating quantizers (GPTQ) use. Projections that read the same input
+    /// (Q, K and V; gate and up) share one matrix: see [`ActStats::gram`].
+    pub grams: Option<HashMap<String, (Vec<f32>, u64)>>,
+    /// name → the name whose Gram matrix it shares.
+    pub gram_alias: HashMap<String, String>,
+    /// The matrix that the current input was first added as (cleared when the input
+    /// changes).
+    current: Option<String>,
 }
 
 impl ActStats {
+    /// Statistics that also gather each input's Gram matrix (memory: `cols²` floats per
+    /// distinct input).
+    pub fn with_grams() -> ActStats {
+        ActStats {
+            grams: Some(HashMap::new()),
+            ..ActStats::default()
+        }
+    }
+
+    /// The Gram matrix of `name`'s inputs and the number of rows summed into it.
+    pub fn gram(&self, name: &str) -> Option<(&[f32], u64)> {
+        let key = self.gram_alias.get(name).map_or(name, String::as_str);
+        let (g, n) = self.grams.as_ref()?.get(key)?;
+        Some((g, *n))
+    }
+
     /// Adds the rows of `x` (`[n, cols]`) as inputs of `name`.
     pub fn add(&mut self, name: &str, x: &[f32], n: usize, cols: usize) {
+        if self.grams.is_some() {
+            self.add_gram(name, x, n, cols);
+        }
         let (sum, count) = self
             .sums
             .entry(name.to_string())
@@ -224,6 +253,49 @@ impl ActStats {
         }
         *count += n as u64;
     }
+
+    fn add_gram(&mut self, name: &str, x: &[f32], n: usize, cols: usize) {
+        if let Some(first) = &self.current {
+            // The same input as an earlier projection of this step (Q after K, up after
+            // gate): counted there already.
+            if first != name {
+                self.gram_alias.insert(name.to_string(), first.clone());
+            }
+            return;
+        }
+        self.current = Some(name.to_string());
+        let Some(grams) = self.grams.as_mut() else {
+            return;
+        };
+        let (g, count) = grams
+            .entry(name.to_string())
+            .or_insert_with(|| (vec![0.0; cols * cols], 0));
+        if g.len() != cols * cols || n == 0 {
+            return;
+        }
+        // g += xᵀ x: an [cols × n] by [n × cols] product accumulated into g.
+        // SAFETY: the strides describe `x` (`[n, cols]` row-major, read as its transpose and
+        // as itself) and `g` (`[cols, cols]`); both slices hold at least that many elements.
+        unsafe {
+            matrixmultiply::sgemm(
+                cols,
+                n,
+                cols,
+                1.0,
+                x.as_ptr(),
+                1,
+                cols as isize,
+                x.as_ptr(),
+                cols as isize,
+                1,
+                1.0,
+                g.as_mut_ptr(),
+                cols as isize,
+                1,
+            );
+        }
+        *count += n as u64;
+    }
 }
 
 impl ActCache {
@@ -231,6 +303,9 @@ impl ActCache {
     pub fn invalidate(&mut self) {
         for s in &mut self.slots {
             s.2 = false;
+        }
+        if let Some(st) = &mut self.stats {
+            st.current = None;
         }
     }
 

@@ -6,6 +6,7 @@
 //! (the source is memory-mapped; its pages are the kernel's to evict). The writer builds
 //! the file under a temporary name and renames it only when complete.
 
+mod gptq;
 mod hf;
 mod kl;
 mod mix;
@@ -23,6 +24,7 @@ use mica_formats::{GgufStreamWriter, MetaArray, MetaValue, MicaWriter, TensorInf
 use mica_kernels::DType;
 use mica_kernels::quant::weighted::{has_weighted, quantize_row_weighted};
 use mica_kernels::quant::{dequantize_row, quantize_row};
+use mica_models::weights::ActStats;
 use rules::{FileType, ModelShape, TensorDesc};
 use source::Source;
 use std::path::{Path, PathBuf};
@@ -58,6 +60,11 @@ pub struct ConvertArgs {
     /// Compute the importance matrix by running the source model over this text.
     #[arg(long, value_name = "TEXT")]
     pub calibrate: Option<PathBuf>,
+    /// Error-compensating quantization (GPTQ) with the Gram matrices of the --calibrate
+    /// text's activations: each block's rounding error is partly cancelled by the columns
+    /// not yet quantized. Same file types; slower to convert (see docs/convert.md).
+    #[arg(long, requires = "calibrate")]
+    pub gptq: bool,
     /// Window size for --calibrate, in tokens.
     #[arg(long, default_value_t = 512, value_name = "N")]
     pub calibrate_ctx: usize,
@@ -302,7 +309,7 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .max(1);
-    let (imatrix, quantizer, calibrated) = importance(&args, ft, threads)?;
+    let (imatrix, quantizer, calibrated, grams) = importance(&args, ft, threads)?;
     let mut mix_note = None;
     if let Some(bpw) = args.mix {
         if imatrix.is_none() {
@@ -427,10 +434,24 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
             }
             ok
         });
-        write_tensor(&src, p, imp.as_deref(), sink.as_mut(), threads, &mut |n| {
+        let gram = grams.as_ref().and_then(|g| g.gram(&p.info.name));
+        let mut on_bytes = |n| {
             done += n;
             bar.set_position(done);
-        })?;
+        };
+        match gram.filter(|_| gptq_applies(p)) {
+            Some((g, n)) => {
+                write_tensor_gptq(&src, p, (g, n), sink.as_mut(), threads, &mut on_bytes)?
+            }
+            None => write_tensor(
+                &src,
+                p,
+                imp.as_deref(),
+                sink.as_mut(),
+                threads,
+                &mut on_bytes,
+            )?,
+        }
         sink.end_tensor()?;
     }
     let written = sink.bytes_written();
@@ -464,6 +485,7 @@ type Importance = (
     Option<Imatrix>,
     String,
     Option<(mica_models::LoadedModel, String)>,
+    Option<ActStats>,
 );
 
 fn importance(args: &ConvertArgs, ft: Option<FileType>, threads: usize) -> Result<Importance> {
@@ -483,6 +505,7 @@ fn importance(args: &ConvertArgs, ft: Option<FileType>, threads: usize) -> Resul
             Some(m),
             format!("importance-weighted (imatrix {})", name.unwrap_or_default()),
             None,
+            None,
         ));
     }
     if let Some(text_path) = &args.calibrate {
@@ -494,22 +517,28 @@ fn importance(args: &ConvertArgs, ft: Option<FileType>, threads: usize) -> Resul
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let m = crate::imatrix::collect(
+        let (m, grams) = crate::imatrix::collect_with(
             &lm,
             &text,
             &name,
-            args.calibrate_ctx,
-            args.calibrate_chunks,
+            (args.calibrate_ctx, args.calibrate_chunks),
             threads,
+            args.gptq,
             args.quiet,
         )?;
         let q = format!(
-            "importance-weighted (calibrated on {name}: {} windows of {})",
-            m.chunk_count, m.chunk_size
+            "{} (calibrated on {name}: {} windows of {})",
+            if args.gptq {
+                "error-compensating (GPTQ), importance-weighted"
+            } else {
+                "importance-weighted"
+            },
+            m.chunk_count,
+            m.chunk_size
         );
-        return Ok((Some(m), q, Some((lm, text))));
+        return Ok((Some(m), q, Some((lm, text)), grams));
     }
-    Ok((None, "reference (no imatrix)".into(), None))
+    Ok((None, "reference (no imatrix)".into(), None, None))
 }
 
 fn same_file(a: &Path, b: &Path) -> bool {
@@ -593,6 +622,55 @@ fn write_tensor(
         sink.write_data(dst)?;
         on_bytes(dst.len() as u64);
     }
+    Ok(())
+}
+
+/// Whether GPTQ can quantize `p`: a quantized target whose blocks divide the rows.
+fn gptq_applies(p: &Planned) -> bool {
+    let cols = p.info.row_len() as usize;
+    p.target != p.info.ggml_type
+        && is_quantized(p.target)
+        && p.target
+            .dtype()
+            .is_some_and(|t| cols.is_multiple_of(t.block_size()))
+}
+
+/// [`write_tensor`] with error compensation: the whole tensor in f32 (`rows × cols` floats),
+/// quantized by [`gptq::quantize`] with the Gram matrix `(g, n)` of its calibration inputs.
+fn write_tensor_gptq(
+    src: &Source,
+    p: &Planned,
+    (g, n): (&[f32], u64),
+    sink: &mut dyn TensorSink,
+    threads: usize,
+    on_bytes: &mut dyn FnMut(u64),
+) -> Result<()> {
+    let name = &p.info.name;
+    let from = p
+        .info
+        .dtype()
+        .with_context(|| format!("tensor '{name}': mica cannot read its type"))?;
+    let to = p
+        .target
+        .dtype()
+        .with_context(|| format!("tensor '{name}': mica cannot write its target type"))?;
+    let cols = p.info.row_len() as usize;
+    let rows = p.info.n_rows() as usize;
+    let (Some(in_row), Some(out_row)) = (from.row_bytes(cols), to.row_bytes(cols)) else {
+        bail!("tensor '{name}': row length {cols} does not fit {from} or {to}");
+    };
+    let factor =
+        gptq::Factor::new(g, n, cols).with_context(|| format!("tensor '{name}' (GPTQ)"))?;
+    let data = src.data(p.idx)?;
+    let mut w = vec![0f32; rows * cols];
+    for (r, wr) in w.chunks_mut(cols).enumerate() {
+        dequantize_row(from, &data[r * in_row..(r + 1) * in_row], wr);
+    }
+    let mut out = vec![0u8; rows * out_row];
+    gptq::quantize(&mut w, rows, &factor, to, &mut out, threads)
+        .with_context(|| format!("tensor '{name}'"))?;
+    sink.write_data(&out)?;
+    on_bytes(out.len() as u64);
     Ok(())
 }
 
