@@ -15,6 +15,7 @@
 //! damped by 1% of its mean diagonal (the paper's default); columns no calibration token
 //! exercised are zeroed in the Hessian's eyes (quantized as they are).
 
+use super::gptq_grid::round_element;
 use anyhow::{Result, bail};
 use mica_kernels::DType;
 use mica_kernels::quant::dequantize_row;
@@ -186,11 +187,13 @@ fn band(
             quantize_row_weighted(to, &wr[c0..c1], imp, ob);
             dequantize_row(to, ob, &mut q);
             let er = &mut err[r * block..(r + 1) * block];
-            // Within the block: each column's error moves the block's later columns. The
-            // block's codes were fixed from the values before these moves, which makes this
-            // the exact compensation for that fixed choice.
+            // Within the block: each column's error moves the block's later columns. With
+            // the scales fixed, each column is rounded after the moves so far; for types
+            // without a per-element rounding the block's codes stay as quantized, and the
+            // moves compensate that fixed choice.
             for j in c0..c1 {
-                let e = (wr[j] - q[j - c0]) / u[j * cols + j];
+                let qj = round_element(to, ob, j - c0, wr[j]).unwrap_or(q[j - c0]);
+                let e = (wr[j] - qj) / u[j * cols + j];
                 er[j - c0] = e;
                 let uj = &u[j * cols..(j + 1) * cols];
                 for k in j + 1..c1 {

@@ -10,6 +10,8 @@ use mica_kernels::matmul::QMatrix;
 use mica_kernels::quant::weighted::quantize_row_weighted;
 use mica_kernels::quant::{dequantize_row, quantize_row};
 use mica_models::LoadedModel;
+use mica_models::weights::ActStats;
+use std::sync::Arc;
 
 /// Tokens per window, and windows.
 pub const CTX: usize = 128;
@@ -23,6 +25,9 @@ pub struct KlProbe {
     /// Log-softmax of the unquantized model, per window `[CTX - SKIP, n_vocab]`.
     base: Vec<Vec<f32>>,
     threads: usize,
+    /// With `--gptq`: the calibration inputs' Gram matrices, so that each measurement
+    /// quantizes the matrix the way the file will.
+    grams: Option<Arc<ActStats>>,
 }
 
 impl KlProbe {
@@ -53,9 +58,16 @@ impl KlProbe {
             windows,
             base: Vec::new(),
             threads,
+            grams: None,
         };
         probe.base = probe.log_probs()?;
         Ok(probe)
+    }
+
+    /// Measure with error-compensating quantization (GPTQ) with these Gram matrices.
+    pub fn with_gptq(mut self, grams: Arc<ActStats>) -> KlProbe {
+        self.grams = Some(grams);
+        self
     }
 
     /// Log-softmax of the scored positions of every window.
@@ -89,7 +101,14 @@ impl KlProbe {
         let Some(m) = saved.first() else {
             return Ok(None);
         };
-        let Some(q) = requantize(&m.view(), t, imp) else {
+        let gram = self.grams.as_ref().and_then(|g| g.gram(name));
+        let q = match gram {
+            Some((g, n)) if m.cols.is_multiple_of(t.block_size()) => {
+                Some(requantize_gptq(&m.view(), t, (g, n), self.threads)?)
+            }
+            _ => requantize(&m.view(), t, imp),
+        };
+        let Some(q) = q else {
             return Ok(None);
         };
         for m in self.lm.model.matrices_named_mut(name) {
@@ -165,6 +184,24 @@ fn requantize(v: &QMatrix, t: DType, imp: Option<&[f32]>) -> Option<Vec<u8>> {
         }
     }
     Some(q)
+}
+
+/// [`requantize`] with error compensation ([`super::gptq`]).
+fn requantize_gptq(
+    v: &QMatrix,
+    t: DType,
+    (g, n): (&[f32], u64),
+    threads: usize,
+) -> Result<Vec<u8>> {
+    let in_row = v.data.len() / v.rows;
+    let mut w = vec![0f32; v.rows * v.cols];
+    for (r, x) in w.chunks_mut(v.cols).enumerate() {
+        dequantize_row(v.dtype, &v.data[r * in_row..(r + 1) * in_row], x);
+    }
+    let f = super::gptq::Factor::new(g, n, v.cols)?;
+    let mut q = vec![0u8; t.row_bytes(v.cols).unwrap_or(0) * v.rows];
+    super::gptq::quantize(&mut w, v.rows, &f, t, &mut q, threads)?;
+    Ok(q)
 }
 
 /// In place: logits → log-probabilities.

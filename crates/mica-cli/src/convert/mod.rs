@@ -7,6 +7,7 @@
 //! the file under a temporary name and renames it only when complete.
 
 mod gptq;
+mod gptq_grid;
 mod hf;
 mod kl;
 mod mix;
@@ -28,6 +29,7 @@ use mica_models::weights::ActStats;
 use rules::{FileType, ModelShape, TensorDesc};
 use source::Source;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 #[derive(Args, Debug)]
@@ -329,7 +331,13 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
         // With calibration text, the estimated losses are put on one scale by measuring the
         // model's KL-divergence with each tensor quantized alone.
         let mut probe = match calibrated {
-            Some((lm, text)) => Some(kl::KlProbe::new(lm, &text, threads)?),
+            Some((lm, text)) => {
+                let p = kl::KlProbe::new(lm, &text, threads)?;
+                Some(match &grams {
+                    Some(g) => p.with_gptq(g.clone()),
+                    None => p,
+                })
+            }
             None => {
                 eprintln!(
                     "note: --mix without --calibrate compares tensors by their own output \
@@ -485,7 +493,7 @@ type Importance = (
     Option<Imatrix>,
     String,
     Option<(mica_models::LoadedModel, String)>,
-    Option<ActStats>,
+    Option<Arc<ActStats>>,
 );
 
 fn importance(args: &ConvertArgs, ft: Option<FileType>, threads: usize) -> Result<Importance> {
@@ -536,7 +544,7 @@ fn importance(args: &ConvertArgs, ft: Option<FileType>, threads: usize) -> Resul
             m.chunk_count,
             m.chunk_size
         );
-        return Ok((Some(m), q, Some((lm, text)), grams));
+        return Ok((Some(m), q, Some((lm, text)), grams.map(Arc::new)));
     }
     Ok((None, "reference (no imatrix)".into(), None, None))
 }
