@@ -242,3 +242,88 @@ fn mix_with_calibration_text_measures_each_tensor_alone() {
     assert!(log.contains("blk.0.attn_k.weight = "), "{log}");
     assert!(bpw(&out) <= 5.0 + 1e-9, "{log}");
 }
+
+/// Mean KL-divergence of `model` from `base` over the first two 256-token windows of GPL-3
+/// (`mica perplexity --kl-base`).
+fn mean_kld(model: &Path, base: &Path) -> f64 {
+    let text = workspace().join("fixtures/text/GPL-3");
+    let (ok, out, err) = mica(&[
+        "perplexity",
+        "-m",
+        model.to_str().unwrap(),
+        "-f",
+        text.to_str().unwrap(),
+        "-c",
+        "256",
+        "--chunks",
+        "4",
+        "--kl-base",
+        base.to_str().unwrap(),
+        "-t",
+        "2",
+        "--quiet",
+    ]);
+    assert!(ok, "{err}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("Mean KLD = "))
+        .unwrap_or_else(|| panic!("no KLD line in {out}"));
+    line["Mean KLD = ".len()..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn gptq_moves_the_model_less_than_rounding_alone() {
+    // SmolLM2 to Q4_0 (every 576-wide matrix, the embedding at Q8_0), importance-weighted
+    // both times, with and without error compensation; measured on text that is not the
+    // calibration text.
+    let src = model_path(SMOLLM);
+    let text = workspace().join("fixtures/text/calibration.txt");
+    let dir = scratch("gptq");
+    let calib = [
+        "--type",
+        "q4_0",
+        "--calibrate",
+        text.to_str().unwrap(),
+        "--calibrate-ctx",
+        "256",
+        "--calibrate-chunks",
+        "6",
+        "-t",
+        "2",
+    ];
+    let plain = dir.join("plain.gguf");
+    convert(&src, &plain, &calib);
+    let gptq = dir.join("gptq.gguf");
+    let log = convert(&src, &gptq, &[&calib[..], &["--gptq"]].concat());
+    // Every matrix of the 30 layers (7 each) is compensated.
+    let n: usize = log
+        .split("GPTQ: ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no GPTQ count in {log}"));
+    assert!(n >= 210, "{log}");
+    assert_eq!(bpw(&plain), bpw(&gptq), "same types, same size");
+    let (kl_plain, kl_gptq) = (mean_kld(&plain, &src), mean_kld(&gptq, &src));
+    assert!(
+        kl_gptq < 0.85 * kl_plain,
+        "KL-divergence from the source: GPTQ {kl_gptq}, rounding alone {kl_plain}"
+    );
+
+    // --gptq needs the calibration text.
+    let (ok, _, err) = mica(&[
+        "convert",
+        src.to_str().unwrap(),
+        "-o",
+        dir.join("x.gguf").to_str().unwrap(),
+        "--type",
+        "q4_0",
+        "--gptq",
+    ]);
+    assert!(!ok && err.contains("--calibrate"), "{err}");
+}

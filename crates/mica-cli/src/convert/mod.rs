@@ -425,6 +425,7 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
     let bar = progress(total, args.quiet);
     let t0 = Instant::now();
     let mut done = 0u64;
+    let mut n_gptq = 0usize;
     for p in &planned {
         bar.set_message(p.info.name.clone());
         sink.begin_tensor(&p.info.name, p.target, &p.info.shape)?;
@@ -449,7 +450,8 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
         };
         match gram.filter(|_| gptq_applies(p)) {
             Some((g, n)) => {
-                write_tensor_gptq(&src, p, (g, n), sink.as_mut(), threads, &mut on_bytes)?
+                write_tensor_gptq(&src, p, (g, n), sink.as_mut(), threads, &mut on_bytes)?;
+                n_gptq += 1;
             }
             None => write_tensor(
                 &src,
@@ -461,6 +463,9 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
             )?,
         }
         sink.end_tensor()?;
+    }
+    if args.gptq {
+        eprintln!("GPTQ: {n_gptq} tensors error-compensated (the others rounded alone)");
     }
     let written = sink.bytes_written();
     sink.finish()?;
