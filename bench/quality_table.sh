@@ -47,10 +47,13 @@ for b in 4.5 4.75 5 "$Q4K_BPW"; do
   "$MICA" convert "$HF" -o "mica-klmix$b.gguf" --mix "$b" --calibrate "$CALIB" \
     --calibrate-chunks 8 -t "$T" --quiet 2> "klmix$b.log"
 done
+# 4.5 BPW with error compensation (GPTQ), calibrated on every window of the text.
+"$MICA" convert "$HF" -o mica-gptqmix4.5.gguf --mix 4.5 --calibrate "$CALIB" --gptq -t "$T" \
+  --quiet 2> gptqmix4.5.log
 
 for f in f32 mica-f16 mica-q8_0 mica-q6_k mica-q4_k mica-q4_k-im mica-q4_0 mica-q4_0-im \
          mica-mix4.5 mica-mix-q4k-size mica-klmix4.5 mica-klmix4.75 mica-klmix5 \
-         "mica-klmix$Q4K_BPW"; do
+         "mica-klmix$Q4K_BPW" mica-gptqmix4.5; do
   printf '%s\t%s\t' "$f" "$(stat -c %s "$f.gguf")"
   "$MICA" perplexity -m "$f.gguf" -f "$TEXT" -c 256 -t "$T" --quiet 2> /dev/null | head -n 1
 done
