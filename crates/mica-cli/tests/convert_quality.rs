@@ -243,37 +243,10 @@ fn mix_with_calibration_text_measures_each_tensor_alone() {
     assert!(bpw(&out) <= 5.0 + 1e-9, "{log}");
 }
 
-/// Mean KL-divergence of `model` from `base` over the first two 256-token windows of GPL-3
-/// (`mica perplexity --kl-base`).
+/// Mean KL-divergence of `model` from `base` over the first four 256-token windows of
+/// GPL-3 (`mica perplexity --kl-base`).
 fn mean_kld(model: &Path, base: &Path) -> f64 {
-    let text = workspace().join("fixtures/text/GPL-3");
-    let (ok, out, err) = mica(&[
-        "perplexity",
-        "-m",
-        model.to_str().unwrap(),
-        "-f",
-        text.to_str().unwrap(),
-        "-c",
-        "256",
-        "--chunks",
-        "4",
-        "--kl-base",
-        base.to_str().unwrap(),
-        "-t",
-        "2",
-        "--quiet",
-    ]);
-    assert!(ok, "{err}");
-    let line = out
-        .lines()
-        .find(|l| l.starts_with("Mean KLD = "))
-        .unwrap_or_else(|| panic!("no KLD line in {out}"));
-    line["Mean KLD = ".len()..]
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
+    figure(&kl_report(model, base, 256, 4), "Mean KLD")
 }
 
 #[test]

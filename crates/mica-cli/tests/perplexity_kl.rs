@@ -10,41 +10,8 @@ use std::path::Path;
 
 const SMOLLM: &str = "smollm2-135m-instruct-q4_1";
 
-/// The `NAME = X` numbers of the report.
-fn figure(out: &str, name: &str) -> f64 {
-    let line = out
-        .lines()
-        .find(|l| l.starts_with(name))
-        .unwrap_or_else(|| panic!("no '{name}' in:\n{out}"));
-    line[name.len()..]
-        .trim_start_matches([' ', '='])
-        .split(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
 fn kl(model: &Path, base: &Path) -> String {
-    let text = workspace().join("fixtures/text/GPL-3");
-    let (ok, out, err) = mica(&[
-        "perplexity",
-        "-m",
-        model.to_str().unwrap(),
-        "--kl-base",
-        base.to_str().unwrap(),
-        "-f",
-        text.to_str().unwrap(),
-        "-c",
-        "128",
-        "--chunks",
-        "2",
-        "-t",
-        "2",
-        "--quiet",
-    ]);
-    assert!(ok, "{err}");
-    out
+    kl_report(model, base, 128, 2)
 }
 
 #[test]

@@ -15,7 +15,7 @@
 //! damped by 1% of its mean diagonal (the paper's default); columns no calibration token
 //! exercised are zeroed in the Hessian's eyes (quantized as they are).
 
-use super::gptq_grid::round_element;
+use super::gptq_grid::{round_element, supported};
 use anyhow::{Result, bail};
 use mica_kernels::DType;
 use mica_kernels::quant::dequantize_row;
@@ -134,6 +134,35 @@ fn invert_lower(l: &mut [f64], n: usize) {
     l.copy_from_slice(&x);
 }
 
+/// Quantizes `src` (`rows` rows of `from`, `f.cols` elements each) to `to` with error
+/// compensation: dequantized to f32 (`rows × cols` floats in memory), then [`quantize`].
+pub fn requantize(
+    from: DType,
+    src: &[u8],
+    rows: usize,
+    f: &Factor,
+    to: DType,
+    threads: usize,
+) -> Result<Vec<u8>> {
+    let cols = f.cols;
+    let (Some(in_row), Some(out_row)) = (from.row_bytes(cols), to.row_bytes(cols)) else {
+        bail!("GPTQ: {cols} columns are not whole {from} or {to} blocks");
+    };
+    if src.len() != rows * in_row {
+        bail!(
+            "GPTQ: {} bytes are not {rows} rows of {cols} {from}",
+            src.len()
+        );
+    }
+    let mut w = vec![0f32; rows * cols];
+    for (wr, sr) in w.chunks_mut(cols).zip(src.chunks(in_row)) {
+        dequantize_row(from, sr, wr);
+    }
+    let mut out = vec![0u8; rows * out_row];
+    quantize(&mut w, rows, f, to, &mut out, threads)?;
+    Ok(out)
+}
+
 /// Quantizes `w` (`[rows × cols]`, row-major; overwritten with the updated weights) to `to`
 /// with error compensation, into `out` (`rows` rows of `to`). Threads take bands of rows.
 pub fn quantize(
@@ -178,6 +207,7 @@ fn band(
     // Per group: the scaled errors `[rows × block]` and the dequantized block of one row.
     let mut err = vec![0f32; rows * block];
     let mut q = vec![0f32; block];
+    let elementwise = supported(to);
     for c0 in (0..cols).step_by(block) {
         let c1 = c0 + block;
         let imp = &f.importance[c0..c1];
@@ -185,7 +215,9 @@ fn band(
             let wr = &mut w[r * cols..(r + 1) * cols];
             let ob = &mut out[r * row_bytes + (c0 / block) * block_bytes..][..block_bytes];
             quantize_row_weighted(to, &wr[c0..c1], imp, ob);
-            dequantize_row(to, ob, &mut q);
+            if !elementwise {
+                dequantize_row(to, ob, &mut q);
+            }
             let er = &mut err[r * block..(r + 1) * block];
             // Within the block: each column's error moves the block's later columns. With
             // the scales fixed, each column is rounded after the moves so far; for types
@@ -229,10 +261,10 @@ fn band(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn lcg(seed: &mut u64) -> f32 {
+    pub(in crate::convert) fn lcg(seed: &mut u64) -> f32 {
         *seed = seed
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);

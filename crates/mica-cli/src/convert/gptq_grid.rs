@@ -10,8 +10,7 @@ use mica_kernels::quant::blocks::scale_min_k4;
 use mica_kernels::quant::f16_to_f32;
 
 /// Whether [`round_element`] handles `t`.
-#[cfg(test)]
-fn supported(t: DType) -> bool {
+pub fn supported(t: DType) -> bool {
     matches!(
         t,
         DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q4_K
@@ -58,8 +57,8 @@ fn set_high_bit(block: &mut [u8], qh: usize, i: usize, k: u8) {
 }
 
 /// Rounds `w` to the nearest value element `i` of `block` (one block of `t`, its scales
-/// set) can hold, stores the code, and returns the value. `None` for the other types
-/// (Q2_K, Q3_K, Q5_K, Q6_K).
+/// set) can hold, stores the code, and returns the value. `None` for a type
+/// [`supported`] rejects.
 pub fn round_element(t: DType, block: &mut [u8], i: usize, w: f32) -> Option<f32> {
     Some(match t {
         DType::Q4_0 => {

@@ -104,7 +104,16 @@ impl KlProbe {
         let gram = self.grams.as_ref().and_then(|g| g.gram(name));
         let q = match gram {
             Some((g, n)) if m.cols.is_multiple_of(t.block_size()) => {
-                Some(requantize_gptq(&m.view(), t, (g, n), self.threads)?)
+                let v = m.view();
+                let f = super::gptq::Factor::new(g, n, v.cols)?;
+                Some(super::gptq::requantize(
+                    v.dtype,
+                    v.data,
+                    v.rows,
+                    &f,
+                    t,
+                    self.threads,
+                )?)
             }
             _ => requantize(&m.view(), t, imp),
         };
@@ -184,24 +193,6 @@ fn requantize(v: &QMatrix, t: DType, imp: Option<&[f32]>) -> Option<Vec<u8>> {
         }
     }
     Some(q)
-}
-
-/// [`requantize`] with error compensation ([`super::gptq`]).
-fn requantize_gptq(
-    v: &QMatrix,
-    t: DType,
-    (g, n): (&[f32], u64),
-    threads: usize,
-) -> Result<Vec<u8>> {
-    let in_row = v.data.len() / v.rows;
-    let mut w = vec![0f32; v.rows * v.cols];
-    for (r, x) in w.chunks_mut(v.cols).enumerate() {
-        dequantize_row(v.dtype, &v.data[r * in_row..(r + 1) * in_row], x);
-    }
-    let f = super::gptq::Factor::new(g, n, v.cols)?;
-    let mut q = vec![0u8; t.row_bytes(v.cols).unwrap_or(0) * v.rows];
-    super::gptq::quantize(&mut w, v.rows, &f, t, &mut q, threads)?;
-    Ok(q)
 }
 
 /// In place: logits → log-probabilities.

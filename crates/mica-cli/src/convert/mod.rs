@@ -602,20 +602,9 @@ fn write_tensor(
         }
         return Ok(());
     }
-    let name = &p.info.name;
-    let from = p
-        .info
-        .dtype()
-        .with_context(|| format!("tensor '{name}': mica cannot read its type"))?;
-    let to = p
-        .target
-        .dtype()
-        .with_context(|| format!("tensor '{name}': mica cannot write its target type"))?;
+    let (from, to, in_row, out_row) = row_types(p)?;
     let row_len = p.info.row_len() as usize;
     let n_rows = p.info.n_rows() as usize;
-    let (Some(in_row), Some(out_row)) = (from.row_bytes(row_len), to.row_bytes(row_len)) else {
-        bail!("tensor '{name}': row length {row_len} does not fit {from} or {to}");
-    };
     let rows_per_chunk = (CHUNK_ELEMS / row_len.max(1)).max(1);
     let mut out = vec![0u8; rows_per_chunk.min(n_rows) * out_row];
     for r0 in (0..n_rows).step_by(rows_per_chunk) {
@@ -636,6 +625,24 @@ fn write_tensor(
         on_bytes(dst.len() as u64);
     }
     Ok(())
+}
+
+/// The source and target types of `p` and their row sizes in bytes.
+fn row_types(p: &Planned) -> Result<(DType, DType, usize, usize)> {
+    let name = &p.info.name;
+    let from = p
+        .info
+        .dtype()
+        .with_context(|| format!("tensor '{name}': mica cannot read its type"))?;
+    let to = p
+        .target
+        .dtype()
+        .with_context(|| format!("tensor '{name}': mica cannot write its target type"))?;
+    let row_len = p.info.row_len() as usize;
+    let (Some(in_row), Some(out_row)) = (from.row_bytes(row_len), to.row_bytes(row_len)) else {
+        bail!("tensor '{name}': row length {row_len} does not fit {from} or {to}");
+    };
+    Ok((from, to, in_row, out_row))
 }
 
 /// Whether GPTQ can quantize `p`: a quantized target whose blocks divide the rows.
@@ -659,28 +666,11 @@ fn write_tensor_gptq(
     on_bytes: &mut dyn FnMut(u64),
 ) -> Result<()> {
     let name = &p.info.name;
-    let from = p
-        .info
-        .dtype()
-        .with_context(|| format!("tensor '{name}': mica cannot read its type"))?;
-    let to = p
-        .target
-        .dtype()
-        .with_context(|| format!("tensor '{name}': mica cannot write its target type"))?;
-    let cols = p.info.row_len() as usize;
-    let rows = p.info.n_rows() as usize;
-    let (Some(in_row), Some(out_row)) = (from.row_bytes(cols), to.row_bytes(cols)) else {
-        bail!("tensor '{name}': row length {cols} does not fit {from} or {to}");
-    };
-    let factor =
-        gptq::Factor::new(g, n, cols).with_context(|| format!("tensor '{name}' (GPTQ)"))?;
+    let (from, to, _, _) = row_types(p)?;
+    let factor = gptq::Factor::new(g, n, p.info.row_len() as usize)
+        .with_context(|| format!("tensor '{name}' (GPTQ)"))?;
     let data = src.data(p.idx)?;
-    let mut w = vec![0f32; rows * cols];
-    for (r, wr) in w.chunks_mut(cols).enumerate() {
-        dequantize_row(from, &data[r * in_row..(r + 1) * in_row], wr);
-    }
-    let mut out = vec![0u8; rows * out_row];
-    gptq::quantize(&mut w, rows, &factor, to, &mut out, threads)
+    let out = gptq::requantize(from, &data, p.info.n_rows() as usize, &factor, to, threads)
         .with_context(|| format!("tensor '{name}'"))?;
     sink.write_data(&out)?;
     on_bytes(out.len() as u64);

@@ -193,3 +193,43 @@ pub fn write_tiny(path: &Path, opts: &Tiny) {
     let mut f = std::fs::File::create(path).unwrap();
     w.write_to(&mut f).unwrap();
 }
+
+/// `mica perplexity -m MODEL --kl-base BASE` over the first `chunks` windows of `ctx` tokens
+/// of fixtures/text/GPL-3 (2 threads); its report.
+pub fn kl_report(model: &Path, base: &Path, ctx: usize, chunks: usize) -> String {
+    let text = workspace().join("fixtures/text/GPL-3");
+    let (ctx, chunks) = (ctx.to_string(), chunks.to_string());
+    let (ok, out, err) = mica(&[
+        "perplexity",
+        "-m",
+        model.to_str().unwrap(),
+        "--kl-base",
+        base.to_str().unwrap(),
+        "-f",
+        text.to_str().unwrap(),
+        "-c",
+        &ctx,
+        "--chunks",
+        &chunks,
+        "-t",
+        "2",
+        "--quiet",
+    ]);
+    assert!(ok, "{err}");
+    out
+}
+
+/// The `NAME = X` number of a perplexity report.
+pub fn figure(out: &str, name: &str) -> f64 {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(name))
+        .unwrap_or_else(|| panic!("no '{name}' in:\n{out}"));
+    line[name.len()..]
+        .trim_start_matches([' ', '='])
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
