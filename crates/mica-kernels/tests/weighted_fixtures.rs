@@ -33,6 +33,8 @@ fn weighted_quantizers_match_llama_cpp_bytes() {
         ("Q4_1", DType::Q4_1),
         ("Q5_0", DType::Q5_0),
         ("Q5_1", DType::Q5_1),
+        ("Q2_K", DType::Q2_K),
+        ("Q3_K", DType::Q3_K),
         ("Q4_K", DType::Q4_K),
         ("Q5_K", DType::Q5_K),
         ("Q6_K", DType::Q6_K),

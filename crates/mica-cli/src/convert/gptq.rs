@@ -355,9 +355,12 @@ pub(super) mod tests {
             DType::Q4_0,
             DType::Q4_1,
             DType::Q5_0,
+            DType::Q5_1,
             DType::Q8_0,
+            DType::Q2_K,
             DType::Q3_K,
             DType::Q4_K,
+            DType::Q5_K,
             DType::Q6_K,
         ] {
             let rb = to.row_bytes(cols).unwrap();
@@ -384,6 +387,7 @@ pub(super) mod tests {
                 output_error(&w, &wq_plain, &x, rows, cols),
                 output_error(&w, &wq, &x, rows, cols),
             );
+            println!("{to}: output error {e_plain:.4e} rounded, {e_gptq:.4e} GPTQ");
             assert!(
                 e_gptq < 0.8 * e_plain,
                 "{to}: GPTQ output error {e_gptq:.4e} against {e_plain:.4e} unweighted"

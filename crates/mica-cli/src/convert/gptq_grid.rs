@@ -6,14 +6,23 @@
 //! the value, computed as the type's dequantization computes it.
 
 use mica_kernels::DType;
-use mica_kernels::quant::blocks::scale_min_k4;
+use mica_kernels::quant::blocks::{q3k_scales, scale_min_k4};
 use mica_kernels::quant::f16_to_f32;
 
 /// Whether [`round_element`] handles `t`.
 pub fn supported(t: DType) -> bool {
     matches!(
         t,
-        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q4_K
+        DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::Q8_0
+            | DType::Q2_K
+            | DType::Q3_K
+            | DType::Q4_K
+            | DType::Q5_K
+            | DType::Q6_K
     )
 }
 
@@ -56,6 +65,36 @@ fn set_high_bit(block: &mut [u8], qh: usize, i: usize, k: u8) {
     };
 }
 
+/// Writes bits `2·(e % 128 / 32)` of byte `qs + 32·(e / 128) + e % 32`: the two-bit field
+/// of element `e` in Q2_K's and Q3_K's `qs`.
+fn set_2bit(block: &mut [u8], qs: usize, e: usize, k: u8) {
+    let shift = 2 * (e % 128 / 32);
+    let byte = &mut block[qs + 32 * (e / 128) + e % 32];
+    *byte = (*byte & !(3 << shift)) | ((k & 3) << shift);
+}
+
+/// Sets bit `bit` of `block[at]` to `on`.
+fn set_bit(block: &mut [u8], at: usize, bit: usize, on: bool) {
+    let mask = 1u8 << bit;
+    block[at] = if on {
+        block[at] | mask
+    } else {
+        block[at] & !mask
+    };
+}
+
+/// Writes the low four bits of element `i` of a Q4_K/Q5_K block whose nibbles start at
+/// `qs`: element `64c + l` is byte `32c + l % 32`, the low nibble for `l < 32`.
+fn set_k4_nibble(block: &mut [u8], qs: usize, i: usize, k: u8) {
+    let (c, l) = (i / 64, i % 64);
+    let byte = &mut block[qs + 32 * c + l % 32];
+    *byte = if l < 32 {
+        (*byte & 0xF0) | (k & 0xF)
+    } else {
+        (*byte & 0x0F) | ((k & 0xF) << 4)
+    };
+}
+
 /// Rounds `w` to the nearest value element `i` of `block` (one block of `t`, its scales
 /// set) can hold, stores the code, and returns the value. `None` for a type
 /// [`supported`] rejects.
@@ -94,21 +133,62 @@ pub fn round_element(t: DType, block: &mut [u8], i: usize, w: f32) -> Option<f32
             block[2 + i] = k as i8 as u8;
             k as f32 * d
         }
-        DType::Q4_K => {
+        DType::Q2_K => {
+            // scales[16], qs[64], d, dmin.
+            let (d, dmin) = (f16_at(block, 80), f16_at(block, 82));
+            let s = block[i / 16];
+            let (dl, ml) = (d * (s & 0xF) as f32, dmin * (s >> 4) as f32);
+            let k = code(w, dl, -ml, 0, 3) as u8;
+            set_2bit(block, 16, i, k);
+            dl * k as f32 - ml
+        }
+        DType::Q3_K => {
+            // hmask[32], qs[64], scales[12], d; the code is q + 4, its bit 2 in hmask.
+            let d = f16_at(block, 108);
+            let scales: &[u8; 12] = block[96..108].try_into().ok()?;
+            let dl = d * q3k_scales(scales)[i / 16] as f32;
+            let k = code(w, dl, 0.0, -4, 3);
+            let u = (k + 4) as u8;
+            set_2bit(block, 32, i, u);
+            set_bit(block, i % 32, i / 32, u & 4 != 0);
+            dl * k as f32
+        }
+        DType::Q4_K | DType::Q5_K => {
+            // d, dmin, scales[12], then (Q5_K) qh[32], then qs.
             let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
             let scales: &[u8; 12] = block[4..16].try_into().ok()?;
             let (sc, mn) = scale_min_k4(i / 32, scales);
             let (dl, ml) = (d * sc as f32, dmin * mn as f32);
-            let k = code(w, dl, -ml, 0, 15) as u8;
-            // Element 64c + l: byte 32c + l of qs, low nibble for l < 32, else high.
-            let (c, l) = (i / 64, i % 64);
-            let byte = &mut block[16 + 32 * c + l % 32];
-            *byte = if l < 32 {
-                (*byte & 0xF0) | k
+            let top = if t == DType::Q4_K { 15 } else { 31 };
+            let k = code(w, dl, -ml, 0, top) as u8;
+            if t == DType::Q4_K {
+                set_k4_nibble(block, 16, i, k);
             } else {
-                (*byte & 0x0F) | (k << 4)
-            };
+                set_k4_nibble(block, 48, i, k);
+                // Bit 4 of element 64c + l is bit 2c (+1 for l >= 32) of qh[l % 32].
+                let (c, l) = (i / 64, i % 64);
+                set_bit(block, 16 + l % 32, 2 * c + l / 32, k & 0x10 != 0);
+            }
             dl * k as f32 - ml
+        }
+        DType::Q6_K => {
+            // ql[128], qh[64], scales[16] (i8), d; the code is q + 32.
+            let d = f16_at(block, 208);
+            let dl = d * (block[192 + i / 16] as i8) as f32;
+            let k = code(w, dl, 0.0, -32, 31);
+            let u = (k + 32) as u8;
+            // Element 128h + 32j + l: low nibble in ql[64h + l + 32·(j & 1)] (high nibble
+            // for j >= 2), two high bits at bits 2j of qh[32h + l].
+            let (h, j, l) = (i / 128, i % 128 / 32, i % 32);
+            let lo = &mut block[64 * h + l + 32 * (j & 1)];
+            *lo = if j < 2 {
+                (*lo & 0xF0) | (u & 0xF)
+            } else {
+                (*lo & 0x0F) | ((u & 0xF) << 4)
+            };
+            let hi = &mut block[128 + 32 * h + l];
+            *hi = (*hi & !(3 << (2 * j))) | ((u >> 4) << (2 * j));
+            dl * k as f32
         }
         _ => return None,
     })
@@ -137,7 +217,11 @@ mod tests {
             DType::Q5_0,
             DType::Q5_1,
             DType::Q8_0,
+            DType::Q2_K,
+            DType::Q3_K,
             DType::Q4_K,
+            DType::Q5_K,
+            DType::Q6_K,
         ] {
             assert!(supported(t));
             let n = t.block_size();
@@ -184,6 +268,6 @@ mod tests {
                 );
             }
         }
-        assert_eq!(round_element(DType::Q6_K, &mut [0u8; 210], 0, 1.0), None);
+        assert_eq!(round_element(DType::F16, &mut [0u8; 2], 0, 1.0), None);
     }
 }

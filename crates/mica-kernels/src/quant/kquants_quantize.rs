@@ -256,19 +256,24 @@ pub fn quantize_q2k(x: &[f32], y: &mut [BlockQ2K]) {
             }
             b.dmin = f32_to_f16(max_min / Q4SCALE);
         }
-        // Re-quantize against the scales as stored.
-        for j in 0..16 {
-            let d = f16_to_f32(b.d) * (b.scales[j] & 0xF) as f32;
-            if d == 0.0 {
-                continue;
-            }
-            let dm = f16_to_f32(b.dmin) * (b.scales[j] >> 4) as f32;
-            for i in 0..16 {
-                l[16 * j + i] = nearest_int((x[16 * j + i] + dm) / d).clamp(0, 3) as u8;
-            }
-        }
-        b.qs = pack_2bit(&l);
+        store_q2k(x, &mut l, b);
     }
+}
+
+/// Re-quantizes a Q2_K super-block against its scales and mins as stored (`l` keeps the
+/// fit's quants where a sub-block's scale is zero) and packs the quants.
+pub(super) fn store_q2k(x: &[f32], l: &mut [u8; QK_K], b: &mut BlockQ2K) {
+    for j in 0..16 {
+        let d = f16_to_f32(b.d) * (b.scales[j] & 0xF) as f32;
+        if d == 0.0 {
+            continue;
+        }
+        let dm = f16_to_f32(b.dmin) * (b.scales[j] >> 4) as f32;
+        for i in 0..16 {
+            l[16 * j + i] = nearest_int((x[16 * j + i] + dm) / d).clamp(0, 3) as u8;
+        }
+    }
+    b.qs = pack_2bit(l);
 }
 
 pub fn quantize_q3k(x: &[f32], y: &mut [BlockQ3K]) {
@@ -283,46 +288,59 @@ pub fn quantize_q3k(x: &[f32], y: &mut [BlockQ3K]) {
                 max_scale = scales[j];
             }
         }
-        b.scales = [0; 12];
         if max_scale != 0.0 {
             let iscale = -32.0 / max_scale;
-            for j in 0..16 {
-                // C: int8_t l = nearest_int(...); then clamp to -32..31 and offset by 32.
-                let ls = ((nearest_int(iscale * scales[j]) as i8).clamp(-32, 31) + 32) as u8;
-                if j < 8 {
-                    b.scales[j] = ls & 0xF;
-                } else {
-                    b.scales[j - 8] |= (ls & 0xF) << 4;
-                }
-                b.scales[j % 4 + 8] |= (ls >> 4) << (2 * (j / 4));
-            }
+            // C: int8_t l = nearest_int(...); then clamp to -32..31 and offset by 32.
+            let ls = scales.map(|s| ((nearest_int(iscale * s) as i8).clamp(-32, 31) + 32) as u8);
+            b.scales = pack_q3k_scales(&ls);
             b.d = f32_to_f16(1.0 / iscale);
         } else {
+            b.scales = [0; 12];
             b.d = f32_to_f16(0.0);
         }
-        let sc = super::blocks::q3k_scales(&b.scales);
-        for j in 0..16 {
-            let d = f16_to_f32(b.d) * sc[j] as f32;
-            if d == 0.0 {
-                continue;
-            }
-            for i in 0..16 {
-                l[16 * j + i] = (nearest_int(x[16 * j + i] / d).clamp(-4, 3) + 4) as i8;
-            }
-        }
-        // High bit of element e goes to bit e / 32 of hmask[e % 32]; the rest is 2-bit.
-        b.hmask = [0; 32];
-        let mut low = [0u8; QK_K];
-        for e in 0..QK_K {
-            let mut v = l[e] as u8;
-            if v > 3 {
-                b.hmask[e % 32] |= 1 << (e / 32);
-                v -= 4;
-            }
-            low[e] = v;
-        }
-        b.qs = pack_2bit(&low);
+        store_q3k(x, &mut l, b);
     }
+}
+
+/// Packs sixteen six-bit Q3_K sub-block scales (`0..64`, the stored `sc + 32`).
+pub(super) fn pack_q3k_scales(ls: &[u8; 16]) -> [u8; 12] {
+    let mut s = [0u8; 12];
+    for (j, &v) in ls.iter().enumerate() {
+        if j < 8 {
+            s[j] = v & 0xF;
+        } else {
+            s[j - 8] |= (v & 0xF) << 4;
+        }
+        s[j % 4 + 8] |= (v >> 4) << (2 * (j / 4));
+    }
+    s
+}
+
+/// Re-quantizes a Q3_K super-block against its scales as stored (`l`, offset by 4, keeps
+/// the fit's quants where a sub-block's scale is zero) and packs the quants.
+pub(super) fn store_q3k(x: &[f32], l: &mut [i8; QK_K], b: &mut BlockQ3K) {
+    let sc = super::blocks::q3k_scales(&b.scales);
+    for j in 0..16 {
+        let d = f16_to_f32(b.d) * sc[j] as f32;
+        if d == 0.0 {
+            continue;
+        }
+        for i in 0..16 {
+            l[16 * j + i] = (nearest_int(x[16 * j + i] / d).clamp(-4, 3) + 4) as i8;
+        }
+    }
+    // High bit of element e goes to bit e / 32 of hmask[e % 32]; the rest is 2-bit.
+    b.hmask = [0; 32];
+    let mut low = [0u8; QK_K];
+    for e in 0..QK_K {
+        let mut v = l[e] as u8;
+        if v > 3 {
+            b.hmask[e % 32] |= 1 << (e / 32);
+            v -= 4;
+        }
+        low[e] = v;
+    }
+    b.qs = pack_2bit(&low);
 }
 
 /// Shared by Q4_K and Q5_K: per-sub-block fits, six-bit scales and mins, re-quantization

@@ -15,16 +15,24 @@
 //!   weighted search ([`quantize_scales`]: each sub-block weighs by its total importance),
 //!   instead of plain rounding against the largest.
 //!
-//! Q2_K, Q3_K, Q8_0 and the float types have no weighted variant here and use the
+//! - Q2_K: sixteen 16-element sub-blocks fitted as the scale + min formats (two-bit quants,
+//!   σ² the block's mean square), their scales and mins quantized to four bits by the same
+//!   weighted search;
+//! - Q3_K: sixteen symmetric 16-element fits, then the sixteen signed sub-block scales
+//!   themselves fitted to six bits by the symmetric search, each weighted by its
+//!   sub-block's total weight.
+//!
+//! Q8_0 and the float types have no weighted variant (nor in llama.cpp) and use the
 //! reference quantizers.
 
 use super::blocks::{
-    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, QK, QK_K, blocks_mut,
-    f32_to_f16,
+    BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, QK, QK_K,
+    blocks_mut, f32_to_f16,
 };
 use super::kquants::nearest_int;
 use super::kquants_quantize::{
-    Qkx2, make_qkx2_quants, make_qx_quants, quantize_q6k_with, store_k4,
+    Qkx2, make_qkx2_quants, make_qx_quants, pack_q3k_scales, quantize_q6k_with, store_k4,
+    store_q2k, store_q3k,
 };
 use crate::DType;
 
@@ -38,6 +46,8 @@ pub fn quantize_row_weighted(t: DType, src: &[f32], imp: &[f32], dst: &mut [u8])
         DType::Q5_0 => q5_0(src, imp, blocks_mut(dst)),
         DType::Q4_1 => q4_1(src, imp, blocks_mut(dst)),
         DType::Q5_1 => q5_1(src, imp, blocks_mut(dst)),
+        DType::Q2_K => q2k(src, imp, blocks_mut(dst)),
+        DType::Q3_K => q3k(src, imp, blocks_mut(dst)),
         DType::Q4_K => q4k(src, imp, blocks_mut(dst)),
         DType::Q5_K => q5k(src, imp, blocks_mut(dst)),
         DType::Q6_K => quantize_q6k_with(src, Some(imp), blocks_mut(dst)),
@@ -53,6 +63,8 @@ pub fn has_weighted(t: DType) -> bool {
             | DType::Q5_0
             | DType::Q4_1
             | DType::Q5_1
+            | DType::Q2_K
+            | DType::Q3_K
             | DType::Q4_K
             | DType::Q5_K
             | DType::Q6_K
@@ -154,38 +166,41 @@ fn q5_1(x: &[f32], imp: &[f32], y: &mut [BlockQ5_1]) {
     }
 }
 
-/// Quantizes eight non-negative values (sub-block scales or mins) to `0..=63` with one
+/// Quantizes `N` non-negative values (sub-block scales or mins) to `0..=nmax` with one
 /// shared scale, minimizing `Σ w_j (v_j − s·L_j)²`: nine candidate scales around
-/// `max / 63`, then single-value moves while they lower the error, then the least-squares
+/// `max / nmax`, then single-value moves while they lower the error, then the least-squares
 /// scale for the chosen `L`. Returns `(s, L)`.
-pub(crate) fn quantize_scales(v: &[f32; 8], w: &[f32; 8]) -> (f32, [u8; 8]) {
-    const NMAX: i32 = 63;
+pub(crate) fn quantize_scales<const N: usize>(
+    v: &[f32; N],
+    w: &[f32; N],
+    nmax: i32,
+) -> (f32, [u8; N]) {
     let max = v.iter().copied().fold(0.0f32, f32::max);
     if max < 1e-15 {
-        return (0.0, [0; 8]);
+        return (0.0, [0; N]);
     }
     let err = |iscale: f32| -> f32 {
         let s = 1.0 / iscale;
-        (0..8)
+        (0..N)
             .map(|j| {
-                let l = nearest_int(iscale * v[j]).min(NMAX) as f32;
+                let l = nearest_int(iscale * v[j]).min(nmax) as f32;
                 w[j] * (v[j] - s * l) * (v[j] - s * l)
             })
             .sum()
     };
-    let mut best = NMAX as f32 / max;
+    let mut best = nmax as f32 / max;
     let mut best_err = err(best);
     for is in (-4..=4).filter(|&i| i != 0) {
-        let iscale = (NMAX as f32 + 0.1 * is as f32) / max;
+        let iscale = (nmax as f32 + 0.1 * is as f32) / max;
         let e = err(iscale);
         if e < best_err {
             best_err = e;
             best = iscale;
         }
     }
-    let mut l: [i32; 8] = std::array::from_fn(|j| nearest_int(best * v[j]).min(NMAX));
+    let mut l: [i32; N] = std::array::from_fn(|j| nearest_int(best * v[j]).min(nmax));
     let (mut slx, mut sl2) = (0.0f32, 0.0f32);
-    for j in 0..8 {
+    for j in 0..N {
         let lj = l[j] as f32;
         slx += w[j] * v[j] * lj;
         sl2 += w[j] * lj * lj;
@@ -193,14 +208,14 @@ pub(crate) fn quantize_scales(v: &[f32; 8], w: &[f32; 8]) -> (f32, [u8; 8]) {
     // Coordinate moves: maximizing slx²/sl2 minimizes the error at the optimal scale.
     for _ in 0..5 {
         let mut changed = false;
-        for j in 0..8 {
+        for j in 0..N {
             let lj = l[j] as f32;
             let a = slx - w[j] * v[j] * lj;
             let b = sl2 - w[j] * lj * lj;
             if a <= 0.0 || b <= 0.0 {
                 continue;
             }
-            let nl = nearest_int(v[j] * b / a).clamp(0, NMAX);
+            let nl = nearest_int(v[j] * b / a).clamp(0, nmax);
             if nl == l[j] {
                 continue;
             }
@@ -241,8 +256,8 @@ fn k4_block(
         sw[j] = w.iter().sum();
         (scales[j], mins[j]) = make_qkx2_quants(&p, xs, &w, &mut l[32 * j..32 * j + 32]);
     }
-    let (d, ls) = quantize_scales(&scales, &sw);
-    let (dmin, lm) = quantize_scales(&mins, &sw);
+    let (d, ls) = quantize_scales(&scales, &sw, 63);
+    let (dmin, lm) = quantize_scales(&mins, &sw, 63);
     store_k4(
         x,
         nmax,
@@ -276,6 +291,53 @@ fn q5k(x: &[f32], imp: &[f32], y: &mut [BlockQ5K]) {
                 b.qs[32 * k + i] = (l1 & 0xF) | ((l2 & 0xF) << 4);
             }
         }
+    }
+}
+
+/// Q2_K: weighted two-bit fits of the sixteen sub-blocks (scale + min), their scales and
+/// mins quantized to four bits by [`quantize_scales`], quants re-derived from the stored
+/// values.
+fn q2k(x: &[f32], imp: &[f32], y: &mut [BlockQ2K]) {
+    for ((x, imp), b) in x.chunks_exact(QK_K).zip(imp.chunks_exact(QK_K)).zip(y) {
+        // Q2_K weighs by the block's mean square (not twice it, as the other k-quants).
+        let sigma2 = mean_square(x);
+        let p = fine_search(3);
+        let mut l = [0u8; QK_K];
+        let (mut scales, mut mins, mut sw) = ([0.0f32; 16], [0.0f32; 16], [0.0f32; 16]);
+        for j in 0..16 {
+            let r = 16 * j..16 * j + 16;
+            let w: [f32; 16] = element_weights(&x[r.clone()], &imp[r.clone()], sigma2);
+            sw[j] = w.iter().sum();
+            (scales[j], mins[j]) = make_qkx2_quants(&p, &x[r.clone()], &w, &mut l[r]);
+        }
+        let (d, ls) = quantize_scales(&scales, &sw, 15);
+        let (dmin, lm) = quantize_scales(&mins, &sw, 15);
+        b.d = f32_to_f16(d);
+        b.dmin = f32_to_f16(dmin);
+        b.scales = std::array::from_fn(|j| ls[j] | (lm[j] << 4));
+        store_q2k(x, &mut l, b);
+    }
+}
+
+/// Q3_K: weighted symmetric three-bit fits of the sixteen sub-blocks, then their signed
+/// scales fitted to six bits by the same symmetric search weighted by each sub-block's
+/// total weight; quants re-derived from the stored scales.
+fn q3k(x: &[f32], imp: &[f32], y: &mut [BlockQ3K]) {
+    for ((x, imp), b) in x.chunks_exact(QK_K).zip(imp.chunks_exact(QK_K)).zip(y) {
+        let sigma2 = 2.0 * mean_square(x);
+        let mut l = [0i8; QK_K];
+        let (mut scales, mut sw) = ([0.0f32; 16], [0.0f32; 16]);
+        for j in 0..16 {
+            let r = 16 * j..16 * j + 16;
+            let w: [f32; 16] = element_weights(&x[r.clone()], &imp[r.clone()], sigma2);
+            sw[j] = w.iter().sum();
+            scales[j] = make_qx_quants(4, &x[r.clone()], Some(&w), &mut l[r]);
+        }
+        let mut ls = [0i8; 16];
+        let d = make_qx_quants(32, &scales, Some(&sw), &mut ls);
+        b.scales = pack_q3k_scales(&ls.map(|v| v as u8));
+        b.d = f32_to_f16(d);
+        store_q3k(x, &mut l, b);
     }
 }
 
@@ -328,6 +390,8 @@ mod tests {
             DType::Q5_0,
             DType::Q4_1,
             DType::Q5_1,
+            DType::Q2_K,
+            DType::Q3_K,
             DType::Q4_K,
             DType::Q5_K,
             DType::Q6_K,
@@ -363,6 +427,7 @@ mod tests {
         for t in [
             DType::Q4_0,
             DType::Q4_1,
+            DType::Q3_K,
             DType::Q4_K,
             DType::Q5_K,
             DType::Q6_K,
@@ -383,7 +448,7 @@ mod tests {
     fn scale_quantizer_fits_exact_grids() {
         let v = [0.5f32, 1.0, 1.5, 2.0, 0.0, 3.15, 0.25, 0.75];
         let w = [1.0f32; 8];
-        let (s, l) = quantize_scales(&v, &w);
+        let (s, l) = quantize_scales(&v, &w, 63);
         for j in 0..8 {
             assert!(
                 (s * l[j] as f32 - v[j]).abs() < 0.03,
@@ -392,6 +457,6 @@ mod tests {
                 v[j]
             );
         }
-        assert_eq!(quantize_scales(&[0.0; 8], &w), (0.0, [0; 8]));
+        assert_eq!(quantize_scales(&[0.0; 8], &w, 63), (0.0, [0; 8]));
     }
 }
