@@ -228,35 +228,37 @@ fn killed_conversion_leaves_nothing_at_the_target() {
     }
 }
 
+/// `mica perplexity -c 256 --chunks 3` over GPL-3: the running figure after three windows.
+fn ppl3(model: &Path) -> f64 {
+    let text = workspace().join("fixtures/text/GPL-3");
+    let (ok, out, err) = mica(&[
+        "perplexity",
+        "-m",
+        model.to_str().unwrap(),
+        "-f",
+        text.to_str().unwrap(),
+        "-c",
+        "256",
+        "--chunks",
+        "3",
+        "-t",
+        "2",
+        "--quiet",
+    ]);
+    assert!(ok, "{err}");
+    let line = out.lines().find(|l| l.starts_with("PPL = ")).unwrap();
+    assert!(line.contains(" ± "), "{line}");
+    line[6..].split(' ').next().unwrap().parse().unwrap()
+}
+
 #[test]
 fn perplexity_is_the_same_for_gguf_and_mica_and_near_llama_cpp() {
     let src = model_path(SMOLLM);
     let dir = scratch("ppl");
     let m = dir.join("smol.mica");
     convert(&src, &m, &[]);
-    let text = workspace().join("fixtures/text/GPL-3");
-    let ppl = |model: &Path| -> f64 {
-        let (ok, out, err) = mica(&[
-            "perplexity",
-            "-m",
-            model.to_str().unwrap(),
-            "-f",
-            text.to_str().unwrap(),
-            "-c",
-            "256",
-            "--chunks",
-            "3",
-            "-t",
-            "2",
-            "--quiet",
-        ]);
-        assert!(ok, "{err}");
-        let line = out.lines().find(|l| l.starts_with("PPL = ")).unwrap();
-        assert!(line.contains(" ± "), "{line}");
-        line[6..].split(' ').next().unwrap().parse().unwrap()
-    };
-    let a = ppl(&src);
-    assert_eq!(a, ppl(&m));
+    let a = ppl3(&src);
+    assert_eq!(a, ppl3(&m));
     // llama.cpp's running figure after 3 windows of 256 on this text is 19.7654
     // (bench/llama_cpp_perplexity.py); allow 1%.
     assert!((a / 19.7654 - 1.0).abs() < 0.01, "PPL {a}");
@@ -273,4 +275,22 @@ fn perplexity_is_the_same_for_gguf_and_mica_and_near_llama_cpp() {
         "256",
     ]);
     assert!(!ok && err.contains("needs at least 512"), "{err}");
+}
+
+/// The other two models against llama.cpp's running figure after the same three windows
+/// (bench/llama_cpp_perplexity.py, llama-cpp-python 0.3.36; over the whole text it gives
+/// Gemma 16.4460 and Qwen 5.9842, mica 16.4292 and 5.9706).
+#[test]
+fn perplexity_agrees_with_llama_cpp_on_gemma_and_qwen() {
+    for (name, want) in [
+        ("gemma3-270m-q4_k_m", 15.5169),
+        ("qwen2.5-coder-0.5b-instruct-awq-q4_k_m", 9.0502),
+    ] {
+        let got = ppl3(&model_path(name));
+        println!("{name}: mica {got}, llama.cpp {want}");
+        assert!(
+            (got / want - 1.0).abs() < 0.01,
+            "{name}: PPL {got} vs {want}"
+        );
+    }
 }

@@ -20,6 +20,7 @@ use anyhow::{Result, bail};
 use mica_kernels::DType;
 use mica_kernels::quant::dequantize_row;
 use mica_kernels::quant::weighted::quantize_row_weighted;
+use std::sync::Arc;
 
 /// Fraction of the mean diagonal added to the Hessian's diagonal.
 const DAMP: f64 = 0.01;
@@ -83,6 +84,41 @@ impl Factor {
             u,
             importance,
         })
+    }
+}
+
+/// The factors of the last few Gram matrices used, keyed by the matrix's address: tensors
+/// that read the same input (Q/K/V, gate/up) share one Gram matrix, so they share one
+/// factorization. Keys are addresses, so a cache must not outlive the statistics its Gram
+/// matrices live in (one conversion).
+#[derive(Default)]
+pub struct FactorCache {
+    recent: Vec<(usize, u64, Arc<Factor>)>,
+}
+
+impl FactorCache {
+    /// Factors kept: the shared ones are used back to back.
+    const KEEP: usize = 2;
+
+    /// [`Factor::new`] of `(gram, n)`, or the factor computed for it last time.
+    pub fn factor(&mut self, gram: &[f32], n: u64, cols: usize) -> Result<Arc<Factor>> {
+        let key = gram.as_ptr() as usize;
+        if let Some(i) = self
+            .recent
+            .iter()
+            .position(|(k, m, f)| *k == key && *m == n && f.cols == cols)
+        {
+            let e = self.recent.remove(i);
+            let f = e.2.clone();
+            self.recent.push(e);
+            return Ok(f);
+        }
+        let f = Arc::new(Factor::new(gram, n, cols)?);
+        if self.recent.len() == Self::KEEP {
+            self.recent.remove(0);
+        }
+        self.recent.push((key, n, f.clone()));
+        Ok(f)
     }
 }
 

@@ -28,6 +28,7 @@ pub struct KlProbe {
     /// With `--gptq`: the calibration inputs' Gram matrices, so that each measurement
     /// quantizes the matrix the way the file will.
     grams: Option<Arc<ActStats>>,
+    factors: super::gptq::FactorCache,
 }
 
 impl KlProbe {
@@ -59,6 +60,7 @@ impl KlProbe {
             base: Vec::new(),
             threads,
             grams: None,
+            factors: Default::default(),
         };
         probe.base = probe.log_probs()?;
         Ok(probe)
@@ -67,6 +69,7 @@ impl KlProbe {
     /// Measure with error-compensating quantization (GPTQ) with these Gram matrices.
     pub fn with_gptq(mut self, grams: Arc<ActStats>) -> KlProbe {
         self.grams = Some(grams);
+        self.factors = Default::default();
         self
     }
 
@@ -105,7 +108,7 @@ impl KlProbe {
         let q = match gram {
             Some((g, n)) if m.cols.is_multiple_of(t.block_size()) => {
                 let v = m.view();
-                let f = super::gptq::Factor::new(g, n, v.cols)?;
+                let f = self.factors.factor(g, n, v.cols)?;
                 Some(super::gptq::requantize(
                     v.dtype,
                     v.data,

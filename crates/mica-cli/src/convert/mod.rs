@@ -426,6 +426,7 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
     let t0 = Instant::now();
     let mut done = 0u64;
     let mut n_gptq = 0usize;
+    let mut factors = gptq::FactorCache::default();
     for p in &planned {
         bar.set_message(p.info.name.clone());
         sink.begin_tensor(&p.info.name, p.target, &p.info.shape)?;
@@ -450,7 +451,10 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
         };
         match gram.filter(|_| gptq_applies(p)) {
             Some((g, n)) => {
-                write_tensor_gptq(&src, p, (g, n), sink.as_mut(), threads, &mut on_bytes)?;
+                let f = factors
+                    .factor(g, n, p.info.row_len() as usize)
+                    .with_context(|| format!("tensor '{}' (GPTQ)", p.info.name))?;
+                write_tensor_gptq(&src, p, &f, sink.as_mut(), threads, &mut on_bytes)?;
                 n_gptq += 1;
             }
             None => write_tensor(
@@ -656,21 +660,19 @@ fn gptq_applies(p: &Planned) -> bool {
 }
 
 /// [`write_tensor`] with error compensation: the whole tensor in f32 (`rows × cols` floats),
-/// quantized by [`gptq::quantize`] with the Gram matrix `(g, n)` of its calibration inputs.
+/// quantized by [`gptq::quantize`] with the factor of its calibration inputs' Gram matrix.
 fn write_tensor_gptq(
     src: &Source,
     p: &Planned,
-    (g, n): (&[f32], u64),
+    factor: &gptq::Factor,
     sink: &mut dyn TensorSink,
     threads: usize,
     on_bytes: &mut dyn FnMut(u64),
 ) -> Result<()> {
     let name = &p.info.name;
     let (from, to, _, _) = row_types(p)?;
-    let factor = gptq::Factor::new(g, n, p.info.row_len() as usize)
-        .with_context(|| format!("tensor '{name}' (GPTQ)"))?;
     let data = src.data(p.idx)?;
-    let out = gptq::requantize(from, &data, p.info.n_rows() as usize, &factor, to, threads)
+    let out = gptq::requantize(from, &data, p.info.n_rows() as usize, factor, to, threads)
         .with_context(|| format!("tensor '{name}'"))?;
     sink.write_data(&out)?;
     on_bytes(out.len() as u64);
