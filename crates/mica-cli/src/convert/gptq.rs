@@ -387,18 +387,7 @@ pub(super) mod tests {
         let (x, g) = inputs(n, cols, &mut seed);
         let w: Vec<f32> = (0..rows * cols).map(|_| lcg(&mut seed)).collect();
         let f = Factor::new(&g, n as u64, cols).unwrap();
-        for to in [
-            DType::Q4_0,
-            DType::Q4_1,
-            DType::Q5_0,
-            DType::Q5_1,
-            DType::Q8_0,
-            DType::Q2_K,
-            DType::Q3_K,
-            DType::Q4_K,
-            DType::Q5_K,
-            DType::Q6_K,
-        ] {
+        for to in DType::WEIGHT_TYPES.into_iter().filter(|t| t.is_quantized()) {
             let rb = to.row_bytes(cols).unwrap();
             // Plain: the importance-weighted quantizer row by row.
             let mut plain = vec![0u8; rows * rb];
