@@ -59,7 +59,7 @@ pub struct RunArgs {
     #[arg(long = "json")]
     pub json: bool,
     /// Do not parse special tokens written in the prompt.
-    #[arg(long = "no-parse-special")]
+    #[arg(long = "no-parse-special", conflicts_with = "chat")]
     pub no_parse_special: bool,
 }
 
@@ -85,7 +85,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         _ => {}
     }
 
-    let text = if args.chat {
+    let prompt_ids = if args.chat {
         if lm.template.is_fallback() {
             eprintln!(
                 "note: {} has no chat template; using ChatML (as llama.cpp does)",
@@ -97,11 +97,11 @@ pub fn run(args: RunArgs) -> Result<()> {
             msgs.push(ChatMessage::new("system", s.clone()));
         }
         msgs.push(ChatMessage::new("user", prompt_text));
-        lm.template.render(&msgs, true)?
+        lm.chat_prompt(&msgs)?
     } else {
-        prompt_text
+        lm.tokenizer
+            .encode(&prompt_text, true, !args.no_parse_special)?
     };
-    let prompt_ids = lm.tokenizer.encode(&text, true, !args.no_parse_special)?;
 
     let cfg = &lm.model.config;
     let n_ctx = args.ctx_size.unwrap_or(cfg.n_ctx_train.min(4096));

@@ -21,5 +21,5 @@ pub use batch::Batch;
 pub use config::ModelConfig;
 pub use error::{ModelError, Result};
 pub use kv_cache::{KvCache, SeqId};
-pub use loader::{LoadOptions, LoadedModel};
+pub use loader::{ChatPromptError, LoadOptions, LoadedModel};
 pub use model::{Model, Workspace};

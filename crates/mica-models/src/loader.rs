@@ -1,12 +1,12 @@
 //! Opening a model — a GGUF file or a Hugging Face folder: the model, its tokenizer and its
 //! chat template, validated together.
 
-use crate::chat::ChatTemplate;
+use crate::chat::{ChatMessage, ChatTemplate, ChatTemplateError};
 use crate::error::{ModelError, Result};
 use crate::hf::{HfFolder, read_json};
 use crate::model::Model;
 use crate::tokenizer::hf_json::spec_from_hf;
-use crate::tokenizer::{Tokenizer, TokenizerSpec};
+use crate::tokenizer::{Tokenizer, TokenizerError, TokenizerSpec};
 use mica_formats::GgufFile;
 use std::path::Path;
 use std::sync::Arc;
@@ -45,7 +45,26 @@ impl LoadOptions {
     pub const READ_ONLY: LoadOptions = LoadOptions { repack: false };
 }
 
+/// Why a conversation could not be turned into prompt tokens ([`LoadedModel::chat_prompt`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ChatPromptError {
+    #[error(transparent)]
+    Template(#[from] ChatTemplateError),
+    #[error(transparent)]
+    Tokenize(#[from] TokenizerError),
+}
+
 impl LoadedModel {
+    /// The prompt tokens of a conversation, ready for the assistant's next answer: the
+    /// messages rendered with the model's chat template (its generation prompt appended),
+    /// then tokenized as llama.cpp tokenizes chat prompts (BOS when the model asks for it,
+    /// special tokens written in the text parsed as special). Every front end — `mica run
+    /// --chat`, `mica chat`, the server's chat routes — builds its prompts here.
+    pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, ChatPromptError> {
+        let text = self.template.render(messages, true)?;
+        Ok(self.tokenizer.encode(&text, true, true)?)
+    }
+
     /// Opens a GGUF file, or a Hugging Face folder (any directory), ready to run
     /// ([`LoadOptions::default`]).
     pub fn open(path: impl AsRef<Path>) -> Result<LoadedModel> {

@@ -15,6 +15,7 @@ use axum::response::{IntoResponse, Response};
 use mica_engine::{
     BudgetError, Event, FinishReason, GenerateParams, SamplingParams, Usage, completion_budget,
 };
+use mica_models::ChatPromptError;
 use mica_models::chat::ChatMessage;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -178,25 +179,17 @@ async fn generate_inner(
         }))
         .into_response());
     }
-    let text = if b.raw {
-        b.prompt.clone()
+    let prompt = if b.raw {
+        (loaded.model.tokenizer.encode(&b.prompt, true, true)).map_err(ChatPromptError::from)
     } else {
         let mut msgs = Vec::new();
         if let Some(s) = &b.system {
             msgs.push(ChatMessage::new("system", s.clone()));
         }
         msgs.push(ChatMessage::new("user", b.prompt.clone()));
-        loaded
-            .model
-            .template
-            .render(&msgs, true)
-            .map_err(|e| ApiError::bad_request(Some("prompt"), format!("chat template: {e}")))?
-    };
-    let prompt = loaded
-        .model
-        .tokenizer
-        .encode(&text, true, true)
-        .map_err(|e| ApiError::bad_request(Some("prompt"), e.to_string()))?;
+        loaded.model.chat_prompt(&msgs)
+    }
+    .map_err(|e| ApiError::bad_request(Some("prompt"), e.to_string()))?;
     let running = submit(&loaded, prompt, &b.options, lane)?;
     respond(running, b.model, b.stream.unwrap_or(true), false, load).await
 }
@@ -232,15 +225,9 @@ async fn chat_inner(
         .iter()
         .map(|m| ChatMessage::new(m.role.clone(), m.content.clone()))
         .collect();
-    let text = loaded
-        .model
-        .template
-        .render(&msgs, true)
-        .map_err(|e| ApiError::bad_request(Some("messages"), format!("chat template: {e}")))?;
     let prompt = loaded
         .model
-        .tokenizer
-        .encode(&text, true, true)
+        .chat_prompt(&msgs)
         .map_err(|e| ApiError::bad_request(Some("messages"), e.to_string()))?;
     let running = submit(&loaded, prompt, &b.options, lane)?;
     respond(running, b.model, b.stream.unwrap_or(true), true, load).await

@@ -236,13 +236,8 @@ pub async fn chat(
             ChatMessage::new(m.role.clone(), text)
         })
         .collect();
-    let text = lm
-        .template
-        .render(&msgs, true)
-        .map_err(|e| ApiError::bad_request(Some("messages"), format!("chat template: {e}")))?;
     let prompt = lm
-        .tokenizer
-        .encode(&text, true, true)
+        .chat_prompt(&msgs)
         .map_err(|e| ApiError::bad_request(Some("messages"), e.to_string()))?;
     let logprobs = body
         .logprobs

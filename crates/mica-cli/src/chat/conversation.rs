@@ -39,8 +39,7 @@ impl Conversation {
 
     /// The token ids of the whole conversation, ready for the assistant's next answer.
     pub fn prompt_ids(&self, lm: &LoadedModel) -> Result<Vec<u32>> {
-        let text = lm.template.render(&self.messages(), true)?;
-        Ok(lm.tokenizer.encode(&text, true, true)?)
+        Ok(lm.chat_prompt(&self.messages())?)
     }
 
     /// Drops the oldest exchange (a user message and the answers after it) when there is
