@@ -4,7 +4,6 @@
 mod bench;
 mod chat;
 mod convert;
-mod download;
 mod imatrix;
 mod inspect;
 mod perplexity;

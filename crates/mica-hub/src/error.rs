@@ -127,7 +127,11 @@ pub enum Error {
     #[error("download of {url} ended after {got} of {total} bytes")]
     Short { url: String, got: u64, total: u64 },
     #[error("got {got} bytes, expected {expected} for {url}; the download was deleted")]
-    RejectedSize { url: String, got: u64, expected: u64 },
+    RejectedSize {
+        url: String,
+        got: u64,
+        expected: u64,
+    },
     #[error("sha256 mismatch: got {got}, expected {expected} for {url}; the download was deleted")]
     RejectedSha256 {
         url: String,
@@ -188,9 +192,7 @@ pub enum Error {
         wheel: String,
         error: io::Error,
     },
-    #[error(
-        "Python 3 with pip was not found (tried python3, python); install Python 3 with pip"
-    )]
+    #[error("Python 3 with pip was not found (tried python3, python); install Python 3 with pip")]
     NoPython,
     #[error("{python} has no pip module; install pip for it (e.g. `{python} -m ensurepip`)")]
     NoPip { python: String },
@@ -233,7 +235,10 @@ pub enum Error {
 
 impl Error {
     /// A constructor for [`Error::Io`], for `map_err`.
-    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> Error {
+    pub(crate) fn io(
+        op: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(io::Error) -> Error {
         let path = path.into();
         move |source| Error::Io { op, path, source }
     }

@@ -202,7 +202,12 @@ pub(crate) fn download_once(
     let started = Instant::now();
     let mut writer = io::BufWriter::with_capacity(1 << 20, file);
     let mut hasher = Sha256::new();
-    let copied = copy_hashing(response.body_mut().as_reader(), &mut writer, &mut hasher, sink);
+    let copied = copy_hashing(
+        response.body_mut().as_reader(),
+        &mut writer,
+        &mut hasher,
+        sink,
+    );
     sink.finish();
     let got = copied.map_err(|e| Error::Failed {
         url: url.into(),

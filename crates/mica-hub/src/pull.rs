@@ -148,7 +148,13 @@ impl Store {
         }
         let gguf = files.len() == 1 && files[0].name.ends_with(".gguf");
         let dest_of = |f: &RepoFile| dir.join(&f.name);
-        let model = || if gguf { dest_of(&files[0]) } else { dir.clone() };
+        let model = || {
+            if gguf {
+                dest_of(&files[0])
+            } else {
+                dir.clone()
+            }
+        };
         if files.iter().all(|f| {
             let d = dest_of(f);
             d.is_file()

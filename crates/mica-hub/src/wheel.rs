@@ -70,8 +70,7 @@ pub fn resolve_wheel(package: &str, version: &str) -> Result<WheelRef> {
             message: last_line(&stderr).into(),
         });
     }
-    let text =
-        fs::read_to_string(&report_path).map_err(|source| Error::PipNoReport { source })?;
+    let text = fs::read_to_string(&report_path).map_err(|source| Error::PipNoReport { source })?;
     drop(report_file);
     parse_pip_report(&text).map_err(|problem| Error::PipReport {
         package: package.into(),
