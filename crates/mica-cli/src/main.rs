@@ -8,6 +8,7 @@ mod download;
 mod imatrix;
 mod inspect;
 mod perplexity;
+mod progress;
 mod run;
 mod sampling_args;
 mod serve;
