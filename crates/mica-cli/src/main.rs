@@ -7,6 +7,7 @@ mod convert;
 mod imatrix;
 mod inspect;
 mod perplexity;
+mod progress;
 mod run;
 mod sampling_args;
 mod serve;

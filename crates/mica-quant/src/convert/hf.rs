@@ -1,6 +1,6 @@
 //! A Hugging Face folder (config.json, safetensors in F32/F16/BF16, one file or shards,
 //! tokenizer.json) presented as the GGUF file llama.cpp's `convert_hf_to_gguf.py` writes
-//! from it, so the output of `mica convert DIR` runs in mica and loads in llama.cpp:
+//! from it, so the converted output runs in mica and loads in llama.cpp:
 //!
 //! - **names**: the family's table in `mica_models::names`, read backwards (checkpoint →
 //!   GGUF), the layers in numeric order (`blk.2` before `blk.10`, as the converter writes
@@ -18,7 +18,8 @@
 //!   types, merges, `pre`, special ids, add-BOS/EOS) and `tokenizer.chat_template`. A folder
 //!   without `tokenizer.json` converts with a warning (the file then has no vocabulary).
 
-use anyhow::{Context, Result, bail};
+use crate::error::{QuantError, Result};
+use crate::progress::{Event, Notice};
 use mica_formats::ggml_types::GgmlType;
 use mica_formats::{MetaArray, MetaValue, SafetensorsSet, TensorInfo};
 use mica_kernels::DType;
@@ -88,25 +89,26 @@ pub struct HfSource {
 }
 
 impl HfSource {
-    pub fn open(dir: &Path) -> Result<HfSource> {
+    /// Opens the folder `dir`; its warnings go to `on_event`.
+    pub fn open(dir: &Path, on_event: &mut dyn FnMut(Event)) -> Result<HfSource> {
         let folder = HfFolder::open(dir)?;
         let arch = folder.architecture()?.to_string();
         let Some(fam) = FAMILIES.iter().find(|f| f.hf == arch) else {
-            bail!(
-                "{}: converting {arch} folders is not supported yet ({} are); mica can still \
-                 run the folder directly (mica run -m {})",
-                dir.display(),
-                FAMILIES.iter().map(|f| f.hf).collect::<Vec<_>>().join(", "),
-                dir.display()
-            );
+            return Err(QuantError::UnsupportedFamily {
+                dir: dir.into(),
+                arch,
+                supported: FAMILIES.iter().map(|f| f.hf).collect::<Vec<_>>().join(", "),
+            });
         };
         let embd_name = fam.names.to_file("token_embd.weight");
-        let (_, embd) = folder.weights.tensor(&embd_name).with_context(|| {
-            format!(
-                "{}: the checkpoint has no token embedding '{embd_name}'",
-                dir.display()
-            )
-        })?;
+        let (_, embd) =
+            folder
+                .weights
+                .tensor(&embd_name)
+                .ok_or_else(|| QuantError::NoTokenEmbedding {
+                    dir: dir.into(),
+                    tensor: embd_name.clone(),
+                })?;
         let n_vocab = embd.shape.get(1).copied().unwrap_or(0) as usize;
         let cfg = folder.decoder_config(fam.gguf, n_vocab)?;
 
@@ -119,21 +121,15 @@ impl HfSource {
             .sliding_window
             .filter(|&w| window_on && w < cfg.n_ctx_train)
         {
-            eprintln!(
-                "warning: the model attends within a sliding window of {w} tokens; GGUF '{}' \
-                 has no key for it (llama.cpp's converter drops it too), so the output attends \
-                 to the whole context and differs from the folder beyond {w} tokens",
-                fam.gguf
-            );
+            on_event(Event::Notice(Notice::SlidingWindowDropped {
+                window: w,
+                arch: fam.gguf.to_string(),
+            }));
         }
         let mut metadata = config_keys(fam.gguf, &folder, &cfg);
         match tokenizer_spec(dir)? {
             Some(spec) => metadata.extend(tokenizer_keys(&spec)),
-            None => eprintln!(
-                "warning: {} has no tokenizer.json: the output has no vocabulary (fine for \
-                 tests; mica run and llama.cpp need one)",
-                dir.display()
-            ),
+            None => on_event(Event::Notice(Notice::NoTokenizer { dir: dir.into() })),
         }
 
         let (mut tensors, mut origins) = checkpoint_tensors(&folder.weights, fam, &cfg)?;
@@ -175,16 +171,16 @@ impl HfSource {
                 widen,
             } => (name, *permute, *widen),
         };
-        let (file, st) = self
-            .folder
-            .weights
-            .tensor(name)
-            .with_context(|| format!("tensor '{name}' vanished from the checkpoint"))?;
+        let (file, st) = self.folder.weights.tensor(name).ok_or_else(|| {
+            QuantError::CheckpointTensorMissing {
+                tensor: name.clone(),
+            }
+        })?;
         let bytes = file.tensor_data(st);
         if widen {
-            let from = st
-                .dtype()
-                .with_context(|| format!("tensor '{name}': unsupported type"))?;
+            let from = st.dtype().ok_or_else(|| QuantError::CheckpointTensorType {
+                tensor: name.clone(),
+            })?;
             let mut f = vec![0f32; st.n_elements() as usize];
             mica_kernels::quant::dequantize_row(from, bytes, &mut f);
             return Ok(Cow::Owned(f.iter().flat_map(|v| v.to_le_bytes()).collect()));
@@ -207,7 +203,10 @@ impl HfSource {
 /// output row `2i + j` is input row `j·hd/2 + i`.
 pub fn permute_rows(src: &[u8], n_rows: usize, row_bytes: usize, n_head: usize) -> Result<Vec<u8>> {
     if n_head == 0 || !n_rows.is_multiple_of(n_head) || !(n_rows / n_head).is_multiple_of(2) {
-        bail!("cannot split {n_rows} rows into {n_head} heads of an even size");
+        return Err(QuantError::PermuteHeads {
+            rows: n_rows,
+            heads: n_head,
+        });
     }
     let hd = n_rows / n_head;
     let mut out = vec![0u8; src.len()];
@@ -237,22 +236,19 @@ fn checkpoint_tensors(
             continue;
         }
         let Some((gguf, layer)) = to_gguf(fam.names, &t.name) else {
-            bail!(
-                "tensor '{}' of the checkpoint has no GGUF name in mica's {} table; \
-                 converting it would lose it",
-                t.name,
-                fam.gguf
-            );
+            return Err(QuantError::UnmappedTensor {
+                tensor: t.name.clone(),
+                arch: fam.gguf.to_string(),
+            });
         };
         let dtype = t
             .dtype()
             .filter(|d| matches!(d, DType::F32 | DType::F16 | DType::BF16));
         if dtype.is_none() {
-            bail!(
-                "tensor '{}' has type {}; mica converts F32, F16 and BF16 checkpoints",
-                t.name,
-                t.ggml_type.name()
-            );
+            return Err(QuantError::CheckpointDtype {
+                tensor: t.name.clone(),
+                ggml_type: t.ggml_type.name(),
+            });
         }
         let widen = t.shape.len() == 1 && dtype != Some(DType::F32);
         let permute = if fam.permute_qk {
@@ -366,8 +362,12 @@ fn tokenizer_spec(dir: &Path) -> Result<Option<TokenizerSpec>> {
     };
     let config = read_json(&dir.join("tokenizer_config.json"))?;
     let jinja = std::fs::read_to_string(dir.join("chat_template.jinja")).ok();
-    let spec = spec_from_hf(&tok, config.as_ref(), jinja)
-        .with_context(|| format!("{}", dir.join("tokenizer.json").display()))?;
+    let spec = spec_from_hf(&tok, config.as_ref(), jinja).map_err(|cause| {
+        mica_models::ModelError::Tokenizer {
+            path: dir.join("tokenizer.json"),
+            cause,
+        }
+    })?;
     Ok(Some(spec))
 }
 
