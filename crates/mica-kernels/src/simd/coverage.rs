@@ -201,31 +201,31 @@ impl fmt::Display for Coverage {
         writeln!(f)?;
         writeln!(
             f,
-            "Per type and slot, the kernel each table runs: \"own\" = the tier's own, a tier name = \
-             kept from that lower tier, \"-\" = none (mat: one dot per output; dot/<path>: the \
-             plain dot; packed: no packed layout). * = selected."
+            "Per type and slot, the kernel each tier's table runs: \"own\" its own, a tier \
+             name the one it keeps from that lower tier,\n\"-\" none (mat: one dot per output; \
+             dot/<path>: the plain dot; packed: no packed layout). * = selected."
         )?;
         let built: Vec<&TierStatus> = self.tiers.iter().filter(|s| s.built).collect();
-        write!(f, "{:<6}{:<17}", "type", "slot")?;
+        let mut line = format!("{:<6}{:<17}", "type", "slot");
         for s in &built {
             let name = format!("{}{}", s.tier.name(), if s.selected { "*" } else { "" });
-            write!(f, "{name:<9}")?;
+            line += &format!("{name:<9}");
         }
-        writeln!(f)?;
+        writeln!(f, "{}", line.trim_end())?;
         for r in &self.rows {
             if !r.cells.iter().any(|c| c.has_kernel()) {
                 continue;
             }
-            write!(f, "{:<6}{:<17}", r.dtype.to_string(), r.slot)?;
+            let mut line = format!("{:<6}{:<17}", r.dtype.to_string(), r.slot);
             for s in &built {
                 let cell = match r.cells[s.tier as usize] {
                     Cell::Own => "own",
                     Cell::FallsBack(t) => t.name(),
                     Cell::Empty | Cell::NotBuilt => "-",
                 };
-                write!(f, "{cell:<9}")?;
+                line += &format!("{cell:<9}");
             }
-            writeln!(f)?;
+            writeln!(f, "{}", line.trim_end())?;
         }
         Ok(())
     }
