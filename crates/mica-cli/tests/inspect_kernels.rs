@@ -15,13 +15,20 @@ fn inspect_kernels_lists_this_cpus_tables() {
     let selected = mica_kernels::simd::kernels().isa();
     let marked = format!("{selected:<8} built; this CPU runs it  <- selected at run time");
     assert!(out.contains(&marked), "{out}");
-    let header = out.lines().find(|l| l.starts_with("type")).expect("table header");
+    let header = out
+        .lines()
+        .find(|l| l.starts_with("type"))
+        .expect("table header");
     assert!(header.contains(&format!("{selected}*")), "{header}");
     // Every weight type's dot product is listed, with the scalar tier's own kernel.
     for t in mica_kernels::DType::WEIGHT_TYPES {
         let line = out
             .lines()
-            .find(|l| l.split_whitespace().take(2).eq([t.to_string().as_str(), "dot"]))
+            .find(|l| {
+                l.split_whitespace()
+                    .take(2)
+                    .eq([t.to_string().as_str(), "dot"])
+            })
             .unwrap_or_else(|| panic!("no dot line for {t}:\n{out}"));
         assert_eq!(line.split_whitespace().nth(2), Some("own"), "{line}");
     }
