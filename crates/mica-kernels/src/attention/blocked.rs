@@ -267,7 +267,10 @@ macro_rules! accumulate_pair {
             let vp = vt.as_ptr();
             // SAFETY (all pointer accesses): chunk `c..c + ch` of a row of `hd`, value rows
             // < KV_TILE (asserted above).
-            let one = |a: &mut [$V; L], sc: &[f32; KV_TILE], tks: std::ops::Range<usize>, c: usize| {
+            let one = |a: &mut [$V; L],
+                       sc: &[f32; KV_TILE],
+                       tks: std::ops::Range<usize>,
+                       c: usize| {
                 for tk in tks {
                     let p = $set1(sc[tk]);
                     for j in 0..L {

@@ -36,8 +36,8 @@
 //! a handful of differently rounded activations changes them. So the run-time paths follow
 //! llama.cpp's x86 build (AVX2/AVX-512 VNNI, GCC with FP contraction) operation by operation:
 //! - Activation quantizers Q8_0/Q8_1 are the x86 `quantize_row_q8_0/1` in *every* table
-//!   (the scalar one included, [`quant::legacy::quantize_q8_0_act`](crate::quant::legacy::quantize_q8_0_act)), byte-identical across
-//!   tables. Q8_K, F16 and BF16 are llama.cpp's reference conversions.
+//!   (the scalar one included, [`quantize_q8_0_act`]), byte-identical across tables. Q8_K,
+//!   F16 and BF16 are llama.cpp's reference conversions.
 //! - Dot products of the SIMD tables keep llama.cpp's float structure: per block the integer
 //!   products summed into eight i32 lanes (lane j = elements 4j..4j+3 of each 32), those
 //!   lanes scaled into eight f32 accumulators with one FMA per block, the separate min/offset
@@ -65,6 +65,8 @@
 //! the sign trick of the 8-bit products relies on; blocks with NaN, infinities or only
 //! subnormal values get -128 quants exactly as in llama.cpp (and a NaN, infinite or zero
 //! scale).
+//!
+//! [`quantize_q8_0_act`]: crate::quant::legacy::quantize_q8_0_act
 
 use std::sync::OnceLock;
 

@@ -1,5 +1,5 @@
 //! llama.cpp's batch matmul paths for the k-quants, whose float arithmetic differs from its
-//! `ggml_vec_dot_*` kernels (which the main [`Kernels`] table reproduces).
+//! `ggml_vec_dot_*` kernels (which the main [`Kernels`](super::Kernels) table reproduces).
 //!
 //! llama.cpp's CPU backend (x86, AVX2 or better) computes a weight × activations product in
 //! one of several ways, chosen per tensor and per batch size ([`DotPath::for_token`]):
@@ -29,7 +29,7 @@ use crate::quant::blocks::BlockQ8K;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DotPath {
     /// `ggml_vec_dot_*` (and tinyBLAS for Q8_0/Q5_0/Q4_0 batches, whose per-output
-    /// arithmetic is the same): [`Kernels::vec_dot`].
+    /// arithmetic is the same): [`Kernels::vec_dot`](super::Kernels::vec_dot).
     VecDot,
     /// Repacked Q4_K, a token outside the groups of four: `ggml_gemv_q4_K_8x8_q8_K`.
     RepackGemv,
@@ -68,7 +68,7 @@ impl DotPath {
         }
     }
 
-    /// Index into [`Kernels`]' path tables (`VecDot` has none).
+    /// Index into [`Kernels`](super::Kernels)' path tables (`VecDot` has none).
     pub(super) fn slot(self) -> Option<usize> {
         match self {
             DotPath::VecDot => None,

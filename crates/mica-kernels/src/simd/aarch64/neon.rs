@@ -243,7 +243,7 @@ fn vec_dot_q8_0(n: usize, w: &[u8], x: &[u8]) -> f32 {
 }
 
 // ---------------------------------------------------------------------------------------------
-// k-quants (see the table in `avx2_kquants.rs` for where each format's min/offset goes).
+// k-quants (see the table in `x86/avx2/kquants.rs` for where each format's min/offset goes).
 
 /// `Σ_chunks scale · lanes` over the eight chunks of a super-block, with per-16-element
 /// scales `sc16(g)` (g = 0..16).
