@@ -1,9 +1,9 @@
-//! The AVX2 tier's k-quant batch paths ([`DotPath`](crate::simd::DotPath)): the path dot
-//! products, their integer sums ([`KSums`]) from the same chunk lanes as `kquants.rs`' dot
-//! products and their float steps `simd/paths.rs`' [`Acc`], and matrix kernels with that
-//! arithmetic, four rows per step against one token ([`rows4`]); from
+//! The AVX2 tier's k-quant batch paths ([`DotPath`](crate::simd::DotPath)): their dot
+//! products, with the integer sums ([`KSums`]) taken from the same chunk lanes as
+//! `kquants.rs`' dot products and `simd/paths.rs`' float steps ([`Acc`]), and matrix kernels
+//! with that arithmetic, four rows per step against one token ([`rows4`]); from
 //! [`DECODE_MIN_TOKENS`] tokens on, Q4_K, Q5_K and Q6_K take `kprefill.rs`' decoded kernel
-//! ([`mat_or_decoded`]).
+//! instead ([`mat_or_decoded`]).
 
 use std::arch::x86_64::*;
 
