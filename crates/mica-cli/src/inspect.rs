@@ -10,18 +10,29 @@ use std::collections::BTreeMap;
 #[derive(Args, Debug)]
 pub struct InspectArgs {
     /// Model: a GGUF file, a Hugging Face folder, or a store name (see `mica list`).
-    #[arg(value_name = "MODEL")]
-    pub model: String,
+    #[arg(value_name = "MODEL", required_unless_present = "kernels")]
+    pub model: Option<String>,
     /// Also list every metadata key.
     #[arg(long)]
     pub metadata: bool,
     /// Also list every tensor.
     #[arg(long)]
     pub tensors: bool,
+    /// Instead of a model, list this CPU's kernel tables: for each type and path, which
+    /// tier has a kernel of its own and which falls back, and the tier selected here.
+    #[arg(long, conflicts_with_all = ["model", "metadata", "tensors"])]
+    pub kernels: bool,
 }
 
 pub fn inspect(args: InspectArgs) -> Result<()> {
-    let file = crate::store::resolve_model(Some(&args.model), false)?;
+    if args.kernels {
+        print!("{}", mica_kernels::simd::coverage());
+        return Ok(());
+    }
+    let Some(model) = args.model.as_deref() else {
+        anyhow::bail!("inspect needs a model (or --kernels)");
+    };
+    let file = crate::store::resolve_model(Some(model), false)?;
     if file.is_dir() {
         return inspect_hf(&file, &args);
     }

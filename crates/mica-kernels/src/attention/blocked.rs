@@ -2,6 +2,10 @@
 //! arithmetic (`super::tile_body`, its reference), element for element in the same order,
 //! with two query rows per key-tile pass, scores and output chunks held in registers, and
 //! each cache row converted to f32 once per batch ([`TileScratch::begin_batch`]).
+//!
+//! Only the x86 tiers dispatch to it (`super::pick_tile_fn`); elsewhere the plain kernel runs
+//! and this one is built for its tests.
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
 use super::{KV_TILE, KvElem, KvHead, ScoreMod, TileScratch, softmax_step};
 
@@ -113,7 +117,7 @@ pub(super) fn tile_fast<T: KvElem, const AVX512: bool>(
                 (Some(v0), Some(v1)) if !AVX512 && hd.is_multiple_of(32) => {
                     let acc = &mut s.acc[r * hd..(r + 2) * hd];
                     // SAFETY: as for the scores above.
-                    unsafe { accumulate_pair_avx2(acc, vt, hd, (&s0, &s1), v0, v1) }
+                    unsafe { accumulate_pair_avx2::<4>(acc, vt, hd, (&s0, &s1), v0, v1) }
                 }
                 (v0, v1) => {
                     if let Some(v) = v0 {
@@ -213,70 +217,6 @@ unsafe fn scores2_avx2(
     }
 }
 
-/// [`accumulate_pair_avx512`] in ymm registers: 32 elements of each row at a time.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn accumulate_pair_avx2(
-    acc: &mut [f32],
-    vt: &[f32],
-    hd: usize,
-    (sc0, sc1): (&[f32; KV_TILE], &[f32; KV_TILE]),
-    v0: std::ops::Range<usize>,
-    v1: std::ops::Range<usize>,
-) {
-    use std::arch::x86_64::*;
-    const L: usize = 4;
-    let ch = 8 * L;
-    assert!(acc.len() == 2 * hd && hd.is_multiple_of(ch));
-    assert!(v0.end.max(v1.end) <= KV_TILE && vt.len() >= KV_TILE * hd);
-    let shared = v0.start.max(v1.start)..v0.end.min(v1.end);
-    let a0p = acc.as_mut_ptr();
-    // SAFETY: row 1 starts `hd` elements in (asserted above).
-    let a1p = unsafe { a0p.add(hd) };
-    let vp = vt.as_ptr();
-    // SAFETY (all pointer accesses): chunk `c..c + ch` of a row of `hd`, value rows < KV_TILE
-    // (asserted above).
-    let one = |a: &mut [__m256; L], sc: &[f32; KV_TILE], tks: std::ops::Range<usize>, c: usize| {
-        for tk in tks {
-            let p = _mm256_set1_ps(sc[tk]);
-            for j in 0..L {
-                let v = unsafe { _mm256_loadu_ps(vp.add(tk * hd + c + 8 * j)) };
-                a[j] = _mm256_fmadd_ps(v, p, a[j]);
-            }
-        }
-    };
-    for c in (0..hd).step_by(ch) {
-        let mut a0: [__m256; L] =
-            std::array::from_fn(|j| unsafe { _mm256_loadu_ps(a0p.add(c + 8 * j)) });
-        let mut a1: [__m256; L] =
-            std::array::from_fn(|j| unsafe { _mm256_loadu_ps(a1p.add(c + 8 * j)) });
-        if shared.is_empty() {
-            one(&mut a0, sc0, v0.clone(), c);
-            one(&mut a1, sc1, v1.clone(), c);
-        } else {
-            one(&mut a0, sc0, v0.start..shared.start, c);
-            one(&mut a1, sc1, v1.start..shared.start, c);
-            for tk in shared.clone() {
-                let (p0, p1) = (_mm256_set1_ps(sc0[tk]), _mm256_set1_ps(sc1[tk]));
-                for j in 0..L {
-                    let v = unsafe { _mm256_loadu_ps(vp.add(tk * hd + c + 8 * j)) };
-                    a0[j] = _mm256_fmadd_ps(v, p0, a0[j]);
-                    a1[j] = _mm256_fmadd_ps(v, p1, a1[j]);
-                }
-            }
-            one(&mut a0, sc0, shared.end..v0.end, c);
-            one(&mut a1, sc1, shared.end..v1.end, c);
-        }
-        for j in 0..L {
-            unsafe {
-                _mm256_storeu_ps(a0p.add(c + 8 * j), a0[j]);
-                _mm256_storeu_ps(a1p.add(c + 8 * j), a1[j]);
-            }
-        }
-    }
-}
-
 /// One row's value accumulation ([`accumulate_values`] in the widest chunk `hd` allows).
 #[inline(always)]
 fn accumulate_row(
@@ -295,72 +235,94 @@ fn accumulate_row(
     }
 }
 
-/// The value accumulation of two rows (`acc` is `[2][hd]`, weights `sc`, visible ranges
-/// `v0`, `v1`), `16·L` elements of each row in zmm registers at a time, sharing each value
-/// row's loads where both rows see it. Per element the FMAs of [`accumulate_values`], in
-/// increasing position order: the part only one row sees before the shared range, the
-/// shared range, then the part after it.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn accumulate_pair_avx512<const L: usize>(
-    acc: &mut [f32],
-    vt: &[f32],
-    hd: usize,
-    (sc0, sc1): (&[f32; KV_TILE], &[f32; KV_TILE]),
-    v0: std::ops::Range<usize>,
-    v1: std::ops::Range<usize>,
-) {
-    use std::arch::x86_64::*;
-    let ch = 16 * L;
-    assert!(acc.len() == 2 * hd && hd.is_multiple_of(ch));
-    assert!(v0.end.max(v1.end) <= KV_TILE && vt.len() >= KV_TILE * hd);
-    let shared = v0.start.max(v1.start)..v0.end.min(v1.end);
-    let a0p = acc.as_mut_ptr();
-    // SAFETY: row 1 starts `hd` elements in (asserted above).
-    let a1p = unsafe { a0p.add(hd) };
-    let vp = vt.as_ptr();
-    // SAFETY (all pointer accesses): chunk `c..c + ch` of a row of `hd`, value rows < KV_TILE
-    // (asserted above).
-    let one = |a: &mut [__m512; L], sc: &[f32; KV_TILE], tks: std::ops::Range<usize>, c: usize| {
-        for tk in tks {
-            let p = _mm512_set1_ps(sc[tk]);
-            for j in 0..L {
-                let v = unsafe { _mm512_loadu_ps(vp.add(tk * hd + c + 16 * j)) };
-                a[j] = _mm512_fmadd_ps(v, p, a[j]);
+/// Generates the value accumulation of two rows (`acc` is `[2][hd]`, weights `sc`, visible
+/// ranges `v0`, `v1`) for one register width: `$w` floats per `$V` register, `$w · L`
+/// elements of each row in registers at a time, sharing each value row's loads where both
+/// rows see it. Per element the FMAs of [`accumulate_values`], in increasing position order:
+/// the part only one row sees before the shared range, the shared range, then the part after
+/// it. The AVX2 and AVX-512 kernels differ only in the register type and its intrinsics.
+macro_rules! accumulate_pair {
+    ($(#[$doc:meta])* $name:ident, $features:literal, $V:ty, $w:literal,
+     $load:ident, $store:ident, $set1:ident, $fmadd:ident) => {
+        $(#[$doc])*
+        #[cfg(target_arch = "x86_64")]
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const L: usize>(
+            acc: &mut [f32],
+            vt: &[f32],
+            hd: usize,
+            (sc0, sc1): (&[f32; KV_TILE], &[f32; KV_TILE]),
+            v0: std::ops::Range<usize>,
+            v1: std::ops::Range<usize>,
+        ) {
+            use std::arch::x86_64::*;
+            let ch = $w * L;
+            assert!(acc.len() == 2 * hd && hd.is_multiple_of(ch));
+            assert!(v0.end.max(v1.end) <= KV_TILE && vt.len() >= KV_TILE * hd);
+            let shared = v0.start.max(v1.start)..v0.end.min(v1.end);
+            let a0p = acc.as_mut_ptr();
+            // SAFETY: row 1 starts `hd` elements in (asserted above).
+            let a1p = unsafe { a0p.add(hd) };
+            let vp = vt.as_ptr();
+            // SAFETY (all pointer accesses): chunk `c..c + ch` of a row of `hd`, value rows
+            // < KV_TILE (asserted above).
+            let one = |a: &mut [$V; L],
+                       sc: &[f32; KV_TILE],
+                       tks: std::ops::Range<usize>,
+                       c: usize| {
+                for tk in tks {
+                    let p = $set1(sc[tk]);
+                    for j in 0..L {
+                        let v = unsafe { $load(vp.add(tk * hd + c + $w * j)) };
+                        a[j] = $fmadd(v, p, a[j]);
+                    }
+                }
+            };
+            for c in (0..hd).step_by(ch) {
+                let mut a0: [$V; L] =
+                    std::array::from_fn(|j| unsafe { $load(a0p.add(c + $w * j)) });
+                let mut a1: [$V; L] =
+                    std::array::from_fn(|j| unsafe { $load(a1p.add(c + $w * j)) });
+                if shared.is_empty() {
+                    one(&mut a0, sc0, v0.clone(), c);
+                    one(&mut a1, sc1, v1.clone(), c);
+                } else {
+                    one(&mut a0, sc0, v0.start..shared.start, c);
+                    one(&mut a1, sc1, v1.start..shared.start, c);
+                    for tk in shared.clone() {
+                        let (p0, p1) = ($set1(sc0[tk]), $set1(sc1[tk]));
+                        for j in 0..L {
+                            let v = unsafe { $load(vp.add(tk * hd + c + $w * j)) };
+                            a0[j] = $fmadd(v, p0, a0[j]);
+                            a1[j] = $fmadd(v, p1, a1[j]);
+                        }
+                    }
+                    one(&mut a0, sc0, shared.end..v0.end, c);
+                    one(&mut a1, sc1, shared.end..v1.end, c);
+                }
+                for j in 0..L {
+                    unsafe {
+                        $store(a0p.add(c + $w * j), a0[j]);
+                        $store(a1p.add(c + $w * j), a1[j]);
+                    }
+                }
             }
         }
     };
-    for c in (0..hd).step_by(ch) {
-        let mut a0: [__m512; L] =
-            std::array::from_fn(|j| unsafe { _mm512_loadu_ps(a0p.add(c + 16 * j)) });
-        let mut a1: [__m512; L] =
-            std::array::from_fn(|j| unsafe { _mm512_loadu_ps(a1p.add(c + 16 * j)) });
-        if shared.is_empty() {
-            one(&mut a0, sc0, v0.clone(), c);
-            one(&mut a1, sc1, v1.clone(), c);
-        } else {
-            one(&mut a0, sc0, v0.start..shared.start, c);
-            one(&mut a1, sc1, v1.start..shared.start, c);
-            for tk in shared.clone() {
-                let (p0, p1) = (_mm512_set1_ps(sc0[tk]), _mm512_set1_ps(sc1[tk]));
-                for j in 0..L {
-                    let v = unsafe { _mm512_loadu_ps(vp.add(tk * hd + c + 16 * j)) };
-                    a0[j] = _mm512_fmadd_ps(v, p0, a0[j]);
-                    a1[j] = _mm512_fmadd_ps(v, p1, a1[j]);
-                }
-            }
-            one(&mut a0, sc0, shared.end..v0.end, c);
-            one(&mut a1, sc1, shared.end..v1.end, c);
-        }
-        for j in 0..L {
-            unsafe {
-                _mm512_storeu_ps(a0p.add(c + 16 * j), a0[j]);
-                _mm512_storeu_ps(a1p.add(c + 16 * j), a1[j]);
-            }
-        }
-    }
 }
+
+accumulate_pair!(
+    /// The two-row value accumulation in zmm registers (`16·L` elements of each row).
+    accumulate_pair_avx512, "avx512f", __m512, 16,
+    _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_fmadd_ps
+);
+
+accumulate_pair!(
+    /// The two-row value accumulation in ymm registers (`8·L` elements of each row).
+    accumulate_pair_avx2, "avx2,fma", __m256, 8,
+    _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_fmadd_ps
+);
 
 /// `acc += Σ_{tk in vis} sc[tk] · vt[tk]`, position by position, `CH` elements of `acc` at a
 /// time (held in registers across the positions).

@@ -140,6 +140,8 @@ impl ScoreMod {
 
 /// Reusable buffers of [`attend_tile`] (one per thread).
 #[derive(Default)]
+// The register-blocked kernel's buffers (`krow`, `pk`, `pv`) serve only the x86 tiers.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub struct TileScratch {
     /// `[head_dim][KV_TILE]` the key tile, transposed, in f32
     kt: Vec<f32>,
@@ -195,6 +197,7 @@ impl TileScratch {
     }
 
     /// Makes sure rows `0..n_kv` of `kv` are converted into `pk`/`pv`.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn prepare<T: KvElem>(&mut self, kv: &KvHead<T>, n_kv: usize) {
         let hd = kv.head_dim;
         let id = (
@@ -227,6 +230,7 @@ impl TileScratch {
 }
 
 mod blocked;
+#[cfg(any(target_arch = "x86_64", test))]
 use blocked::tile_fast;
 
 /// A tile kernel over a cache of element type `T`.

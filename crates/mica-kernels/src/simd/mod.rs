@@ -1,30 +1,51 @@
-//! Run-time kernel dispatch: a [`Kernels`] table of dot products and activation quantizers
-//! per instruction set, chosen once at start-up from `is_x86_feature_detected!` (the ggml
-//! approach; a stock `cargo build` without `-C target-cpu` still runs the SIMD code).
+//! Run-time kernel dispatch by instruction-set tier: one [`Kernels`] table of dot products,
+//! activation quantizers and matrix kernels per tier, the best one chosen once at start-up
+//! from `is_x86_feature_detected!` (the ggml approach; a stock `cargo build` without
+//! `-C target-cpu` still runs the SIMD code).
 //!
-//! Tables, from slowest to fastest:
-//! - `scalar`: the reference functions of [`crate::quant`] (ggml's generic numerics), with
-//!   the run-time Q8_0/Q8_1 activation quantizers.
-//! - `avx2`: AVX2 + FMA + F16C (`avx2.rs`, `avx2_kquants.rs`).
-//! - `avx512`: AVX-512 F/BW/VL + VNNI (`avx512.rs`), overriding the hottest AVX2 kernels
-//!   and falling back to them for the rest.
-//! - `neon` (aarch64): the quantized dot products with the same float structure as the x86
-//!   tables (`neon.rs`); matrix kernels run one dot per output there.
+//! # The tree
 //!
-//! Numerics: mica has to reproduce llama.cpp's greedy tokens, and small models are chaotic
-//! enough that a handful of differently rounded activations changes them. So the run-time
-//! paths follow llama.cpp's x86 build (AVX2/AVX-512 VNNI, GCC with FP contraction) operation
-//! by operation:
+//! ```text
+//! simd/
+//!   mod.rs            the table (Kernels), the tiers (Tier), selection (kernels())
+//!   scalar.rs         scalar tier: ggml's reference numerics; every table starts from it
+//!   paths.rs          DotPath: which llama.cpp route computes an output, and its float steps
+//!   mat.rs            matrix-kernel types (WeightRows, ActRows, MatOut), one-dot-per-output
+//!   coverage.rs       which tier fills each (type, slot), read from the built tables
+//!   x86/avx2/         AVX2 + FMA + F16C: dot, kquants, quantize, mat, packed, paths, kprefill
+//!   x86/avx512/       AVX-512 F/BW/VL + VNNI: dot, mat, packed, kunpack, kmat
+//!   aarch64/neon.rs   NEON dot products
+//! ```
+//!
+//! Each tier has exactly one `install(&mut Kernels)`, which lists every kernel the tier puts
+//! in the table; a tier's table is a copy of its base tier's with that `install` applied:
+//! scalar → avx2 → avx512 (overriding the AVX2 tier's hottest kernels, keeping the rest), and
+//! scalar → neon on aarch64. Every slot records the tier that filled it, so [`coverage()`]
+//! lists from the tables themselves which (type, slot) has a dedicated kernel in each tier and
+//! which falls back to a lower tier's (ggml's `arch-fallback.h`, derived instead of written).
+//!
+//! The slots, per type: the dot product (`vec_dot`, [`Kernels::vec_dot`]); the dot product of
+//! each of llama.cpp's batch paths ([`DotPath`], [`Kernels::dot_fn`]; the plain dot where a
+//! path does not apply); a matrix kernel per path ([`Kernels::matmul`]; without one, the table
+//! computes one `dot_fn` per output); a load-time packed layout with its matrix kernel
+//! ([`Kernels::pack`]); and the activation quantizer ([`Kernels::quantize_act`]).
+//!
+//! # Numerics
+//!
+//! mica has to reproduce llama.cpp's greedy tokens, and small models are chaotic enough that
+//! a handful of differently rounded activations changes them. So the run-time paths follow
+//! llama.cpp's x86 build (AVX2/AVX-512 VNNI, GCC with FP contraction) operation by operation:
 //! - Activation quantizers Q8_0/Q8_1 are the x86 `quantize_row_q8_0/1` in *every* table
-//!   (the scalar one included, [`quant::legacy::quantize_q8_0_act`]), byte-identical across
-//!   tables. Q8_K, F16 and BF16 are llama.cpp's reference conversions.
+//!   (the scalar one included, [`quantize_q8_0_act`]), byte-identical across tables. Q8_K,
+//!   F16 and BF16 are llama.cpp's reference conversions.
 //! - Dot products of the SIMD tables keep llama.cpp's float structure: per block the integer
 //!   products summed into eight i32 lanes (lane j = elements 4j..4j+3 of each 32), those
 //!   lanes scaled into eight f32 accumulators with one FMA per block, the separate min/offset
-//!   terms accumulated as llama.cpp does, then its horizontal sum. The AVX2 and AVX-512
+//!   terms accumulated as llama.cpp does, then its horizontal sum. The AVX2, AVX-512 and NEON
 //!   tables give bit-identical results; `tests/llama_exact.rs` pins them to a step-by-step
 //!   scalar model of the x86 code.
-//! - The scalar table keeps ggml's generic reference dots ([`quant::vec_dot_ref`]), which
+//! - The scalar table keeps ggml's generic reference dots
+//!   ([`quant::vec_dot_ref`](crate::quant::vec_dot_ref)), which
 //!   differ from the SIMD ones only in float rounding order (integer sums are exact).
 //! - Where llama.cpp computes a product by another route than `ggml_vec_dot_*` (repacked
 //!   Q4_K, the tiled k-quant matmul for batches of 8+ tokens), [`Kernels::dot_fn`] gives its
@@ -32,44 +53,35 @@
 //!   are bit-identical in every table, the scalar one included.
 //!
 //! Matrix kernels ([`Kernels::matmul`], `mat.rs`) compute whole `tokens × rows` tiles per
-//! call with the same per-output arithmetic as `dot_fn`: `avx512_mat.rs` (legacy formats,
-//! four rows × up to four tokens, with an optional load-time packed layout,
-//! [`Kernels::pack`]), `avx512_kmat.rs` (k-quants, 16 outputs per micro-kernel),
-//! `avx2_mat.rs` and `paths.rs` (AVX2, four rows per step); the scalar table, and any
-//! (type, path) without a kernel, runs one `dot_fn` per output.
+//! call with the same per-output arithmetic as `dot_fn`: `x86/avx512/mat.rs` (legacy formats,
+//! four rows × up to four tokens, also over the load-time packed layout of
+//! `x86/avx512/packed.rs`, [`Kernels::pack`]), `x86/avx512/kmat.rs` (k-quants, 16 outputs per
+//! micro-kernel on the batch paths), `x86/avx2/mat.rs` and `x86/avx2/paths.rs` (four rows per
+//! step), `x86/avx2/packed.rs` (eight packed rows in the lanes) and `x86/avx2/kprefill.rs`
+//! (k-quant prefill); the scalar and NEON tables, and any (type, path) without a kernel, run
+//! one `dot_fn` per output.
 //!
 //! Quantized activations lie in -127..=127 for every finite block of normal magnitude, which
 //! the sign trick of the 8-bit products relies on; blocks with NaN, infinities or only
 //! subnormal values get -128 quants exactly as in llama.cpp (and a NaN, infinite or zero
-//! scale). Formats without a SIMD kernel fall back to scalar in each table.
+//! scale).
+//!
+//! [`quantize_q8_0_act`]: crate::quant::legacy::quantize_q8_0_act
 
 use std::sync::OnceLock;
 
 use crate::DType;
-use crate::quant;
-use crate::quant::blocks::blocks_mut;
 
-#[cfg(target_arch = "x86_64")]
-mod avx2;
-#[cfg(target_arch = "x86_64")]
-mod avx2_kprefill;
-#[cfg(target_arch = "x86_64")]
-mod avx2_kquants;
-#[cfg(target_arch = "x86_64")]
-mod avx2_mat;
-#[cfg(target_arch = "x86_64")]
-mod avx2_x8;
-#[cfg(target_arch = "x86_64")]
-mod avx512;
-#[cfg(target_arch = "x86_64")]
-mod avx512_kmat;
-#[cfg(target_arch = "x86_64")]
-mod avx512_mat;
-pub mod mat;
 #[cfg(target_arch = "aarch64")]
-mod neon;
+mod aarch64;
+mod coverage;
+pub mod mat;
 mod paths;
+mod scalar;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
+pub use coverage::{Cell, Coverage, Row, Slot, TierStatus, coverage};
 pub use mat::{ActRows, BlockAux, MatOut, WeightRows};
 pub use paths::DotPath;
 
@@ -95,6 +107,73 @@ pub(crate) struct Packing {
     pub mat: MatFn,
 }
 
+/// An instruction-set tier: one [`Kernels`] table each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Tier {
+    /// ggml's reference numerics; every machine.
+    Scalar,
+    /// AVX2 + FMA + F16C (x86-64); extends scalar.
+    Avx2,
+    /// AVX-512 F/BW/VL + VNNI with the AVX2 set (x86-64); extends avx2.
+    Avx512,
+    /// NEON (aarch64, part of its baseline); extends scalar.
+    Neon,
+}
+
+impl Tier {
+    /// Every tier, each after the tier it extends.
+    pub const ALL: [Tier; 4] = [Tier::Scalar, Tier::Avx2, Tier::Avx512, Tier::Neon];
+
+    /// The tier's name: "scalar", "avx2", "avx512" or "neon".
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Scalar => "scalar",
+            Tier::Avx2 => "avx2",
+            Tier::Avx512 => "avx512",
+            Tier::Neon => "neon",
+        }
+    }
+
+    /// The tier whose table this tier's starts from (`None` for scalar).
+    pub fn base(self) -> Option<Tier> {
+        match self {
+            Tier::Scalar => None,
+            Tier::Avx2 | Tier::Neon => Some(Tier::Scalar),
+            Tier::Avx512 => Some(Tier::Avx2),
+        }
+    }
+
+    /// Whether this build has the tier's kernels (they exist for one architecture each).
+    pub fn built(self) -> bool {
+        match self {
+            Tier::Scalar => true,
+            Tier::Avx2 | Tier::Avx512 => cfg!(target_arch = "x86_64"),
+            Tier::Neon => cfg!(target_arch = "aarch64"),
+        }
+    }
+
+    /// Whether this CPU can run the tier's kernels (false where the tier is not built).
+    pub fn supported(self) -> bool {
+        match self {
+            Tier::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Tier::Avx2 => x86::avx2::supported(),
+            #[cfg(target_arch = "x86_64")]
+            Tier::Avx512 => x86::avx2::supported() && x86::avx512::supported(),
+            #[cfg(target_arch = "aarch64")]
+            Tier::Neon => true,
+            #[allow(unreachable_patterns)] // Every tier is built on no architecture.
+            _ => false,
+        }
+    }
+}
+
+impl std::fmt::Display for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 const N_TYPES: usize = DType::ALL.len();
 
 /// Position of a type in [`DType::ALL`], the index of the tables.
@@ -109,25 +188,42 @@ const fn slot(t: DType) -> usize {
     panic!("type missing from DType::ALL")
 }
 
-/// One instruction set's kernels.
+/// Index of a path in [`Kernels`]' matrix-kernel table (`VecDot` first).
+fn mat_slot(path: DotPath) -> usize {
+    path.slot().map_or(0, |p| p + 1)
+}
+
+/// The tier that filled each slot of a table (`None`: empty), laid out as the slots.
+#[derive(Clone, Default)]
+struct Origins {
+    dot: [Option<Tier>; N_TYPES],
+    quant: [Option<Tier>; N_TYPES],
+    paths: [[Option<Tier>; N_TYPES]; 3],
+    mats: [[Option<Tier>; N_TYPES]; 4],
+    packed: [Option<Tier>; N_TYPES],
+}
+
+/// One tier's kernels.
 #[derive(Clone)]
 pub struct Kernels {
-    isa: &'static str,
+    tier: Tier,
     dot: [VecDotFn; N_TYPES],
     quant: [QuantizeFn; N_TYPES],
-    /// Dot products of llama.cpp's other matmul paths ([`DotPath`]), by path slot; the
-    /// plain `dot` where a path does not apply to a type.
-    paths: [[VecDotFn; N_TYPES]; 3],
+    /// Dot products of llama.cpp's other matmul paths ([`DotPath`]), by path slot; `None`
+    /// where a path does not apply to a type (its `dot_fn` is the plain `dot`).
+    paths: [[Option<VecDotFn>; N_TYPES]; 3],
     /// Matrix kernels by path (`VecDot` first, then the [`DotPath`] slots) and type; `None`
     /// where the table computes the product one `dot_fn` per output.
     mats: [[Option<MatFn>; N_TYPES]; 4],
     /// Load-time repacking of weights and the matrix kernel for the packed layout, by type.
     packed: [Option<Packing>; N_TYPES],
+    /// Which tier filled each of the slots above.
+    origin: Origins,
 }
 
 impl std::fmt::Debug for Kernels {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Kernels").field("isa", &self.isa).finish()
+        f.debug_struct("Kernels").field("tier", &self.tier).finish()
     }
 }
 
@@ -135,151 +231,110 @@ fn no_dot(_: usize, _: &[u8], _: &[u8]) -> f32 {
     panic!("vec_dot: activation-only formats (Q8_1, Q8_K) are never weights")
 }
 
-macro_rules! scalar_dot {
-    ($t:ident) => {
-        |n, w, x| quant::vec_dot_ref(DType::$t, n, w, x)
-    };
+fn no_quant(_: &[f32], _: &mut [u8]) {
+    panic!("quantize_act: a type without a quantizer")
 }
-macro_rules! scalar_quant {
-    ($t:ident) => {
-        |src, dst| quant::quantize_row(DType::$t, src, dst)
-    };
+
+/// Records that `tier` filled a slot, which it may do once: each kernel is listed once in its
+/// tier's `install`.
+fn claim(origin: &mut Option<Tier>, tier: Tier) {
+    assert_ne!(
+        *origin,
+        Some(tier),
+        "{tier} installs two kernels in one slot"
+    );
+    *origin = Some(tier);
 }
 
 impl Kernels {
+    /// A table with no kernels, for the scalar tier to fill.
+    fn empty() -> Kernels {
+        Kernels {
+            tier: Tier::Scalar,
+            dot: [no_dot; N_TYPES],
+            quant: [no_quant; N_TYPES],
+            paths: [[None; N_TYPES]; 3],
+            mats: [[None; N_TYPES]; 4],
+            packed: [None; N_TYPES],
+            origin: Origins::default(),
+        }
+    }
+
+    /// Builds `tier`'s table: its base tier's table (for scalar an empty one) with the tier's
+    /// `install` applied; `None` where this build lacks the tier. It does not look at the CPU,
+    /// so the table may hold kernels this CPU cannot run: [`Kernels::get`] publishes one only
+    /// after the feature check, and [`coverage()`] only reads where its slots came from.
+    fn build(tier: Tier) -> Option<Kernels> {
+        let mut k = match tier.base() {
+            Some(base) => Kernels::build(base)?,
+            None => Kernels::empty(),
+        };
+        k.tier = tier;
+        match tier {
+            Tier::Scalar => scalar::install(&mut k),
+            #[cfg(target_arch = "x86_64")]
+            Tier::Avx2 => x86::avx2::install(&mut k),
+            #[cfg(target_arch = "x86_64")]
+            Tier::Avx512 => x86::avx512::install(&mut k),
+            #[cfg(target_arch = "aarch64")]
+            Tier::Neon => aarch64::neon::install(&mut k),
+            #[allow(unreachable_patterns)] // Every tier is built on no architecture.
+            _ => return None,
+        }
+        Some(k)
+    }
+
+    /// `tier`'s table, if this CPU can run it (built on first use).
+    pub fn get(tier: Tier) -> Option<&'static Kernels> {
+        static TABLES: [OnceLock<Option<Kernels>>; Tier::ALL.len()] =
+            [const { OnceLock::new() }; Tier::ALL.len()];
+        TABLES[tier as usize]
+            .get_or_init(|| {
+                if tier.supported() {
+                    Kernels::build(tier)
+                } else {
+                    None
+                }
+            })
+            .as_ref()
+    }
+
     /// The scalar reference table (every machine).
     pub fn scalar() -> &'static Kernels {
-        static T: OnceLock<Kernels> = OnceLock::new();
-        T.get_or_init(|| {
-            let mut k = Kernels {
-                isa: "scalar",
-                dot: [no_dot; N_TYPES],
-                quant: [scalar_quant!(F32); N_TYPES],
-                paths: [[no_dot; N_TYPES]; 3],
-                mats: [[None; N_TYPES]; 4],
-                packed: [None; N_TYPES],
-            };
-            let dots: [(DType, VecDotFn); 13] = [
-                (DType::F32, scalar_dot!(F32)),
-                (DType::F16, scalar_dot!(F16)),
-                (DType::BF16, scalar_dot!(BF16)),
-                (DType::Q4_0, scalar_dot!(Q4_0)),
-                (DType::Q4_1, scalar_dot!(Q4_1)),
-                (DType::Q5_0, scalar_dot!(Q5_0)),
-                (DType::Q5_1, scalar_dot!(Q5_1)),
-                (DType::Q8_0, scalar_dot!(Q8_0)),
-                (DType::Q2_K, scalar_dot!(Q2_K)),
-                (DType::Q3_K, scalar_dot!(Q3_K)),
-                (DType::Q4_K, scalar_dot!(Q4_K)),
-                (DType::Q5_K, scalar_dot!(Q5_K)),
-                (DType::Q6_K, scalar_dot!(Q6_K)),
-            ];
-            for (t, f) in dots {
-                k.dot[slot(t)] = f;
-            }
-            k.paths = [k.dot; 3];
-            paths::install_scalar(&mut k);
-            let quants: [(DType, QuantizeFn); 15] = [
-                (DType::F32, scalar_quant!(F32)),
-                (DType::F16, scalar_quant!(F16)),
-                (DType::BF16, scalar_quant!(BF16)),
-                (DType::Q4_0, scalar_quant!(Q4_0)),
-                (DType::Q4_1, scalar_quant!(Q4_1)),
-                (DType::Q5_0, scalar_quant!(Q5_0)),
-                (DType::Q5_1, scalar_quant!(Q5_1)),
-                (DType::Q8_0, |src, dst| {
-                    quant::legacy::quantize_q8_0_act(src, blocks_mut(dst))
-                }),
-                (DType::Q8_1, |src, dst| {
-                    quant::legacy::quantize_q8_1_act(src, blocks_mut(dst))
-                }),
-                (DType::Q2_K, scalar_quant!(Q2_K)),
-                (DType::Q3_K, scalar_quant!(Q3_K)),
-                (DType::Q4_K, scalar_quant!(Q4_K)),
-                (DType::Q5_K, scalar_quant!(Q5_K)),
-                (DType::Q6_K, scalar_quant!(Q6_K)),
-                (DType::Q8_K, scalar_quant!(Q8_K)),
-            ];
-            for (t, f) in quants {
-                k.quant[slot(t)] = f;
-            }
-            k
-        })
+        Kernels::get(Tier::Scalar).expect("every build has the scalar tier")
     }
 
     /// The AVX2 table, if this CPU has AVX2, FMA and F16C.
     pub fn avx2() -> Option<&'static Kernels> {
-        #[cfg(target_arch = "x86_64")]
-        {
-            static T: OnceLock<Option<Kernels>> = OnceLock::new();
-            T.get_or_init(|| {
-                avx2::supported().then(|| {
-                    let mut k = Kernels::scalar().clone();
-                    k.isa = "avx2";
-                    avx2::install(&mut k);
-                    avx2_kquants::install(&mut k);
-                    paths::avx2::install(&mut k);
-                    avx2_mat::install(&mut k);
-                    k
-                })
-            })
-            .as_ref()
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        None
+        Kernels::get(Tier::Avx2)
     }
 
     /// The AVX-512 table, if this CPU has AVX-512 F, BW, VL and VNNI (plus the AVX2 set).
     pub fn avx512() -> Option<&'static Kernels> {
-        #[cfg(target_arch = "x86_64")]
-        {
-            static T: OnceLock<Option<Kernels>> = OnceLock::new();
-            T.get_or_init(|| {
-                let base = Kernels::avx2()?;
-                avx512::supported().then(|| {
-                    let mut k = base.clone();
-                    k.isa = "avx512";
-                    avx512::install(&mut k);
-                    avx512_mat::install(&mut k);
-                    avx512_kmat::install(&mut k);
-                    k
-                })
-            })
-            .as_ref()
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        None
+        Kernels::get(Tier::Avx512)
     }
 
     /// The NEON table (every aarch64 CPU: NEON is part of the baseline).
     pub fn neon() -> Option<&'static Kernels> {
-        #[cfg(target_arch = "aarch64")]
-        {
-            static T: OnceLock<Kernels> = OnceLock::new();
-            Some(T.get_or_init(|| {
-                let mut k = Kernels::scalar().clone();
-                k.isa = "neon";
-                neon::install(&mut k);
-                k
-            }))
-        }
-        #[cfg(not(target_arch = "aarch64"))]
-        None
+        Kernels::get(Tier::Neon)
     }
 
     /// Every table mica has, by ISA name, with `None` where this CPU lacks the ISA.
     pub fn all() -> Vec<(&'static str, Option<&'static Kernels>)> {
-        vec![
-            ("scalar", Some(Kernels::scalar())),
-            ("avx2", Kernels::avx2()),
-            ("avx512", Kernels::avx512()),
-            ("neon", Kernels::neon()),
-        ]
+        Tier::ALL
+            .iter()
+            .map(|&t| (t.name(), Kernels::get(t)))
+            .collect()
     }
 
     /// Name of the instruction set of this table ("scalar", "avx2", "avx512", "neon").
     pub fn isa(&self) -> &'static str {
-        self.isa
+        self.tier.name()
+    }
+
+    /// The tier of this table.
+    pub fn tier(&self) -> Tier {
+        self.tier
     }
 
     /// Dot product of `n` elements: `w` a row of weight type `t`, `x` the activations
@@ -302,7 +357,7 @@ impl Kernels {
     #[inline]
     pub fn dot_fn(&self, path: DotPath, t: DType) -> VecDotFn {
         match path.slot() {
-            Some(p) => self.paths[p][slot(t)],
+            Some(p) => self.paths[p][slot(t)].unwrap_or(self.dot[slot(t)]),
             None => self.dot[slot(t)],
         }
     }
@@ -319,7 +374,7 @@ impl Kernels {
             assert_eq!(path, DotPath::VecDot, "packed weights");
             self.packed[slot(w.dtype)].map(|p| p.mat)
         } else {
-            self.mats[path.slot().map_or(0, |p| p + 1)][slot(w.dtype)]
+            self.mats[mat_slot(path)][slot(w.dtype)]
         };
         mat::run(self, f, path, w, x, out)
     }
@@ -362,48 +417,53 @@ impl Kernels {
     /// Whether this table has a dedicated matrix kernel for `path` and `t` (otherwise
     /// [`Kernels::matmul`] runs one `dot_fn` per output).
     pub fn has_matmul(&self, path: DotPath, t: DType) -> bool {
-        self.mats[path.slot().map_or(0, |p| p + 1)][slot(t)].is_some()
+        self.mats[mat_slot(path)][slot(t)].is_some()
     }
 
     /// Quantizes activations `src` into format `t` (normally a `vec_dot_type()`: Q8_0, Q8_1,
     /// Q8_K, F16, BF16 or F32), byte-identical in every table. Q8_0 and Q8_1 use llama.cpp's
-    /// x86 run-time quantizer ([`quant::legacy::quantize_q8_0_act`]); every other type is
-    /// [`quant::quantize_row`] (the weight formats use their scalar reference quantizers).
+    /// x86 run-time quantizer ([`crate::quant::legacy::quantize_q8_0_act`]); every other type is
+    /// [`crate::quant::quantize_row`] (the weight formats use their scalar reference quantizers).
     #[inline]
     pub fn quantize_act(&self, t: DType, src: &[f32], dst: &mut [u8]) {
         assert_eq!(t.row_bytes(src.len()), Some(dst.len()), "quantize_act {t}");
         (self.quant[slot(t)])(src, dst)
     }
 
-    /// Replaces the dot product of `t` (used by the ISA modules).
-    #[allow(dead_code)]
+    // The setters of the tiers' `install` functions: each records this table's tier as the
+    // slot's origin.
+
+    /// Sets the dot product of `t`.
     fn set_dot(&mut self, t: DType, f: VecDotFn) {
         self.dot[slot(t)] = f;
+        claim(&mut self.origin.dot[slot(t)], self.tier);
     }
 
-    /// Replaces the dot product of `t` on a batch path (used by the ISA modules).
+    /// Sets the dot product of `t` on a batch path (not `VecDot`: that is [`Self::set_dot`]).
     fn set_path_dot(&mut self, path: DotPath, t: DType, f: VecDotFn) {
-        if let Some(p) = path.slot() {
-            self.paths[p][slot(t)] = f;
-        }
+        let p = path.slot().expect("VecDot's kernel is the plain dot");
+        self.paths[p][slot(t)] = Some(f);
+        claim(&mut self.origin.paths[p][slot(t)], self.tier);
     }
 
-    /// Installs a matrix kernel for `path` and `t` (used by the ISA modules).
-    #[allow(dead_code)]
+    /// Sets the matrix kernel for `path` and `t`.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn set_mat(&mut self, path: DotPath, t: DType, f: MatFn) {
-        self.mats[path.slot().map_or(0, |p| p + 1)][slot(t)] = Some(f);
+        self.mats[mat_slot(path)][slot(t)] = Some(f);
+        claim(&mut self.origin.mats[mat_slot(path)][slot(t)], self.tier);
     }
 
-    /// Installs a packing function and its matrix kernel for `t` (used by the ISA modules).
-    #[allow(dead_code)]
+    /// Sets the packed layout and its matrix kernel for `t`.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn set_packed(&mut self, t: DType, p: Packing) {
         self.packed[slot(t)] = Some(p);
+        claim(&mut self.origin.packed[slot(t)], self.tier);
     }
 
-    /// Replaces the quantizer of `t` (used by the ISA modules).
-    #[allow(dead_code)]
+    /// Sets the activation quantizer of `t`.
     fn set_quant(&mut self, t: DType, f: QuantizeFn) {
         self.quant[slot(t)] = f;
+        claim(&mut self.origin.quant[slot(t)], self.tier);
     }
 }
 

@@ -1,5 +1,6 @@
 //! AVX2 prefill for the k-quants with 16-element scale groups or finer (Q4_K, Q5_K, Q6_K)
-//! on llama.cpp's batch paths ([`DotPath`]: repacked Q4_K's gemm/gemv and the tiled path).
+//! on llama.cpp's batch paths ([`DotPath`](crate::simd::DotPath): repacked Q4_K's gemm/gemv
+//! and the tiled path).
 //!
 //! The path functions of `paths.rs` compute each output's integer sums per 64 elements from
 //! the dot products' chunk lanes, then reduce them horizontally: per (row, token, 64
@@ -9,7 +10,7 @@
 //! unsigned. A token's four activations 4e..4e+3, broadcast, meet all eight rows in one
 //! `vpmaddubsw`; `vpmaddwd` with the rows' scales (i16, per 16 elements) then leaves row `r`'s
 //! exact sum in i32 lane `r`, so the 64-element sums of eight outputs come out side by side
-//! with no horizontal work, and their float steps ([`super::paths`]' `Acc`) run eight outputs
+//! with no horizontal work, and their float steps (`simd/paths.rs`' `Acc`) run eight outputs
 //! per instruction, lane for lane the scalar sequence.
 //!
 //! Integer sums stay exact: at most `M` products (Q4_K 8, Q5_K 4, Q6_K 2) are summed in i16
@@ -19,9 +20,9 @@
 
 use std::arch::x86_64::*;
 
-use super::mat::{ActRows, MatOut, WeightRows};
 use crate::quant::blocks::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K, blocks, f16_to_f32};
 use crate::quant::kquants::scales_mins_k4;
+use crate::simd::mat::{ActRows, MatOut, WeightRows};
 
 /// Token batches from this size on take the decoded path.
 pub(super) const DECODE_MIN_TOKENS: usize = 8;
@@ -253,7 +254,7 @@ unsafe fn ld(p: &[i16; 16]) -> __m256i {
 }
 
 /// Eight decoded rows × `C` tokens (`x[c]`: token c's Q8_K blocks) over all super-blocks;
-/// `STEP` as in `paths.rs`' `mat` (0 repacked gemv, 1 repacked gemm, 2 tiled). Returns each
+/// `STEP` as in `paths.rs`' `rows4` (0 repacked gemv, 1 repacked gemm, 2 tiled). Returns each
 /// token's eight results.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -39,9 +39,9 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2_mat::{Legacy, TOK_TILE};
-use super::mat::{ActRows, BlockAux, MatOut, PACKED_AHEAD, WeightRows, prefetch};
+use super::mat::{Legacy, TOK_TILE};
 use crate::quant::blocks::QK;
+use crate::simd::mat::{ActRows, BlockAux, MatOut, PACKED_AHEAD, WeightRows, prefetch};
 
 /// Rows per packed group.
 pub(super) const GROUP: usize = 8;

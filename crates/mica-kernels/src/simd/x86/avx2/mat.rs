@@ -1,87 +1,39 @@
-//! AVX2 matrix kernels (see [`super::mat`]): the legacy formats and the k-quants' `vec_dot`s
-//! four rows at a time (the k-quant batch paths are in `paths.rs`) and the float formats two
-//! rows at a time, against one token per step (the rows stay in L1 while
-//! every token of a tile runs over them). The AVX-512 table keeps the float kernels.
+//! AVX2 matrix kernels (see [`crate::simd::mat`]) with `vec_dot`'s arithmetic: the legacy
+//! formats and the k-quants four rows at a time, the float formats two rows at a time,
+//! against one token per step (the rows stay in L1 while every token of a tile runs over
+//! them). The k-quant batch paths have theirs in `paths.rs` and `kprefill.rs`.
 //!
-//! Per output the arithmetic is exactly `avx2.rs`'s: the same per-block lanes
-//! (`mul_sum_i8` / `mul_sum_us8` of the same bytes), `acc = fma(d_w·d_x, lanes, acc)`, the
-//! scalar `summs = fma(m, s, summs)`, `hsum_f32`; for floats the same four accumulators
+//! Per output the arithmetic is exactly `dot.rs`'s and `kquants.rs`': the same per-block
+//! lanes (`mul_sum_i8` / `mul_sum_us8` of the same bytes), `acc = fma(d_w·d_x, lanes, acc)`,
+//! the scalar `summs = fma(m, s, summs)`, `hsum_f32`; for floats the same four accumulators
 //! over 32-element chunks, the 8-element remainder into the first, the scalar tail. What the
 //! rows share is every activation load, and their accumulator chains run side by side.
 
 use std::arch::x86_64::*;
 
-use super::avx2::{
-    hsum_f32, load32i, mul_sum_i8, mul_sum_us8, nibbles, q4_0_bytes, q5_0_bytes, q5_1_bytes,
-};
-use super::avx2_kquants::{
+use super::kquants::{
     bsums16, chunks_k4, chunks_q2k, chunks_q3k, chunks_q6k, finish_q4k, groups16, hsum_i32x4,
     min_lanes_k4, offset_lanes_q6k, sum_chunks,
 };
-use super::mat::{ActRows, MatOut, WeightRows, prefetch, prefetch_next4};
-use super::{DotPath, Kernels, Packing};
+use super::{
+    f16x4, hsum_f32, load32i, mul_sum_i8, mul_sum_us8, nibbles, q4_0_bytes, q5_0_bytes, q5_1_bytes,
+    rd16,
+};
 use crate::DType;
 use crate::quant::blocks::{
     BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K,
     BlockQ8_0, BlockQ8_1, BlockQ8K, QK, blocks,
 };
 use crate::quant::kquants::scales_mins_k4;
+use crate::simd::mat::{ActRows, MatOut, WeightRows, prefetch, prefetch_next4};
 
 /// Tokens per cache tile.
 pub(super) const TOK_TILE: usize = 32;
 
-pub(super) fn install(k: &mut Kernels) {
-    // SAFETY (all entries): installed only in tables whose CPU has AVX2, FMA and F16C.
-    k.set_mat(DotPath::VecDot, DType::Q4_0, |w, x, o| unsafe {
-        legacy::<Q4_0>(w, x, o)
-    });
-    k.set_mat(DotPath::VecDot, DType::Q4_1, |w, x, o| unsafe {
-        legacy::<Q4_1>(w, x, o)
-    });
-    k.set_mat(DotPath::VecDot, DType::Q5_0, |w, x, o| unsafe {
-        legacy::<Q5_0>(w, x, o)
-    });
-    k.set_mat(DotPath::VecDot, DType::Q5_1, |w, x, o| unsafe {
-        legacy::<Q5_1>(w, x, o)
-    });
-    k.set_mat(DotPath::VecDot, DType::Q8_0, |w, x, o| unsafe {
-        legacy::<Q8_0>(w, x, o)
-    });
-    macro_rules! packed {
-        ($t:ident) => {
-            k.set_packed(
-                DType::$t,
-                Packing {
-                    group: super::avx2_x8::GROUP,
-                    pack: super::avx2_x8::pack::<$t>,
-                    unpack: super::avx2_x8::unpack::<$t>,
-                    // SAFETY: as above.
-                    mat: |w, x, o| unsafe { super::avx2_x8::mat::<$t>(w, x, o) },
-                },
-            );
-        };
-    }
-    packed!(Q4_0);
-    packed!(Q4_1);
-    packed!(Q5_0);
-    packed!(Q5_1);
-    packed!(Q8_0);
-    k.set_mat(DotPath::VecDot, DType::F32, |w, x, o| unsafe {
-        float::<F32>(w, x, o)
-    });
-    k.set_mat(DotPath::VecDot, DType::F16, |w, x, o| unsafe {
-        float::<F16>(w, x, o)
-    });
-    k.set_mat(DotPath::VecDot, DType::BF16, |w, x, o| unsafe {
-        float::<BF16>(w, x, o)
-    });
-    install_kquants(k);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Legacy formats.
 
-/// A legacy format: its block lanes (`avx2.rs`'s) and scale fields.
+/// A legacy format: its block lanes (`dot.rs`'s) and scale fields.
 ///
 /// # Safety
 /// `lanes` reads one weight block at `w` and one activation block at `x`, nothing else.
@@ -95,7 +47,7 @@ pub(super) unsafe trait Legacy {
     /// Bytes of one row's quants (16, Q8_0: 32).
     const PQ: usize;
     /// The packed kernels take Q4_0/Q5_0 quants as unsigned `u = q + 2^SHIFT` and adds
-    /// `2^SHIFT · (-Σy)` per lane (the activations' [`super::mat::BlockAux`] lane sums):
+    /// `2^SHIFT · (-Σy)` per lane (the activations' [`crate::simd::mat::BlockAux`] lane sums):
     /// the same exact i32 lanes as the sign trick, in fewer instructions.
     const SHIFT: Option<i32>;
     /// Whether the format has fifth bits (Q5_0, Q5_1).
@@ -106,7 +58,7 @@ pub(super) unsafe trait Legacy {
 macro_rules! legacy_format {
     ($name:ident, $W:ty, $X:ty, min: $min:expr, pq: $pq:expr, shift: $shift:expr, q5: $q5:expr,
      |$a:ident, $b:ident| $lanes:expr) => {
-        struct $name;
+        pub(super) struct $name;
         // SAFETY: `$W` and `$X` are the block types (alignment 1, any bit pattern).
         unsafe impl Legacy for $name {
             const BYTES: usize = size_of::<$W>();
@@ -136,26 +88,6 @@ legacy_format!(Q5_1, BlockQ5_1, BlockQ8_1, min: true, pq: 16, shift: None, q5: t
 |a, b| mul_sum_us8(q5_1_bytes(a), load32i(&b.qs)));
 legacy_format!(Q8_0, BlockQ8_0, BlockQ8_0, min: false, pq: 32, shift: None, q5: false,
     |a, b| mul_sum_i8(load32i(&a.qs), load32i(&b.qs)));
-
-#[inline(always)]
-unsafe fn rd16(p: *const u8) -> u64 {
-    // SAFETY: the caller guarantees two readable bytes.
-    unsafe { p.cast::<u16>().read_unaligned() as u64 }
-}
-
-/// The f16 at byte `off` of four blocks as f32 lanes (one vector move, one conversion).
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn f16x4(p: &[*const u8; 4], off: usize) -> __m128 {
-    // SAFETY: the caller guarantees the fields are readable.
-    let v = unsafe {
-        rd16(p[0].add(off))
-            | rd16(p[1].add(off)) << 16
-            | rd16(p[2].add(off)) << 32
-            | rd16(p[3].add(off)) << 48
-    };
-    _mm_cvtph_ps(_mm_cvtsi64_si128(v as i64))
-}
 
 /// Four rows × one token over `nb` blocks.
 #[inline]
@@ -197,7 +129,7 @@ unsafe fn rows4<F: Legacy>(w: &[*const u8; 4], x: *const u8, nb: usize, pf: usiz
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn legacy<F: Legacy>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
+pub(super) unsafe fn legacy<F: Legacy>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
     let nb = w.n / QK;
     assert!(nb * QK == w.n && w.rows > 0);
     assert!(
@@ -227,19 +159,19 @@ unsafe fn legacy<F: Legacy>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Float formats (the structure of `avx2.rs`'s `float_dot!`).
+// Float formats (the structure of `dot.rs`'s `float_dot!`).
 
 /// A float element format.
 ///
 /// # Safety
 /// `load8` reads `8 * BYTES` bytes at `p`; `one` reads `BYTES`.
-unsafe trait Float {
+pub(super) unsafe trait Float {
     const BYTES: usize;
     unsafe fn load8(p: *const u8) -> __m256;
     fn one(b: &[u8]) -> f32;
 }
 
-struct F32;
+pub(super) struct F32;
 // SAFETY: 32 bytes per eight elements.
 unsafe impl Float for F32 {
     const BYTES: usize = 4;
@@ -254,7 +186,7 @@ unsafe impl Float for F32 {
     }
 }
 
-struct F16;
+pub(super) struct F16;
 // SAFETY: 16 bytes per eight elements.
 unsafe impl Float for F16 {
     const BYTES: usize = 2;
@@ -269,7 +201,7 @@ unsafe impl Float for F16 {
     }
 }
 
-struct BF16;
+pub(super) struct BF16;
 // SAFETY: 16 bytes per eight elements.
 unsafe impl Float for BF16 {
     const BYTES: usize = 2;
@@ -323,7 +255,7 @@ unsafe fn rows2<F: Float>(w: [&[u8]; 2], x: &[u8], n: usize) -> [f32; 2] {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn float<F: Float>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
+pub(super) unsafe fn float<F: Float>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
     let n = w.n;
     let rb = n * F::BYTES;
     assert!(x.row_bytes() == rb && w.rows > 0);
@@ -345,11 +277,11 @@ unsafe fn float<F: Float>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// k-quant `vec_dot`s (`avx2_kquants.rs`'s float structure), four rows per step.
+// k-quant `vec_dot`s (`kquants.rs`' float structure), four rows per step.
 
 /// The float state of one k-quant `vec_dot` output.
 #[derive(Clone, Copy)]
-struct KState {
+pub(super) struct KState {
     acc: __m256,
     acc_m: __m128,
     summs: f32,
@@ -359,7 +291,7 @@ struct KState {
 ///
 /// # Safety
 /// `block` must be safe to call wherever AVX2, FMA and F16C are available.
-unsafe trait KVec {
+pub(super) unsafe trait KVec {
     type B: crate::quant::Block;
     unsafe fn block(st: &mut KState, a: &Self::B, b: &BlockQ8K);
     unsafe fn finish(st: &KState) -> f32;
@@ -371,7 +303,7 @@ fn f16(h: [u8; 2]) -> f32 {
 
 macro_rules! kvec {
     ($name:ident, $B:ty, |$st:ident, $a:ident, $b:ident| $block:block, |$fs:ident| $finish:expr) => {
-        struct $name;
+        pub(super) struct $name;
         // SAFETY: the bodies use AVX2/FMA/F16C only.
         unsafe impl KVec for $name {
             type B = $B;
@@ -451,7 +383,7 @@ kvec!(
 );
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn kvec<V: KVec>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
+pub(super) unsafe fn kvec<V: KVec>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
     assert!(w.rows > 0 && x.dtype == DType::Q8_K);
     for r0 in (0..w.rows).step_by(4) {
         let nr = (w.rows - r0).min(4);
@@ -479,23 +411,4 @@ unsafe fn kvec<V: KVec>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
             }
         }
     }
-}
-
-pub(super) fn install_kquants(k: &mut Kernels) {
-    // SAFETY (all entries): installed only in tables with AVX2, FMA and F16C.
-    k.set_mat(DotPath::VecDot, DType::Q2_K, |w, x, o| unsafe {
-        kvec::<V2>(w, x, o)
-    });
-    k.set_mat(DotPath::VecDot, DType::Q3_K, |w, x, o| unsafe {
-        kvec::<V3>(w, x, o)
-    });
-    k.set_mat(DotPath::VecDot, DType::Q4_K, |w, x, o| unsafe {
-        kvec::<V4>(w, x, o)
-    });
-    k.set_mat(DotPath::VecDot, DType::Q5_K, |w, x, o| unsafe {
-        kvec::<V5>(w, x, o)
-    });
-    k.set_mat(DotPath::VecDot, DType::Q6_K, |w, x, o| unsafe {
-        kvec::<V6>(w, x, o)
-    });
 }

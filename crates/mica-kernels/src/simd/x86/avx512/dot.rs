@@ -1,7 +1,7 @@
-//! AVX-512 (F, BW, VL) + VNNI kernels for the hottest dot products; every other entry of
-//! the table stays the AVX2 kernel. Results are bit-identical to the AVX2 table: integer sums
-//! are exact however they are formed, and the float steps are the same (llama.cpp's, see
-//! `avx2.rs` and `avx2_kquants.rs`).
+//! AVX-512 (F, BW, VL) + VNNI dot products of the hottest formats; the others stay the AVX2
+//! tier's. Results are bit-identical to the AVX2 tier's: integer sums are exact however they
+//! are formed, and the float steps are the same (llama.cpp's, see `x86/avx2/dot.rs` and
+//! `x86/avx2/kquants.rs`).
 //!
 //! - Legacy formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): one 32-byte block per register, the
 //!   u8 x i8 products by one `vpdpbusd` instead of `vpmaddubsw` + `vpmaddwd` (as llama.cpp
@@ -13,36 +13,16 @@
 
 use std::arch::x86_64::*;
 
-use super::Kernels;
-use super::avx2::{
-    entry, hsum_f32, legacy_dot, load32, load32i, nibbles, q4_0_bytes, q5_0_bytes, q5_1_bytes,
-    scales8,
-};
-use super::avx2_kquants::{finish_q4k, min_lanes_k4, offset_lanes_q6k};
-use crate::DType;
+use super::{fold, halves16, twice};
 use crate::quant::blocks::{
     BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, BlockQ8_1, BlockQ8K,
     QK, QK_K, blocks,
 };
 use crate::quant::kquants::scales_mins_k4;
-
-/// True when this CPU has AVX-512 F/BW/VL and VNNI (the AVX2 set is checked separately).
-pub(super) fn supported() -> bool {
-    is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512vl")
-        && is_x86_feature_detected!("avx512vnni")
-}
-
-pub(super) fn install(k: &mut Kernels) {
-    k.set_dot(DType::Q4_0, entry!(dot vec_dot_q4_0));
-    k.set_dot(DType::Q4_1, entry!(dot vec_dot_q4_1));
-    k.set_dot(DType::Q5_0, entry!(dot vec_dot_q5_0));
-    k.set_dot(DType::Q5_1, entry!(dot vec_dot_q5_1));
-    k.set_dot(DType::Q8_0, entry!(dot vec_dot_q8_0));
-    k.set_dot(DType::Q4_K, entry!(dot vec_dot_q4k));
-    k.set_dot(DType::Q6_K, entry!(dot vec_dot_q6k));
-}
+use crate::simd::x86::avx2::{
+    finish_q4k, hsum_f32, legacy_dot, load32, load32i, min_lanes_k4, nibbles, offset_lanes_q6k,
+    q4_0_bytes, q5_0_bytes, q5_1_bytes, scales8,
+};
 
 /// u8 x i8 products summed four at a time into i32 lanes (exact, no i16 step).
 #[inline]
@@ -107,40 +87,12 @@ fn load64i(b: &[i8]) -> __m512i {
     unsafe { _mm512_loadu_si512(b.as_ptr().cast()) }
 }
 
-/// `[v | v]`.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn twice(v: __m256i) -> __m512i {
-    _mm512_inserti64x4(_mm512_castsi256_si512(v), v, 1)
-}
-
-/// i16 lanes: `lo` for the first 32 elements, `hi` for the last 32.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw")]
-fn halves16(lo: i16, hi: i16) -> __m512i {
-    _mm512_inserti64x4(_mm512_set1_epi16(lo), _mm256_set1_epi16(hi), 1)
-}
-
-/// Per-half right shifts of 16-bit lanes: `a` bits in the first 256 bits, `b` in the rest.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw")]
-fn shifts(a: i16, b: i16) -> __m512i {
-    halves16(a, b)
-}
-
-/// The eight `sumi` lanes of llama.cpp's AVX2 kernel from 16 lanes over two chunks.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn fold(v: __m512i) -> __m256i {
-    _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1))
-}
-
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) fn vec_dot_q4k(n: usize, w: &[u8], x: &[u8]) -> f32 {
     let (w, x): (&[BlockQ4K], &[BlockQ8K]) = (blocks(w), blocks(x));
     debug_assert!(w.len() == x.len() && w.len() * QK_K == n);
     let low4 = _mm512_set1_epi8(0x0F);
-    let split = shifts(0, 4);
+    let split = halves16(0, 4);
     let mut acc = _mm256_setzero_ps();
     let mut acc_m = _mm_setzero_ps();
     for (ws, xs) in w.chunks(8).zip(x.chunks(8)) {
@@ -185,7 +137,7 @@ pub(super) fn vec_dot_q6k(n: usize, w: &[u8], x: &[u8]) -> f32 {
     debug_assert!(w.len() == x.len() && w.len() * QK_K == n);
     let low4 = _mm512_set1_epi8(0x0F);
     let two = _mm512_set1_epi8(3);
-    let (sh_a, sh_b) = (shifts(0, 2), shifts(4, 6));
+    let (sh_a, sh_b) = (halves16(0, 2), halves16(4, 6));
     let mut acc = _mm256_setzero_ps();
     for (ws, xs) in w.chunks(8).zip(x.chunks(8)) {
         let dw = scales8(ws, |a| a.d);

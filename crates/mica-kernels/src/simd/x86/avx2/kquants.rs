@@ -23,21 +23,11 @@
 
 use std::arch::x86_64::*;
 
-use super::Kernels;
-use super::avx2::{entry, hsum_f32, load32, load32i, piece, scales8};
-use crate::DType;
+use super::{hsum_f32, load32, load32i, piece, scales8};
 use crate::quant::blocks::{
     BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K, blocks, q3k_scales,
 };
 use crate::quant::kquants::scales_mins_k4;
-
-pub(super) fn install(k: &mut Kernels) {
-    k.set_dot(DType::Q2_K, entry!(dot vec_dot_q2k));
-    k.set_dot(DType::Q3_K, entry!(dot vec_dot_q3k));
-    k.set_dot(DType::Q4_K, entry!(dot vec_dot_q4k));
-    k.set_dot(DType::Q5_K, entry!(dot vec_dot_q5k));
-    k.set_dot(DType::Q6_K, entry!(dot vec_dot_q6k));
-}
 
 /// i16 lanes: `s0` for the first 16 elements of a chunk, `s1` for the last 16.
 #[inline]
@@ -109,7 +99,7 @@ pub(super) fn groups16(s: [u8; 16], signed: bool) -> __m256i {
 /// `hsum_f32(acc) + ((m0 + m2) + (m1 + m3))`: the end of the Q4_K dot product.
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) fn finish_q4k(acc: __m256, acc_m: __m128) -> f32 {
+pub(in crate::simd::x86) fn finish_q4k(acc: __m256, acc_m: __m128) -> f32 {
     let m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
     let m = _mm_add_ss(m, _mm_movehdup_ps(m));
     hsum_f32(acc) + _mm_cvtss_f32(m)
@@ -119,7 +109,7 @@ pub(super) fn finish_q4k(acc: __m256, acc_m: __m128) -> f32 {
 /// (the mins apply to 32 elements, two Q8_K groups).
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) fn min_lanes_k4(mins: &[u8; 8], b: &BlockQ8K) -> __m128i {
+pub(in crate::simd::x86) fn min_lanes_k4(mins: &[u8; 8], b: &BlockQ8K) -> __m128i {
     let bs = bsums16(b);
     let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
     // SAFETY: 8 readable bytes.
@@ -310,7 +300,7 @@ pub(super) fn vec_dot_q4k(n: usize, w: &[u8], x: &[u8]) -> f32 {
 /// Sum of four i32 lanes.
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) fn hsum_i32x4(v: __m128i) -> i32 {
+pub(in crate::simd::x86) fn hsum_i32x4(v: __m128i) -> i32 {
     let s = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0b01_00_11_10));
     _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01)))
 }
@@ -338,7 +328,7 @@ pub(super) fn vec_dot_q5k(n: usize, w: &[u8], x: &[u8]) -> f32 {
 /// Q6_K's offset lanes: lane k = `32 · (bsum[2k]·sc[2k] + bsum[2k+1]·sc[2k+1])`.
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) fn offset_lanes_q6k(scales: &[i8; 16], b: &BlockQ8K) -> __m256i {
+pub(in crate::simd::x86) fn offset_lanes_q6k(scales: &[i8; 16], b: &BlockQ8K) -> __m256i {
     let sc = groups16(scales.map(|s| s as u8), true);
     _mm256_slli_epi32(_mm256_madd_epi16(bsums16(b), sc), 5)
 }

@@ -2,7 +2,7 @@
 //! of llama.cpp's x86 kernels, so an ARM machine computes bit for bit what the AVX2 and
 //! AVX-512 tables compute (and the golden tests hold there too).
 //!
-//! That structure (see the module doc of `simd` and `avx2_kquants.rs`): per block, exact
+//! That structure (see the module doc of `simd` and `x86/avx2/kquants.rs`): per block, exact
 //! integer products summed into eight i32 lanes, lane `k` holding elements `4k..4k+3` of
 //! each 32-element chunk (scaled by the chunk's sub-block scales for the k-quants); the lanes
 //! converted to f32 and accumulated with one FMA per block into eight f32 accumulators; the
@@ -21,7 +21,6 @@
 
 use std::arch::aarch64::*;
 
-use super::Kernels;
 use crate::DType;
 use crate::quant::blocks::{
     BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K,
@@ -29,6 +28,7 @@ use crate::quant::blocks::{
 };
 use crate::quant::kquants::{unpack_q2k, unpack_q3k, unpack_q4k, unpack_q5k, unpack_q6k};
 use crate::quant::legacy::{unpack_q5_0, unpack_q5_1};
+use crate::simd::Kernels;
 
 /// Turns a target-feature kernel into a plain `fn` for the table.
 macro_rules! entry {
@@ -38,7 +38,8 @@ macro_rules! entry {
     };
 }
 
-pub(super) fn install(k: &mut Kernels) {
+/// Puts every kernel of the NEON tier into `k` (a copy of the scalar table).
+pub(in crate::simd) fn install(k: &mut Kernels) {
     k.set_dot(DType::Q4_0, entry!(vec_dot_q4_0));
     k.set_dot(DType::Q4_1, entry!(vec_dot_q4_1));
     k.set_dot(DType::Q5_0, entry!(vec_dot_q5_0));
@@ -242,7 +243,7 @@ fn vec_dot_q8_0(n: usize, w: &[u8], x: &[u8]) -> f32 {
 }
 
 // ---------------------------------------------------------------------------------------------
-// k-quants (see the table in `avx2_kquants.rs` for where each format's min/offset goes).
+// k-quants (see the table in `x86/avx2/kquants.rs` for where each format's min/offset goes).
 
 /// `Σ_chunks scale · lanes` over the eight chunks of a super-block, with per-16-element
 /// scales `sc16(g)` (g = 0..16).

@@ -1,7 +1,9 @@
-//! AVX-512 VNNI matrix kernels (see [`super::mat`]) for the legacy formats Q4_0, Q4_1,
-//! Q5_0, Q5_1 and Q8_0: four weight rows × up to four tokens per micro-kernel.
+//! AVX-512 VNNI matrix kernels (see [`crate::simd::mat`]) for the legacy formats Q4_0, Q4_1,
+//! Q5_0, Q5_1 and Q8_0: four weight rows × up to four tokens per micro-kernel, on the file's
+//! rows or on the packed layout of `packed.rs`.
 //!
-//! Per output the arithmetic is llama.cpp's `ggml_vec_dot_*` (as `avx2.rs` computes it):
+//! Per output the arithmetic is llama.cpp's `ggml_vec_dot_*` (as `x86/avx2/dot.rs` computes
+//! it):
 //! per block eight exact i32 lanes (lane j = elements 4j..4j+3), `acc = fma(d_w·d_x,
 //! f32(lanes), acc)` in block order, the Q4_1/Q5_1 offset `summs = fma(m_w, s_x, summs)`,
 //! then `hsum_float_8(acc)` (+ `summs`). What changes is only the register layout:
@@ -13,79 +15,26 @@
 //! - Q8_0: two rows per zmm (one 256-bit half each, lanes in order).
 //!
 //! Weight quants enter `vpdpbusd` as unsigned bytes; the signed formats subtract their offset
-//! (8, 16, 128) through the activations' negated lane sums ([`super::mat::BlockAux`]), which
+//! (8, 16, 128) through the activations' negated lane sums ([`crate::simd::mat::BlockAux`]), which
 //! gives the same exact i32 lanes as the sign trick. Each weight block is unpacked once and
 //! reused for every token of the micro-kernel; scales of four rows are gathered in a general
 //! register and converted by one `vcvtph2ps`.
 
 use std::arch::x86_64::*;
 
-use super::mat::{ActRows, BlockAux, MatOut, WeightRows};
-use super::{DotPath, Kernels, Packing};
-use crate::DType;
+use super::packed::{packed_quants, packed_scales};
 use crate::quant::blocks::QK;
+use crate::simd::mat::{ActRows, BlockAux, MatOut, WeightRows};
+use crate::simd::x86::avx2::{f16x4, rd32};
 
 /// Tokens per cache tile: their activations stay in L2 while every row group runs over them.
 const TOK_TILE: usize = 64;
-
-pub(super) fn install(k: &mut Kernels) {
-    macro_rules! both {
-        ($t:ident, $F:ty) => {
-            // SAFETY: installed only in the AVX-512 table, after `supported()`.
-            k.set_mat(DotPath::VecDot, DType::$t, |w, x, o| unsafe {
-                legacy::<$F, false>(w, x, o)
-            });
-            k.set_packed(
-                DType::$t,
-                Packing {
-                    group: 4,
-                    pack: pack::<$F>,
-                    unpack: unpack::<$F>,
-                    // SAFETY: as above.
-                    mat: |w, x, o| unsafe { legacy::<$F, true>(w, x, o) },
-                },
-            );
-        };
-    }
-    both!(Q4_0, Q4_0);
-    both!(Q4_1, Q4_1);
-    both!(Q5_0, Q5_0);
-    both!(Q5_1, Q5_1);
-    both!(Q8_0, Q8_0);
-}
 
 // ---------------------------------------------------------------------------------------------
 // Loading four rows' block fields.
 
 /// Block pointers of four weight rows (the same row repeated where fewer remain).
-type Rows4 = [*const u8; 4];
-
-#[inline(always)]
-unsafe fn rd16(p: *const u8) -> u64 {
-    // SAFETY: the caller guarantees two readable bytes.
-    unsafe { p.cast::<u16>().read_unaligned() as u64 }
-}
-
-#[inline(always)]
-unsafe fn rd32(p: *const u8) -> u64 {
-    // SAFETY: the caller guarantees four readable bytes.
-    unsafe { p.cast::<u32>().read_unaligned() as u64 }
-}
-
-/// The f16 field at byte `off` of four blocks, as f32 lanes (gathered in a general
-/// register: one vector move and one conversion).
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn f16x4(p: &Rows4, off: usize) -> __m128 {
-    // SAFETY: the caller guarantees the fields are readable.
-    let v = unsafe {
-        rd16(p[0].add(off))
-            | rd16(p[1].add(off)) << 16
-            | rd16(p[2].add(off)) << 32
-            | rd16(p[3].add(off)) << 48
-    };
-    _mm_cvtph_ps(_mm_cvtsi64_si128(v as i64))
-}
+pub(super) type Rows4 = [*const u8; 4];
 
 /// The 16 bytes at `off` of four blocks, one 128-bit chunk each.
 #[inline]
@@ -104,7 +53,7 @@ unsafe fn chunks4(p: &Rows4, off: usize) -> __m512i {
 /// Low and high nibbles of [`chunks4`]: elements 0..15 and 16..31 of each row.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
-fn nibbles4(q: __m512i) -> (__m512i, __m512i) {
+pub(super) fn nibbles4(q: __m512i) -> (__m512i, __m512i) {
     let m = _mm512_set1_epi8(0x0F);
     (
         _mm512_and_si512(q, m),
@@ -124,7 +73,8 @@ unsafe fn fifth_bits(p: &Rows4, off: usize, lo: __m512i, hi: __m512i) -> (__m512
             rd32(p[2].add(off)),
             rd32(p[3].add(off)),
         ]
-    };
+    }
+    .map(u64::from);
     let k_lo =
         (h[0] & 0xFFFF) | (h[1] & 0xFFFF) << 16 | (h[2] & 0xFFFF) << 32 | (h[3] & 0xFFFF) << 48;
     let k_hi = (h[0] >> 16) | (h[1] >> 16) << 16 | (h[2] >> 16) << 32 | (h[3] >> 16) << 48;
@@ -142,7 +92,7 @@ unsafe fn fifth_bits(p: &Rows4, off: usize, lo: __m512i, hi: __m512i) -> (__m512
 ///
 /// # Safety
 /// `quants` and `scales` may read `BYTES` bytes at each pointer and nothing else.
-unsafe trait Legacy {
+pub(super) unsafe trait Legacy {
     /// Bytes per block.
     const BYTES: usize;
     /// The quants are `u - 2^SHIFT` for the unsigned bytes `quants` returns (signed
@@ -168,7 +118,7 @@ macro_rules! legacy_format {
     ($name:ident, $bytes:expr, shift: $shift:expr, min: $min:expr, wide: $wide:expr,
      fields: ($qs:expr, $m:expr, $qh:expr),
      |$p:ident| quants $quants:block, scales $scales:block) => {
-        struct $name;
+        pub(super) struct $name;
         // SAFETY: every read below is inside the block.
         unsafe impl Legacy for $name {
             const BYTES: usize = $bytes;
@@ -372,10 +322,14 @@ unsafe fn tokens<F: Legacy, const PACKED: bool, const C: usize>(
 
 /// The matrix kernel of a legacy format: row groups of four, tokens in tiles of
 /// [`TOK_TILE`] and micro-kernel groups of four. Rows are either the file's (`w.stride`
-/// bytes apart) or, `PACKED`, groups of four interleaved by [`pack`] (`w.stride` bytes per
+/// bytes apart) or, `PACKED`, groups of four interleaved by `packed.rs`' `pack` (`w.stride` bytes per
 /// group).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn legacy<F: Legacy, const PACKED: bool>(w: &WeightRows, x: &ActRows, out: &mut MatOut) {
+pub(super) unsafe fn legacy<F: Legacy, const PACKED: bool>(
+    w: &WeightRows,
+    x: &ActRows,
+    out: &mut MatOut,
+) {
     let nb = w.n / QK;
     assert!(nb * QK == w.n && w.rows > 0 && w.packed == PACKED);
     let need = if PACKED {
@@ -645,136 +599,6 @@ unsafe fn legacy_decoded<F: Legacy, const PACKED: bool>(
                     _ => {}
                 }
             }
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// The packed layout: four rows interleaved block by block, so that one load gives the quants
-// of four rows and one conversion their scales (llama.cpp repacks Q4_0 into a similar
-// `block_q4_0x8`; the AVX2 table has its own, `avx2_x8.rs`). Per group of four rows and block: the quants of the four rows (16 bytes
-// each, Q8_0: 32), then the four f16 `d`, the four f16 `m` (Q4_1, Q5_1), and the fifth bits
-// as the two 64-bit masks [`fifth_bits`] builds (Q5_0, Q5_1): exactly four blocks' bytes.
-
-/// Bytes of the four rows' quants in a packed group block.
-const fn packed_qs<F: Legacy>() -> usize {
-    if F::WIDE { 128 } else { 64 }
-}
-
-#[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw")]
-unsafe fn packed_quants<F: Legacy>(p: *const u8) -> (__m512i, __m512i) {
-    // SAFETY: the caller passes a packed group block.
-    unsafe {
-        if F::WIDE {
-            let flip = _mm512_set1_epi8(-128);
-            (
-                _mm512_xor_si512(_mm512_loadu_si512(p.cast()), flip),
-                _mm512_xor_si512(_mm512_loadu_si512(p.add(64).cast()), flip),
-            )
-        } else {
-            let (lo, hi) = nibbles4(_mm512_loadu_si512(p.cast()));
-            if F::QH.is_some() {
-                let k = p.add(packed_qs::<F>() + if F::MIN { 16 } else { 8 });
-                let (k_lo, k_hi) = (
-                    k.cast::<u64>().read_unaligned(),
-                    k.add(8).cast::<u64>().read_unaligned(),
-                );
-                let sixteen = _mm512_set1_epi8(16);
-                (
-                    _mm512_mask_add_epi8(lo, k_lo, lo, sixteen),
-                    _mm512_mask_add_epi8(hi, k_hi, hi, sixteen),
-                )
-            } else {
-                (lo, hi)
-            }
-        }
-    }
-}
-
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn packed_scales<F: Legacy>(p: *const u8) -> (__m128, __m128) {
-    let q = packed_qs::<F>();
-    // SAFETY: the caller passes a packed group block.
-    unsafe {
-        let d = _mm_cvtph_ps(_mm_loadl_epi64(p.add(q).cast()));
-        let m = if F::MIN {
-            _mm_cvtph_ps(_mm_loadl_epi64(p.add(q + 8).cast()))
-        } else {
-            _mm_setzero_ps()
-        };
-        (d, m)
-    }
-}
-
-/// Packs `rows` rows of `n` elements (`data`, the file's layout) into groups of four (the
-/// last group repeats the last row); each group takes `n / 32 * 4 * BYTES` bytes.
-fn pack<F: Legacy>(n: usize, rows: usize, data: &[u8]) -> Vec<u8> {
-    let nb = n / QK;
-    let rb = nb * F::BYTES;
-    assert!(nb * QK == n && rows > 0 && data.len() >= rows * rb);
-    let gb = 4 * F::BYTES;
-    let qs_len = if F::WIDE { 32 } else { 16 };
-    let q = packed_qs::<F>();
-    let mut out = vec![0u8; rows.div_ceil(4) * nb * gb];
-    for (g, group) in out.chunks_exact_mut(nb * gb).enumerate() {
-        for (b, o) in group.chunks_exact_mut(gb).enumerate() {
-            let src: [&[u8]; 4] = std::array::from_fn(|i| {
-                let r = (4 * g + i).min(rows - 1);
-                &data[r * rb + b * F::BYTES..][..F::BYTES]
-            });
-            let (mut k_lo, mut k_hi) = (0u64, 0u64);
-            for (i, s) in src.iter().enumerate() {
-                o[i * qs_len..(i + 1) * qs_len].copy_from_slice(&s[F::QS..F::QS + qs_len]);
-                o[q + 2 * i..q + 2 * i + 2].copy_from_slice(&s[0..2]);
-                if F::MIN {
-                    o[q + 8 + 2 * i..q + 10 + 2 * i].copy_from_slice(&s[F::M..F::M + 2]);
-                }
-                if let Some(qh) = F::QH {
-                    let h = u32::from_le_bytes(s[qh..qh + 4].try_into().unwrap()) as u64;
-                    k_lo |= (h & 0xFFFF) << (16 * i);
-                    k_hi |= (h >> 16) << (16 * i);
-                }
-            }
-            if F::QH.is_some() {
-                let k = q + if F::MIN { 16 } else { 8 };
-                o[k..k + 8].copy_from_slice(&k_lo.to_le_bytes());
-                o[k + 8..k + 16].copy_from_slice(&k_hi.to_le_bytes());
-            }
-        }
-    }
-    out
-}
-
-/// The inverse of [`pack`] for one row: blocks `blocks` of row `r` in the file's layout.
-fn unpack<F: Legacy>(
-    n: usize,
-    data: &[u8],
-    r: usize,
-    blocks: std::ops::Range<usize>,
-    out: &mut [u8],
-) {
-    let nb = n / QK;
-    let gb = 4 * F::BYTES;
-    let qs_len = if F::WIDE { 32 } else { 16 };
-    let q = packed_qs::<F>();
-    let (g, i) = (r / 4, r % 4);
-    let group = &data[g * nb * gb..][..nb * gb];
-    let src = group[blocks.start * gb..blocks.end * gb].chunks_exact(gb);
-    for (o, s) in out.chunks_exact_mut(F::BYTES).zip(src) {
-        o[F::QS..F::QS + qs_len].copy_from_slice(&s[i * qs_len..(i + 1) * qs_len]);
-        o[0..2].copy_from_slice(&s[q + 2 * i..q + 2 * i + 2]);
-        if F::MIN {
-            o[F::M..F::M + 2].copy_from_slice(&s[q + 8 + 2 * i..q + 10 + 2 * i]);
-        }
-        if let Some(qh) = F::QH {
-            let k = q + if F::MIN { 16 } else { 8 };
-            let bits = |at: usize| {
-                (u64::from_le_bytes(s[at..at + 8].try_into().unwrap()) >> (16 * i)) & 0xFFFF
-            };
-            let h = (bits(k) | bits(k + 8) << 16) as u32;
-            o[qh..qh + 4].copy_from_slice(&h.to_le_bytes());
         }
     }
 }
