@@ -62,6 +62,7 @@ fn greedy(max_tokens: usize) -> GenerateParams {
         sampling: SamplingParams::greedy(),
         stop: Vec::new(),
         ignore_eos: false,
+        logit_bias: Vec::new(),
     }
 }
 
@@ -126,6 +127,8 @@ fn submit_in(
         n,
         logprobs: None,
         sink: Box::new(ChanSink(tx)),
+        processors: None,
+        proposer: None,
     })
     .unwrap();
     rx
@@ -239,6 +242,8 @@ fn cancelled_request_frees_its_blocks() {
         n: 1,
         logprobs: None,
         sink: Box::new(DropSink(tx, flag.clone())),
+        processors: None,
+        proposer: None,
     })
     .unwrap();
     for _ in 0..5 {
