@@ -323,4 +323,181 @@ mod tests {
         assert_eq!(m.push("é ST"), ("é ".to_string(), false));
         assert_eq!(m.flush("!"), "ST!");
     }
+
+    use crate::sampler::SamplingParams;
+    use mica_models::tokenizer::TokenizerSpec;
+    use std::sync::{Arc, Mutex};
+
+    /// Byte-level BPE vocabulary: 0 `<|end|>` (end of generation), then "a" "b" "c" " "
+    /// "x" "y".
+    fn tokenizer() -> Tokenizer {
+        let tokens = ["<|end|>", "a", "b", "c", "Ġ", "x", "y"];
+        let mut types = vec![1; tokens.len()];
+        types[0] = 3;
+        Tokenizer::from_spec(&TokenizerSpec {
+            model: "gpt2".into(),
+            pre: Some("gpt-2".into()),
+            tokens: tokens.iter().map(|s| s.to_string()).collect(),
+            token_types: Some(types),
+            merges: Some(Vec::new()),
+            eos_id: Some(0),
+            ..TokenizerSpec::default()
+        })
+        .unwrap()
+    }
+
+    fn params(max_tokens: usize, stop: &[&str]) -> GenerateParams {
+        GenerateParams {
+            max_tokens,
+            sampling: SamplingParams::greedy(),
+            stop: stop.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+
+    /// Logits rows whose argmaxes are `tops` (7 tokens each).
+    fn rows(tops: &[u32]) -> Vec<f32> {
+        let mut r = vec![0.0; tops.len() * 7];
+        for (i, &t) in tops.iter().enumerate() {
+            r[i * 7 + t as usize] = 1.0;
+        }
+        r
+    }
+
+    #[test]
+    fn finish_rules_apply_in_order() {
+        let tok = tokenizer();
+        let mut d = SequenceDecoder::new(&tok, &params(10, &["bc"]), &[1], 100);
+        let c = d.commit(1);
+        assert_eq!((c.text.as_str(), c.finish), ("a", None));
+        let c = d.commit(2);
+        assert_eq!((c.text.as_str(), c.finish), ("", None), "may start 'bc'");
+        let c = d.commit(3);
+        assert_eq!((c.text.as_str(), c.finish), ("", Some(FinishReason::Stop)));
+        assert_eq!(d.tail(FinishReason::Stop), "");
+        assert_eq!(d.generated(), &[1, 2, 3]);
+
+        let mut d = SequenceDecoder::new(&tok, &params(10, &[]), &[1], 100);
+        assert_eq!(d.commit(0).finish, Some(FinishReason::Eos));
+        let mut p = params(10, &[]);
+        p.ignore_eos = true;
+        let mut d = SequenceDecoder::new(&tok, &p, &[1], 100);
+        assert_eq!(d.commit(0).finish, None);
+
+        // Length before context when both are reached; held-back text in the tail.
+        let mut d = SequenceDecoder::new(&tok, &params(2, &["bc"]), &[1], 3);
+        assert_eq!(d.commit(5).finish, None);
+        let c = d.commit(2);
+        assert_eq!((c.text.as_str(), c.finish), ("", Some(FinishReason::Length)));
+        assert_eq!(d.tail(FinishReason::Length), "b");
+        let mut d = SequenceDecoder::new(&tok, &params(5, &[]), &[1], 3);
+        assert_eq!(d.commit(5).finish, None);
+        assert_eq!(d.commit(6).finish, Some(FinishReason::Context));
+        assert_eq!(d.tail(FinishReason::Context), "");
+    }
+
+    #[test]
+    fn greedy_verification_keeps_the_agreeing_prefix_and_one_more() {
+        let tok = tokenizer();
+        let mut d = SequenceDecoder::new(&tok, &params(100, &[]), &[1], 200);
+        let mut out = Vec::new();
+        let r = rows(&[1, 2, 3, 5]);
+        d.choose(&r, &[1, 2, 4], &mut out);
+        assert_eq!(out, vec![1, 2, 3], "the third draft is wrong: the model's token");
+        d.choose(&r, &[1, 2, 3], &mut out);
+        assert_eq!(out, vec![1, 2, 3, 5], "all right: the model's next one too");
+        d.choose(&r, &[6, 2, 3], &mut out);
+        assert_eq!(out, vec![1]);
+        d.choose(&r[..7], &[], &mut out);
+        assert_eq!(out, vec![1]);
+        assert!(d.generated().is_empty(), "choosing commits nothing");
+        assert_eq!(d.max_draft(), MAX_DRAFT);
+        let d = SequenceDecoder::new(&tok, &params(50, &[]), &[1], 5);
+        assert_eq!(d.max_draft(), 3, "4 more tokens fit the context: 3 drafts and one");
+        let d = SequenceDecoder::new(&tok, &params(2, &[]), &[1], 100);
+        assert_eq!(d.max_draft(), 1);
+    }
+
+    #[test]
+    fn sampled_sequences_take_no_drafts() {
+        let tok = tokenizer();
+        let mut p = params(50, &[]);
+        p.sampling = SamplingParams {
+            temperature: 1.0,
+            seed: 3,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            ..Default::default()
+        };
+        let (mut a, mut b) = (
+            SequenceDecoder::new(&tok, &p, &[1], 100),
+            SequenceDecoder::new(&tok, &p, &[1], 100),
+        );
+        assert_eq!(a.max_draft(), 0);
+        let logits: Vec<f32> = (0..7 * 3).map(|i| (i % 5) as f32 * 0.3).collect();
+        let (mut x, mut y) = (Vec::new(), Vec::new());
+        for _ in 0..20 {
+            a.choose(&logits, &[1, 2], &mut x);
+            b.choose(&logits[..7], &[], &mut y);
+            assert_eq!(x, y, "one draw from the first row, as without a draft");
+        }
+    }
+
+    /// Records what it is told; refuses `refuse`.
+    struct Recorder {
+        log: Arc<Mutex<Vec<String>>>,
+        refuse: Option<u32>,
+    }
+
+    impl LogitsProcessor for Recorder {
+        fn process(&mut self, history: &[u32], _logits: &mut [f32]) {
+            self.log.lock().unwrap().push(format!("p{}", history.len()));
+        }
+        fn accept(&mut self, token: u32) -> bool {
+            let ok = self.refuse != Some(token);
+            let e = if ok { "a" } else { "x" };
+            self.log.lock().unwrap().push(format!("{e}{token}"));
+            ok
+        }
+        fn rollback(&mut self, n: usize) {
+            self.log.lock().unwrap().push(format!("r{n}"));
+        }
+    }
+
+    #[test]
+    fn processors_see_drafts_then_roll_them_back() {
+        let tok = tokenizer();
+        let logs = [Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new()))];
+        let mut d = SequenceDecoder::new(&tok, &params(50, &[]), &[1], 100);
+        d.push_processor(Box::new(Recorder {
+            log: logs[0].clone(),
+            refuse: None,
+        }));
+        let mut out = Vec::new();
+        d.choose(&rows(&[1, 2, 3]), &[1, 5], &mut out);
+        assert_eq!(out, vec![1, 2]);
+        for &t in &out {
+            d.commit(t);
+        }
+        let log = logs[0].lock().unwrap().clone();
+        assert_eq!(log, ["p1", "a1", "p2", "a5", "p3", "r2", "a1", "a2"]);
+
+        // A processor refusing a draft: no row after it is processed or chosen from.
+        let mut d = SequenceDecoder::new(&tok, &params(50, &[]), &[1], 100);
+        logs[0].lock().unwrap().clear();
+        for (log, refuse) in logs.iter().zip([None, Some(5)]) {
+            d.push_processor(Box::new(Recorder {
+                log: log.clone(),
+                refuse,
+            }));
+        }
+        d.choose(&rows(&[1, 5, 3, 4]), &[1, 5, 3], &mut out);
+        assert_eq!(out, vec![1, 5], "row 1 is the last one processed");
+        assert_eq!(
+            logs[0].lock().unwrap().clone(),
+            ["p1", "a1", "p2", "a5", "r1", "r1"]
+        );
+        assert_eq!(logs[1].lock().unwrap().clone(), ["p1", "a1", "p2", "x5", "r1"]);
+    }
 }

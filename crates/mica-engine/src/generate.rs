@@ -338,6 +338,11 @@ impl<'m> Session<'m> {
             self.eval_into(&step, !draft.is_empty())?;
             timings.gen_passes += 1;
         };
+        if !draft.is_empty() {
+            // The last pass ended the generation part-way through its draft: drop the cache
+            // of the tokens after the newest one, as a one-token pass leaves it.
+            self.truncate(dec.history().len() - 1);
+        }
         let tail = dec.tail(finish);
         if !tail.is_empty() {
             text.push_str(&tail);

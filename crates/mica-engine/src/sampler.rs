@@ -405,4 +405,71 @@ mod tests {
         assert_eq!(err.param(), crate::error::Param::TopP);
         assert!(SamplingParams::default().validate().is_ok());
     }
+
+    /// The chain as it was before the penalties became a processor: penalties applied to
+    /// the candidates, then greedy `best` or truncation and a draw.
+    fn reference_sample(p: &SamplingParams, rng: &mut ChaCha20Rng, l: &[f32], h: &[u32]) -> u32 {
+        let mut c: Vec<Candidate> = l
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| Candidate {
+                id: i as u32,
+                logit: l,
+            })
+            .collect();
+        let recent = &h[h.len().saturating_sub(p.penalty_last_n)..];
+        let mut counts = std::collections::HashMap::<u32, u32>::new();
+        for &t in recent {
+            *counts.entry(t).or_default() += 1;
+        }
+        for cand in c.iter_mut() {
+            let Some(&n) = counts.get(&cand.id) else {
+                continue;
+            };
+            if cand.logit <= 0.0 {
+                cand.logit *= p.repeat_penalty;
+            } else {
+                cand.logit /= p.repeat_penalty;
+            }
+            cand.logit -= n as f32 * p.frequency_penalty + p.presence_penalty;
+        }
+        if p.temperature <= 0.0 {
+            let mut b = c[0];
+            for &x in &c {
+                if x.logit > b.logit || (x.logit == b.logit && x.id < b.id) {
+                    b = x;
+                }
+            }
+            return b.id;
+        }
+        truncate(&mut c, p);
+        let u: f64 = rng.random();
+        draw(&c, p.temperature, u)
+    }
+
+    #[test]
+    fn penalties_as_a_processor_give_the_chain_s_tokens() {
+        for temperature in [0.0, 0.7] {
+            let p = SamplingParams {
+                temperature,
+                repeat_penalty: 1.3,
+                presence_penalty: 0.4,
+                frequency_penalty: 0.2,
+                penalty_last_n: 16,
+                seed: 21,
+                ..Default::default()
+            };
+            let mut s = Sampler::new(p.clone());
+            let mut rng = ChaCha20Rng::seed_from_u64(p.seed);
+            let mut noise = ChaCha20Rng::seed_from_u64(5);
+            let mut history: Vec<u32> = vec![3, 3, 7];
+            for _ in 0..300 {
+                // Peaked logits over 64 tokens, some negative.
+                let l: Vec<f32> = (0..64).map(|_| noise.random::<f32>() * 6.0 - 2.0).collect();
+                let want = reference_sample(&p, &mut rng, &l, &history);
+                assert_eq!(s.sample(&l, &history), want);
+                history.push(want);
+            }
+        }
+    }
 }
