@@ -388,7 +388,10 @@ mod tests {
         let mut d = SequenceDecoder::new(&tok, &params(2, &["bc"]), &[1], 3);
         assert_eq!(d.commit(5).finish, None);
         let c = d.commit(2);
-        assert_eq!((c.text.as_str(), c.finish), ("", Some(FinishReason::Length)));
+        assert_eq!(
+            (c.text.as_str(), c.finish),
+            ("", Some(FinishReason::Length))
+        );
         assert_eq!(d.tail(FinishReason::Length), "b");
         let mut d = SequenceDecoder::new(&tok, &params(5, &[]), &[1], 3);
         assert_eq!(d.commit(5).finish, None);
@@ -403,7 +406,11 @@ mod tests {
         let mut out = Vec::new();
         let r = rows(&[1, 2, 3, 5]);
         d.choose(&r, &[1, 2, 4], &mut out);
-        assert_eq!(out, vec![1, 2, 3], "the third draft is wrong: the model's token");
+        assert_eq!(
+            out,
+            vec![1, 2, 3],
+            "the third draft is wrong: the model's token"
+        );
         d.choose(&r, &[1, 2, 3], &mut out);
         assert_eq!(out, vec![1, 2, 3, 5], "all right: the model's next one too");
         d.choose(&r, &[6, 2, 3], &mut out);
@@ -413,7 +420,11 @@ mod tests {
         assert!(d.generated().is_empty(), "choosing commits nothing");
         assert_eq!(d.max_draft(), MAX_DRAFT);
         let d = SequenceDecoder::new(&tok, &params(50, &[]), &[1], 5);
-        assert_eq!(d.max_draft(), 3, "4 more tokens fit the context: 3 drafts and one");
+        assert_eq!(
+            d.max_draft(),
+            3,
+            "4 more tokens fit the context: 3 drafts and one"
+        );
         let d = SequenceDecoder::new(&tok, &params(2, &[]), &[1], 100);
         assert_eq!(d.max_draft(), 1);
     }
@@ -468,7 +479,10 @@ mod tests {
     #[test]
     fn processors_see_drafts_then_roll_them_back() {
         let tok = tokenizer();
-        let logs = [Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new()))];
+        let logs = [
+            Arc::new(Mutex::new(Vec::new())),
+            Arc::new(Mutex::new(Vec::new())),
+        ];
         let mut d = SequenceDecoder::new(&tok, &params(50, &[]), &[1], 100);
         d.push_processor(Box::new(Recorder {
             log: logs[0].clone(),
@@ -498,6 +512,9 @@ mod tests {
             logs[0].lock().unwrap().clone(),
             ["p1", "a1", "p2", "a5", "r1", "r1"]
         );
-        assert_eq!(logs[1].lock().unwrap().clone(), ["p1", "a1", "p2", "x5", "r1"]);
+        assert_eq!(
+            logs[1].lock().unwrap().clone(),
+            ["p1", "a1", "p2", "x5", "r1"]
+        );
     }
 }

@@ -412,7 +412,10 @@ impl Proposer for Noisy {
             Vec::new()
         };
         while d.len() < self.oracle.lookahead.min(max) {
-            self.state = self.state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            self.state = self
+                .state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             d.push((self.state >> 33) as u32 % self.n_vocab);
         }
         d
@@ -509,7 +512,13 @@ fn wrong_drafts_are_rolled_back_in_a_mixed_batch() {
         },
         ..long_greedy(n_gen)
     };
-    let params = |i: usize| if i == 3 { sampled.clone() } else { long_greedy(n_gen) };
+    let params = |i: usize| {
+        if i == 3 {
+            sampled.clone()
+        } else {
+            long_greedy(n_gen)
+        }
+    };
     let solo = engine(&lm, 512);
     let want: Vec<Out> = (0..prompts.len())
         .map(|i| collect(submit(&solo, prompts[i].clone(), params(i), 1), 1))
@@ -549,12 +558,18 @@ fn wrong_drafts_are_rolled_back_in_a_mixed_batch() {
         for (i, rx) in rxs.into_iter().enumerate() {
             let out = collect(rx, 1);
             let w = &want[i % prompts.len()];
-            assert_eq!(out.tokens, w.tokens, "request {i}, abandon_every {abandon_every}");
+            assert_eq!(
+                out.tokens, w.tokens,
+                "request {i}, abandon_every {abandon_every}"
+            );
             assert_eq!(out.text, w.text, "request {i}");
         }
         let m = e.metrics();
         let (drafted, accepted) = (count(&m.draft_tokens), count(&m.accepted_draft_tokens));
-        assert!(accepted > 0 && accepted < drafted, "{accepted} of {drafted}");
+        assert!(
+            accepted > 0 && accepted < drafted,
+            "{accepted} of {drafted}"
+        );
         if abandon_every > 0 {
             assert!(count(&m.abandoned_steps) > 0);
         }
@@ -612,7 +627,10 @@ fn processors_and_logit_bias_match_a_session() {
         .unwrap();
     assert_eq!(g_ban.output_ids[..2], plain.output_ids[..2]);
     assert_ne!(g_ban.output_ids, plain.output_ids);
-    for (t, b) in g_ban.output_ids[2..].iter().zip(banned.lock().unwrap().iter()) {
+    for (t, b) in g_ban.output_ids[2..]
+        .iter()
+        .zip(banned.lock().unwrap().iter())
+    {
         assert_ne!(t, b, "a banned token was chosen");
     }
 

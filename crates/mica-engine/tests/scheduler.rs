@@ -410,7 +410,10 @@ fn drafts_are_verified_with_variable_acceptance_and_rolled_back() {
     let mut s = sched(SchedulePolicy::Priority, 256, 64);
     let p = prompt(30, 5);
     s.add(1, Lane::Interactive, p.clone(), t0).unwrap();
-    assert!(!s.set_draft(1, &[1, 2]), "no draft while the prompt is waiting");
+    assert!(
+        !s.set_draft(1, &[1, 2]),
+        "no draft while the prompt is waiting"
+    );
     let plan = s.schedule(t0);
     complete(&mut s, &plan.seqs);
     assert_eq!(s.kv().n_used(), 2);
@@ -482,7 +485,10 @@ fn drafts_never_preempt_and_yield_to_the_budget() {
     complete(&mut s, &plan.seqs);
     assert!(s.set_draft(1, &[1; 20]));
     let plan = s.schedule(t0);
-    assert!(plan.preempted.is_empty(), "a draft takes no other sequence's block");
+    assert!(
+        plan.preempted.is_empty(),
+        "a draft takes no other sequence's block"
+    );
     assert_eq!(ids(&plan.seqs), vec![(1, 1), (2, 1)]);
     assert_eq!(s.get(1).unwrap().n_draft, 0, "dropped");
     complete(&mut s, &plan.seqs);

@@ -220,7 +220,10 @@ fn drafted_tokens_give_greedy_output() {
             assert_eq!(passes, plain.timings.gen_passes, "{case}");
         } else {
             // `right` drafted tokens accepted per pass, plus the model's own.
-            assert!(passes <= 29_usize.div_ceil(right + 1) + 1, "{case}: {passes}");
+            assert!(
+                passes <= 29_usize.div_ceil(right + 1) + 1,
+                "{case}: {passes}"
+            );
         }
         assert!(rollbacks.load(std::sync::atomic::Ordering::Relaxed) > 0);
         assert_eq!(fresh.cached().len(), p.len() + g.output_ids.len() - 1);
