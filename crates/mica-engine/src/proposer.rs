@@ -10,7 +10,8 @@
 //! back from the KV cache. A draft never changes the tokens generated, only how many steps
 //! they take.
 
-/// Guesses the tokens that follow a sequence.
+/// Guesses the tokens that follow a sequence. The engine calls it on its own thread between
+/// steps, so it should be quick (or batch its work elsewhere).
 pub trait Proposer: Send {
     /// Up to `max` tokens guessed to follow `history` (the prompt and the tokens generated
     /// so far, ending with the newest, which the next step computes). Fewer or none is
