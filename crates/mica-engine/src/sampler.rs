@@ -12,6 +12,7 @@
 
 use crate::error::ParamError;
 use crate::processor::{LogitsProcessor, Penalties};
+use mica_kernels::ops::{LogSoftmaxRounding, log_softmax_into};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
@@ -244,10 +245,9 @@ fn draw(c: &[Candidate], t: f32, u: f64) -> u32 {
 
 /// Natural-log softmax over the whole vocabulary (for reporting log-probabilities).
 pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
-    let lse = max as f64 + sum.ln();
-    logits.iter().map(|&l| (l as f64 - lse) as f32).collect()
+    let mut out = vec![0.0f32; logits.len()];
+    log_softmax_into(logits, LogSoftmaxRounding::ExpF64, &mut out);
+    out
 }
 
 /// A fresh seed for a run that asked for none: the process's random hasher over the clock,
