@@ -23,44 +23,50 @@ use mica_formats::ggml_types::GgmlType;
 use mica_formats::{MetaArray, MetaValue, SafetensorsSet, TensorInfo};
 use mica_kernels::DType;
 use mica_models::hf::{HfFolder, read_json};
-use mica_models::names::{LLAMA_HF, NameTable};
+use mica_models::names::NameTable;
 use mica_models::tokenizer::TokenizerSpec;
 use mica_models::tokenizer::hf_json::spec_from_hf;
 use std::borrow::Cow;
 use std::path::Path;
 
-/// A transformers architecture mica converts: its GGUF name, name table, and whether the
-/// converter permutes Q/K for adjacent-pair RoPE.
+/// A transformers architecture mica converts: its GGUF name, name table (the registry's),
+/// and whether the converter permutes Q/K for adjacent-pair RoPE.
 struct Family {
     hf: &'static str,
     gguf: &'static str,
-    names: &'static NameTable,
+    names: fn() -> &'static NameTable,
     permute_qk: bool,
+}
+
+fn llama_names() -> &'static NameTable {
+    mica_models::arch::by_hf("LlamaForCausalLM")
+        .expect("LLaMA is registered")
+        .hf_names
 }
 
 const FAMILIES: &[Family] = &[
     Family {
         hf: "LlamaForCausalLM",
         gguf: "llama",
-        names: &LLAMA_HF,
+        names: llama_names,
         permute_qk: true,
     },
     Family {
         hf: "MistralForCausalLM",
         gguf: "llama",
-        names: &LLAMA_HF,
+        names: llama_names,
         permute_qk: true,
     },
     Family {
         hf: "Qwen2ForCausalLM",
         gguf: "qwen2",
-        names: &LLAMA_HF,
+        names: llama_names,
         permute_qk: false,
     },
     Family {
         hf: "Qwen3ForCausalLM",
         gguf: "qwen3",
-        names: &LLAMA_HF,
+        names: llama_names,
         permute_qk: false,
     },
 ];
@@ -100,7 +106,7 @@ impl HfSource {
                 dir.display()
             );
         };
-        let embd_name = fam.names.to_file("token_embd.weight");
+        let embd_name = (fam.names)().to_file("token_embd.weight");
         let (_, embd) = folder.weights.tensor(&embd_name).with_context(|| {
             format!(
                 "{}: the checkpoint has no token embedding '{embd_name}'",
@@ -236,7 +242,7 @@ fn checkpoint_tensors(
         if t.name.ends_with("rotary_emb.inv_freq") {
             continue;
         }
-        let Some((gguf, layer)) = to_gguf(fam.names, &t.name) else {
+        let Some((gguf, layer)) = to_gguf((fam.names)(), &t.name) else {
             bail!(
                 "tensor '{}' of the checkpoint has no GGUF name in mica's {} table; \
                  converting it would lose it",
@@ -447,18 +453,19 @@ mod tests {
 
     #[test]
     fn names_map_backwards() {
+        let llama = llama_names();
         assert_eq!(
-            to_gguf(&LLAMA_HF, "model.layers.12.self_attn.q_proj.weight"),
+            to_gguf(llama, "model.layers.12.self_attn.q_proj.weight"),
             Some(("blk.12.attn_q.weight".into(), Some(12)))
         );
         assert_eq!(
-            to_gguf(&LLAMA_HF, "model.embed_tokens.weight"),
+            to_gguf(llama, "model.embed_tokens.weight"),
             Some(("token_embd.weight".into(), None))
         );
         assert_eq!(
-            to_gguf(&LLAMA_HF, "model.layers.x.mlp.up_proj.weight"),
+            to_gguf(llama, "model.layers.x.mlp.up_proj.weight"),
             None
         );
-        assert_eq!(to_gguf(&LLAMA_HF, "model.layers.1.mystery"), None);
+        assert_eq!(to_gguf(llama, "model.layers.1.mystery"), None);
     }
 }
