@@ -462,10 +462,7 @@ mod tests {
             to_gguf(llama, "model.embed_tokens.weight"),
             Some(("token_embd.weight".into(), None))
         );
-        assert_eq!(
-            to_gguf(llama, "model.layers.x.mlp.up_proj.weight"),
-            None
-        );
+        assert_eq!(to_gguf(llama, "model.layers.x.mlp.up_proj.weight"), None);
         assert_eq!(to_gguf(llama, "model.layers.1.mystery"), None);
     }
 }
