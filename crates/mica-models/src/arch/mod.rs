@@ -6,6 +6,7 @@
 mod decoder;
 mod experts;
 pub mod family;
+pub mod to_gguf;
 
 pub use family::{Family, GgufHints, GgufKeys};
 
