@@ -77,7 +77,28 @@ pub type KeysFn = fn(&Model, &HfFolder, &mut GgufKeys) -> std::result::Result<()
 pub struct GgufKeys {
     pub arch: &'static str,
     pub entries: Vec<(String, MetaValue)>,
-    pub warnings: Vec<String>,
+    pub warnings: Vec<GgufWarning>,
+}
+
+/// Something a converted file will not say that the folder does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GgufWarning {
+    /// The model attends within a sliding window of `window` tokens, which GGUF `arch` has
+    /// no key for (llama.cpp's converter drops it too).
+    SlidingWindowDropped { window: usize, arch: &'static str },
+}
+
+impl std::fmt::Display for GgufWarning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GgufWarning::SlidingWindowDropped { window, arch } => write!(
+                f,
+                "the model attends within a sliding window of {window} tokens; GGUF '{arch}' \
+                 has no key for it (llama.cpp's converter drops it too), so the output attends \
+                 to the whole context and differs from the folder beyond {window} tokens"
+            ),
+        }
+    }
 }
 
 impl GgufKeys {

@@ -14,7 +14,7 @@
 use super::Source;
 use super::decoder::{Parts, build, gguf_start, token_embedding};
 use super::experts;
-use super::family::{Family, GgufHints, GgufKeys, PLAIN};
+use super::family::{Family, GgufHints, GgufKeys, GgufWarning, PLAIN};
 use crate::error::Result;
 use crate::hf::HfFolder;
 use crate::model::Model;
@@ -63,12 +63,10 @@ pub(super) fn window_dropped(
         .filter(|&w| w < cfg.n_ctx_train)
         .min()
     {
-        keys.warnings.push(format!(
-            "the model attends within a sliding window of {w} tokens; GGUF '{}' has no key \
-             for it (llama.cpp's converter drops it too), so the output attends to the whole \
-             context and differs from the folder beyond {w} tokens",
-            keys.arch
-        ));
+        keys.warnings.push(GgufWarning::SlidingWindowDropped {
+            window: w,
+            arch: keys.arch,
+        });
     }
     Ok(())
 }

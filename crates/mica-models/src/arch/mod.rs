@@ -8,7 +8,7 @@ mod experts;
 pub mod family;
 pub mod to_gguf;
 
-pub use family::{Family, GgufHints, GgufKeys};
+pub use family::{Family, GgufHints, GgufKeys, GgufWarning};
 
 use crate::config::Numerics;
 use crate::error::{ModelError, Result};

@@ -15,7 +15,7 @@
 //!
 //! The tokenizer is not part of the layout (the converter adds its keys).
 
-use super::family::{Family, GgufKeys};
+use super::family::{Family, GgufKeys, GgufWarning};
 use super::{by_hf, load_hf};
 use crate::config::{ModelConfig, NormKind};
 use crate::error::{ModelError, Result};
@@ -72,7 +72,7 @@ pub struct GgufLayout {
     pub tensors: Vec<TensorInfo>,
     pub origins: Vec<Origin>,
     /// What the file will not say that the folder does (a dropped sliding window).
-    pub warnings: Vec<String>,
+    pub warnings: Vec<GgufWarning>,
 }
 
 fn f32_type() -> GgmlType {
