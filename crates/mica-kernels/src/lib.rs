@@ -6,6 +6,7 @@
 pub mod attention;
 pub mod dtype;
 pub mod gelu;
+mod log_softmax;
 pub mod matmul;
 pub mod ops;
 pub mod pool;

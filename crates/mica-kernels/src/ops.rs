@@ -1,5 +1,6 @@
 //! Element-wise and row-wise ops of the transformer: RMS norm, rotary embeddings, SwiGLU,
-//! and the f16 vector primitives attention is built from.
+//! and the f16 vector primitives attention is built from; and the log-softmax that turns
+//! logits into log-probabilities (`log_softmax.rs`, re-exported here).
 //!
 //! Each op follows ggml's CPU implementation closely enough to reproduce its rounding: RMS
 //! norm sums squares in f64, RoPE builds its angles by repeated multiplication in f32, and
@@ -575,6 +576,7 @@ pub mod f16v {
 }
 
 pub use crate::gelu::{geglu, geglu_precise, gelu, gelu_erf, gelu_precise};
+pub use crate::log_softmax::{LogProb, LogSoftmaxRounding, log_softmax_into};
 
 /// `y *= v` for every element (ggml_scale).
 pub fn scale(y: &mut [f32], v: f32) {

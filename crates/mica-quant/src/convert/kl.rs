@@ -1,12 +1,15 @@
 //! What quantizing one matrix alone does to the model's output: the mean KL-divergence of
 //! the next-token distributions from the unquantized model's, over a few windows of
-//! calibration text. `--mix` uses it to put every tensor's estimated loss on one scale
+//! calibration text. A mix uses it to put every tensor's estimated loss on one scale
 //! (see [`super::mix`]).
 
-use anyhow::Result;
+use super::gptq::{self, FactorCache};
+use crate::error::{QuantError, Result};
+use crate::progress::{Event, Notice};
 use mica_engine::Session;
 use mica_kernels::DType;
 use mica_kernels::matmul::QMatrix;
+use mica_kernels::ops::{LogSoftmaxRounding, log_softmax_into};
 use mica_kernels::quant::weighted::quantize_row_weighted;
 use mica_kernels::quant::{dequantize_row, quantize_row};
 use mica_models::LoadedModel;
@@ -19,30 +22,37 @@ pub const WINDOWS: usize = 2;
 /// Positions of each window that are not scored (too little context to say much).
 const SKIP: usize = 8;
 
+/// The source model, the calibration windows, and the unquantized model's predictions on
+/// them.
 pub struct KlProbe {
     lm: LoadedModel,
     windows: Vec<Vec<u32>>,
     /// Log-softmax of the unquantized model, per window `[CTX - SKIP, n_vocab]`.
     base: Vec<Vec<f32>>,
     threads: usize,
-    /// With `--gptq`: the calibration inputs' Gram matrices, so that each measurement
+    /// With GPTQ: the calibration inputs' Gram matrices, so that each measurement
     /// quantizes the matrix the way the file will.
     grams: Option<Arc<ActStats>>,
-    factors: super::gptq::FactorCache,
+    factors: FactorCache,
 }
 
 impl KlProbe {
-    /// Takes the source model and scores the first windows of `text` with it.
-    pub fn new(mut lm: LoadedModel, text: &str, threads: usize) -> Result<KlProbe> {
-        float_base(&mut lm);
+    /// Takes the source model and scores the first windows of `text` with it; a note goes
+    /// to `on_event` when the model is too large to measure in f32.
+    pub fn new(
+        mut lm: LoadedModel,
+        text: &str,
+        threads: usize,
+        on_event: &mut dyn FnMut(Event),
+    ) -> Result<KlProbe> {
+        float_base(&mut lm, on_event);
         let tokens = lm.tokenizer.encode(text, true, false)?;
         let n = (tokens.len() / CTX).min(WINDOWS);
         if n == 0 {
-            anyhow::bail!(
-                "the calibration text has {} tokens; --mix needs at least {CTX} to measure \
-                 sensitivities",
-                tokens.len()
-            );
+            return Err(QuantError::ProbeTextTooShort {
+                tokens: tokens.len(),
+                needed: CTX,
+            });
         }
         let bos = lm.tokenizer.add_bos().then(|| lm.tokenizer.bos()).flatten();
         let windows: Vec<Vec<u32>> = (0..n)
@@ -82,10 +92,11 @@ impl KlProbe {
             s.reset();
             let mut logits = s.eval(w, true)?;
             logits.drain(..SKIP * n_vocab);
-            for row in logits.chunks_mut(n_vocab) {
-                log_softmax(row);
+            let mut lp = vec![0f32; logits.len()];
+            for (row, out) in logits.chunks(n_vocab).zip(lp.chunks_mut(n_vocab)) {
+                log_softmax_into(row, LogSoftmaxRounding::ShiftF32, out);
             }
-            out.push(logits);
+            out.push(lp);
         }
         Ok(out)
     }
@@ -108,15 +119,15 @@ impl KlProbe {
         let q = match gram {
             Some((g, n)) if m.cols.is_multiple_of(t.block_size()) => {
                 let v = m.view();
-                let f = self.factors.factor(g, n, v.cols)?;
-                Some(super::gptq::requantize(
-                    v.dtype,
-                    v.data,
-                    v.rows,
-                    &f,
-                    t,
-                    self.threads,
-                )?)
+                let gptq_err = |cause| QuantError::Gptq {
+                    tensor: name.to_string(),
+                    cause,
+                };
+                let f = self.factors.factor(g, n, v.cols).map_err(gptq_err)?;
+                Some(
+                    gptq::requantize(v.dtype, v.data, v.rows, &f, t, self.threads)
+                        .map_err(gptq_err)?,
+                )
             }
             _ => requantize(&m.view(), t, imp),
         };
@@ -158,7 +169,7 @@ const FLOAT_BASE_LIMIT: usize = 4 << 30;
 /// thousandths of a nat (SmolLM2 Q4_1 with one matrix requantized to Q8_0: 0.004-0.005, as
 /// much as Q8_0 for all of them), a floor as large as the effects measured. In f32 the
 /// activations are not rounded and only the measured matrix is.
-fn float_base(lm: &mut LoadedModel) {
+fn float_base(lm: &mut LoadedModel, on_event: &mut dyn FnMut(Event)) {
     let mut quantized: Vec<&mut mica_models::weights::Matrix> = lm
         .model
         .all_matrices_mut()
@@ -167,11 +178,7 @@ fn float_base(lm: &mut LoadedModel) {
         .collect();
     let bytes: usize = quantized.iter().map(|m| m.rows * m.cols * 4).sum();
     if bytes > FLOAT_BASE_LIMIT {
-        eprintln!(
-            "note: the source is quantized and too large to measure sensitivities in f32 \
-             ({} MiB); the measurements carry the noise of 8-bit activations",
-            bytes >> 20
-        );
+        on_event(Event::Notice(Notice::ProbeNotExpanded { mib: bytes >> 20 }));
         return;
     }
     for m in quantized.iter_mut() {
@@ -196,16 +203,6 @@ fn requantize(v: &QMatrix, t: DType, imp: Option<&[f32]>) -> Option<Vec<u8>> {
         }
     }
     Some(q)
-}
-
-/// In place: logits → log-probabilities.
-fn log_softmax(row: &mut [f32]) {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = row.iter().map(|&l| ((l - max) as f64).exp()).sum();
-    let ln = sum.ln() as f32;
-    for l in row {
-        *l = *l - max - ln;
-    }
 }
 
 /// KL(p ‖ q) of two rows of log-probabilities.
@@ -250,7 +247,8 @@ mod tests {
     #[test]
     fn probe_measures_one_matrix_and_puts_it_back() {
         let text = std::fs::read_to_string(fixture("fixtures/text/calibration.txt")).unwrap();
-        let mut p = KlProbe::new(LoadedModel::open(smollm2()).unwrap(), &text, 2).unwrap();
+        let lm = LoadedModel::open(smollm2()).unwrap();
+        let mut p = KlProbe::new(lm, &text, 2, &mut crate::progress::ignore).unwrap();
         let name = "blk.0.attn_v.weight";
         let q4 = p.kl_with(name, DType::Q4_0, None).unwrap().unwrap();
         let q8 = p.kl_with(name, DType::Q8_0, None).unwrap().unwrap();
@@ -271,17 +269,20 @@ mod tests {
         assert_eq!(p.kl_with(name, DType::Q4_K, None).unwrap(), None);
     }
 
+    fn log_softmax(row: &[f32]) -> Vec<f32> {
+        let mut out = vec![0f32; row.len()];
+        log_softmax_into(row, LogSoftmaxRounding::ShiftF32, &mut out);
+        out
+    }
+
     #[test]
     fn kl_is_zero_for_equal_rows_and_grows_with_the_difference() {
-        let mut a = vec![1.0f32, 2.0, 3.0, -1.0];
-        log_softmax(&mut a);
+        let a = log_softmax(&[1.0f32, 2.0, 3.0, -1.0]);
         let total: f32 = a.iter().map(|v| v.exp()).sum();
         assert!((total - 1.0).abs() < 1e-6);
         assert_eq!(kl(&a, &a), 0.0);
-        let mut b = vec![1.0f32, 2.5, 3.0, -1.0];
-        log_softmax(&mut b);
-        let mut c = vec![1.0f32, 4.0, 3.0, -1.0];
-        log_softmax(&mut c);
+        let b = log_softmax(&[1.0f32, 2.5, 3.0, -1.0]);
+        let c = log_softmax(&[1.0f32, 4.0, 3.0, -1.0]);
         assert!(kl(&a, &b) > 0.0);
         assert!(kl(&a, &c) > kl(&a, &b));
     }

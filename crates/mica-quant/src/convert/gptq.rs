@@ -16,7 +16,6 @@
 //! exercised are zeroed in the Hessian's eyes (quantized as they are).
 
 use super::gptq_grid::{round_element, supported};
-use anyhow::{Result, bail};
 use mica_kernels::DType;
 use mica_kernels::quant::dequantize_row;
 use mica_kernels::quant::weighted::quantize_row_weighted;
@@ -24,6 +23,32 @@ use std::sync::Arc;
 
 /// Fraction of the mean diagonal added to the Hessian's diagonal.
 const DAMP: f64 = 0.01;
+
+/// What GPTQ refuses.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum GptqError {
+    #[error("GPTQ: the Gram matrix has the wrong size or no rows")]
+    GramShape,
+    #[error("GPTQ: the calibration inputs are all zero or not finite")]
+    NoInputs,
+    #[error("GPTQ: the damped Hessian is not positive definite (column {column})")]
+    NotPositiveDefinite { column: usize },
+    #[error("GPTQ: {cols} columns are not whole {from} or {to} blocks")]
+    NotWholeBlocks { cols: usize, from: DType, to: DType },
+    #[error("GPTQ: {cols} columns are not whole {to} blocks")]
+    NotWholeTargetBlocks { cols: usize, to: DType },
+    #[error("GPTQ: {bytes} bytes are not {rows} rows of {cols} {from}")]
+    SourceSize {
+        bytes: usize,
+        rows: usize,
+        cols: usize,
+        from: DType,
+    },
+    #[error("GPTQ: buffer sizes do not match {rows} × {cols}")]
+    BufferSize { rows: usize, cols: usize },
+}
+
+type Result<T> = std::result::Result<T, GptqError>;
 
 /// `U`, the upper Cholesky factor of `(H/n + damp·I)⁻¹` (`[cols × cols]`, row-major), and
 /// the importance the block quantizer weighs by (the Hessian's diagonal: the mean squared
@@ -38,7 +63,7 @@ impl Factor {
     /// From a Gram matrix summed over `n` input rows.
     pub fn new(gram: &[f32], n: u64, cols: usize) -> Result<Factor> {
         if gram.len() != cols * cols || n == 0 {
-            bail!("GPTQ: the Gram matrix has the wrong size or no rows");
+            return Err(GptqError::GramShape);
         }
         let inv_n = 1.0 / n as f64;
         // The reversed matrix P·H·P (P the order-reversing permutation): its lower Cholesky
@@ -55,7 +80,7 @@ impl Factor {
             .collect();
         let mean_diag = importance.iter().map(|&v| v as f64).sum::<f64>() / cols as f64;
         if !(mean_diag.is_finite() && mean_diag > 0.0) {
-            bail!("GPTQ: the calibration inputs are all zero or not finite");
+            return Err(GptqError::NoInputs);
         }
         let damp = DAMP * mean_diag;
         for i in 0..cols {
@@ -135,7 +160,7 @@ fn cholesky_lower(a: &mut [f64], n: usize) -> Result<()> {
             let s = a[i * n + j] - dot;
             if i == j {
                 if !(s > 0.0 && s.is_finite()) {
-                    bail!("GPTQ: the damped Hessian is not positive definite (column {i})");
+                    return Err(GptqError::NotPositiveDefinite { column: i });
                 }
                 a[i * n + i] = s.sqrt();
             } else {
@@ -182,13 +207,15 @@ pub fn requantize(
 ) -> Result<Vec<u8>> {
     let cols = f.cols;
     let (Some(in_row), Some(out_row)) = (from.row_bytes(cols), to.row_bytes(cols)) else {
-        bail!("GPTQ: {cols} columns are not whole {from} or {to} blocks");
+        return Err(GptqError::NotWholeBlocks { cols, from, to });
     };
     if src.len() != rows * in_row {
-        bail!(
-            "GPTQ: {} bytes are not {rows} rows of {cols} {from}",
-            src.len()
-        );
+        return Err(GptqError::SourceSize {
+            bytes: src.len(),
+            rows,
+            cols,
+            from,
+        });
     }
     let mut w = vec![0f32; rows * cols];
     for (wr, sr) in w.chunks_mut(cols).zip(src.chunks(in_row)) {
@@ -212,10 +239,10 @@ pub fn quantize(
     let cols = f.cols;
     let block = to.block_size();
     let (Some(row_bytes), Some(block_bytes)) = (to.row_bytes(cols), to.row_bytes(block)) else {
-        bail!("GPTQ: {cols} columns are not whole {to} blocks");
+        return Err(GptqError::NotWholeTargetBlocks { cols, to });
     };
     if w.len() != rows * cols || out.len() != rows * row_bytes {
-        bail!("GPTQ: buffer sizes do not match {rows} × {cols}");
+        return Err(GptqError::BufferSize { rows, cols });
     }
     let per = rows.div_ceil(threads.max(1)).max(1);
     std::thread::scope(|s| {

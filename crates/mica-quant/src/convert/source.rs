@@ -1,10 +1,11 @@
-//! What `mica convert` reads: a GGUF or `.mica` file (metadata and tensors as stored), or a
+//! What a conversion reads: a GGUF or `.mica` file (metadata and tensors as stored), or a
 //! Hugging Face folder seen as the GGUF file llama.cpp's converter would write from it
 //! (see [`super::hf`]). Either way the converter gets GGUF metadata, GGUF tensor names and
 //! shapes, and each tensor's bytes in its stored type.
 
 use super::hf::HfSource;
-use anyhow::Result;
+use crate::error::Result;
+use crate::progress::Event;
 use mica_formats::{Container, GgufFile, MetaValue, TensorInfo};
 use std::borrow::Cow;
 use std::path::Path;
@@ -16,9 +17,10 @@ pub enum Source {
 }
 
 impl Source {
-    pub fn open(path: &Path) -> Result<Source> {
+    /// Opens a file, or a folder; a folder's warnings go to `on_event`.
+    pub fn open(path: &Path, on_event: &mut dyn FnMut(Event)) -> Result<Source> {
         if path.is_dir() {
-            return Ok(Source::Hf(Box::new(HfSource::open(path)?)));
+            return Ok(Source::Hf(Box::new(HfSource::open(path, on_event)?)));
         }
         Ok(Source::File(GgufFile::open(path)?))
     }

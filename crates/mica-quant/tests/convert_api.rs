@@ -1,0 +1,249 @@
+//! `mica_quant::convert` called as a library: the tiny F32 LLaMA of `fixtures/hf/llama`
+//! (a GGUF written by llama.cpp's converter) to Q8_0, checked tensor by tensor against
+//! `mica-kernels`' quantizer run on the source rows; the progress events bracket the write and
+//! sum to its total; a mix reports the types it wrote; bad options are typed errors that name
+//! what failed and leave no file.
+
+use mica_formats::{GgufFile, MicaFile};
+use mica_kernels::DType;
+use mica_kernels::quant::quantize_row;
+use mica_quant::{
+    ConvertOptions, Event, FileType, Imatrix, Importance, Notice, QuantError, Task, TensorTypeRule,
+    convert,
+};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+fn source() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/hf/llama/model-f32.gguf")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir()
+        .join(format!("mica-quant-test-{}", std::process::id()))
+        .join(name);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Runs a conversion, collecting its events.
+fn run(
+    out: &std::path::Path,
+    opts: &ConvertOptions,
+) -> (mica_quant::Result<mica_quant::ConvertReport>, Vec<Event>) {
+    let mut events = Vec::new();
+    let r = convert(&source(), out, opts, &mut |e| events.push(e));
+    (r, events)
+}
+
+fn q8_0() -> ConvertOptions {
+    ConvertOptions {
+        file_type: Some(FileType::Q8_0),
+        threads: 2,
+        ..ConvertOptions::default()
+    }
+}
+
+#[test]
+fn q8_0_is_the_kernels_quantizer_on_every_matrix_and_progress_sums_to_the_total() {
+    let out = scratch("q8").join("q8.gguf");
+    let (report, events) = run(&out, &q8_0());
+    let report = report.unwrap();
+    let src = GgufFile::open(source()).unwrap();
+    let got = GgufFile::open(&out).unwrap();
+    assert_eq!(got.get_u32("general.file_type"), Some(7));
+    assert_eq!(report.tensors, src.tensors().len());
+
+    let mut quantized = 0;
+    for t in src.tensors() {
+        let u = got.tensor(&t.name).unwrap();
+        let data = src.tensor_data(t);
+        if t.shape.len() == 1 {
+            assert_eq!(u.ggml_type, t.ggml_type, "{}", t.name);
+            assert!(
+                got.tensor_data(u) == data,
+                "{}: 1-D tensors are copied",
+                t.name
+            );
+            continue;
+        }
+        assert_eq!(u.ggml_type.dtype(), Some(DType::Q8_0), "{}", t.name);
+        // The source rows quantized by mica-kernels directly.
+        let cols = t.shape[0] as usize;
+        let row_bytes = DType::Q8_0.row_bytes(cols).unwrap();
+        let mut want = vec![0u8; row_bytes * t.n_rows() as usize];
+        let floats: Vec<f32> = data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        for (row, dst) in floats.chunks(cols).zip(want.chunks_mut(row_bytes)) {
+            quantize_row(DType::Q8_0, row, dst);
+        }
+        assert!(got.tensor_data(u) == want.as_slice(), "{}", t.name);
+        quantized += 1;
+    }
+    assert_eq!(report.converted, quantized);
+    assert!(quantized >= 14, "{quantized} matrices");
+    // It runs.
+    mica_models::arch::load_gguf(Arc::new(got)).unwrap();
+
+    // Events: one write task, an item per tensor in file order, advances summing to the
+    // tensor bytes, then the end.
+    let start = events
+        .iter()
+        .position(|e| matches!(e, Event::Start { .. }))
+        .unwrap();
+    assert_eq!(
+        events[start],
+        Event::Start {
+            task: Task::Write,
+            total: report.tensor_bytes
+        }
+    );
+    let advanced: u64 = events
+        .iter()
+        .map(|e| if let Event::Advance(n) = e { *n } else { 0 })
+        .sum();
+    assert_eq!(advanced, report.tensor_bytes);
+    let items: Vec<&str> = events
+        .iter()
+        .filter_map(|e| {
+            if let Event::Item(n) = e {
+                Some(n.as_str())
+            } else {
+                None
+            }
+        })
+        .collect();
+    let names: Vec<&str> = src.tensors().iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(items, names);
+    assert_eq!(events.last(), Some(&Event::Finish));
+    // A float source: nothing is requantized, so no warning.
+    assert!(
+        !events.iter().any(|e| matches!(e, Event::Notice(_))),
+        "{events:?}"
+    );
+
+    // The same conversion as .mica holds the same tensors.
+    let m = scratch("q8").join("q8.mica");
+    run(&m, &q8_0()).0.unwrap();
+    let m = MicaFile::open(&m).unwrap();
+    let gguf = GgufFile::open(&out).unwrap();
+    for t in gguf.tensors() {
+        let v = m.view();
+        let u = v.tensor(&t.name).unwrap();
+        assert!(v.tensor_data(u) == gguf.tensor_data(t), "{}", t.name);
+    }
+}
+
+#[test]
+fn a_mix_reports_the_types_it_wrote() {
+    let out = scratch("mix").join("mix.gguf");
+    let opts = ConvertOptions {
+        mix: Some(6.0),
+        threads: 2,
+        ..ConvertOptions::default()
+    };
+    let (report, events) = run(&out, &opts);
+    let report = report.unwrap();
+    let mix = report.mix.as_ref().unwrap();
+    let f = GgufFile::open(&out).unwrap();
+    assert!(!mix.tensors.is_empty());
+    for t in &mix.tensors {
+        assert_eq!(f.tensor(&t.name).unwrap().ggml_type, t.ty, "{}", t.name);
+    }
+    let (bits, n) = f.tensors().iter().fold((0f64, 0f64), |(b, n), t| {
+        (b + 8.0 * t.n_bytes as f64, n + t.n_elements() as f64)
+    });
+    assert_eq!(mix.bpw, bits / n);
+    assert!(mix.bpw <= 6.0 && (mix.bpw - report.bits_per_weight()).abs() < 1e-12);
+    assert_eq!((mix.measured, mix.unmeasured), (None, 0));
+    // Without importance or calibration text: a warning and a note, as notices.
+    let notices: Vec<&Notice> = events
+        .iter()
+        .filter_map(|e| {
+            if let Event::Notice(n) = e {
+                Some(n)
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert_eq!(
+        notices,
+        vec![&Notice::MixUnweighted, &Notice::MixUncalibrated],
+        "{events:?}"
+    );
+    assert!(notices[0].is_warning() && !notices[1].is_warning());
+}
+
+#[test]
+fn bad_options_are_typed_errors_and_leave_no_file() {
+    let dir = scratch("errors");
+    let out = dir.join("x.gguf");
+    let with = |f: &dyn Fn(&mut ConvertOptions)| {
+        let mut o = q8_0();
+        f(&mut o);
+        let (r, _) = run(&out, &o);
+        assert!(!out.exists());
+        r.unwrap_err()
+    };
+    let e = run(&dir.join("x.txt"), &q8_0()).0.unwrap_err();
+    assert!(
+        matches!(&e, QuantError::OutputExtension { path } if path.ends_with("x.txt")),
+        "{e}"
+    );
+
+    let e = with(&|o| o.tensor_types = vec![TensorTypeRule::parse("no_such=q8_0").unwrap()]);
+    assert!(
+        matches!(&e, QuantError::TensorTypeUnmatched { pattern } if pattern == "no_such"),
+        "{e}"
+    );
+
+    // 64-wide rows: not whole Q4_K blocks.
+    let e = with(&|o| o.tensor_types = vec![TensorTypeRule::parse("attn_v=q4_k").unwrap()]);
+    match &e {
+        QuantError::TensorTypeBlock {
+            tensor,
+            ty,
+            row_len,
+            ..
+        } => {
+            assert_eq!(
+                (tensor.as_str(), *ty, *row_len),
+                ("blk.0.attn_v.weight", DType::Q4_K, 64)
+            );
+        }
+        _ => panic!("{e}"),
+    }
+    assert!(
+        e.to_string()
+            .contains("not a multiple of Q4_K's block of 256"),
+        "{e}"
+    );
+
+    let e = with(&|o| {
+        o.file_type = None;
+        o.importance = Importance::Matrix {
+            imatrix: Imatrix::default(),
+            name: "m".into(),
+        };
+    });
+    assert!(matches!(e, QuantError::ImportanceNeedsQuantizedType), "{e}");
+
+    let e = with(&|o| {
+        o.file_type = None;
+        o.mix = Some(1.5);
+    });
+    assert!(
+        matches!(e, QuantError::MixTooSmall { bpw, smallest } if bpw == 1.5 && smallest > 1.5),
+        "{e}"
+    );
+    let e = with(&|o| o.mix = Some(40.0));
+    assert!(matches!(e, QuantError::MixBudget { .. }), "{e}");
+    let e = with(&|o| {
+        o.file_type = Some(FileType::F16);
+        o.mix = Some(8.0);
+    });
+    assert!(matches!(e, QuantError::MixNeedsQuantizedType), "{e}");
+}
