@@ -12,6 +12,7 @@ use mica_kernels::ThreadPool;
 use mica_models::blocks::attention::AttentionPolicy;
 use mica_models::tokenizer::TokenStreamDecoder;
 use mica_models::{Batch, KvCache, LoadedModel, SeqId, Workspace};
+use std::ops::Deref;
 use std::time::{Duration, Instant};
 
 /// Prompt tokens per forward pass (llama.cpp's default micro-batch).
@@ -148,8 +149,12 @@ pub struct Generation {
 
 /// A model with a thread pool, a KV cache and buffers: runs generations for one sequence,
 /// reusing the cached prefix of the previous conversation when the new prompt extends it.
-pub struct Session<'m> {
-    pub model: &'m LoadedModel,
+///
+/// `M` is how the session holds its model: a borrow (`Session<&LoadedModel>`, for a caller
+/// that owns the model) or a shared handle (`Session<Arc<LoadedModel>>`, for one that hands
+/// the session around on its own, as the `mica` facade and the bindings do).
+pub struct Session<M: Deref<Target = LoadedModel> + Clone> {
+    pub model: M,
     pool: ThreadPool,
     kv: KvCache,
     ws: Workspace,
@@ -161,13 +166,13 @@ pub struct Session<'m> {
     logits: Vec<f32>,
 }
 
-impl<'m> Session<'m> {
+impl<M: Deref<Target = LoadedModel> + Clone> Session<M> {
     /// A session with a context of `n_ctx` tokens on `n_threads` threads.
-    pub fn new(model: &'m LoadedModel, n_ctx: usize, n_threads: usize) -> Session<'m> {
+    pub fn new(model: M, n_ctx: usize, n_threads: usize) -> Session<M> {
         Session {
+            kv: KvCache::new(&model.model.config, n_ctx, 1),
             model,
             pool: ThreadPool::new(n_threads),
-            kv: KvCache::new(&model.model.config, n_ctx, 1),
             ws: Workspace::default(),
             seq: 0,
             cached: Vec::new(),
@@ -290,7 +295,10 @@ impl<'m> Session<'m> {
         };
 
         // The last output token is never evaluated, so the history may reach n_ctx + 1.
-        let mut dec = SequenceDecoder::new(&self.model.tokenizer, params, prompt, n_ctx + 1);
+        // A handle of our own (a copied borrow or a cloned `Arc`), so the decoder's borrow
+        // of the tokenizer does not hold `self`.
+        let model = self.model.clone();
+        let mut dec = SequenceDecoder::new(&model.tokenizer, params, prompt, n_ctx + 1);
         for p in hooks.processors {
             dec.push_processor(p);
         }

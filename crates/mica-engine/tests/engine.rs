@@ -156,7 +156,7 @@ fn sixteen_concurrent_requests_match_one_at_a_time() {
         .collect();
     let n_gen = 24;
     let mut alone = Vec::new();
-    let mut session = Session::new(&lm, 2048, 2);
+    let mut session = Session::new(&*lm, 2048, 2);
     for p in &prompts {
         session.reset();
         let g = session.generate(p, &greedy(n_gen), |_| true).unwrap();
@@ -608,7 +608,7 @@ fn processors_and_logit_bias_match_a_session() {
         logit_bias: vec![(boost, 30.0)],
         ..long_greedy(n_gen)
     };
-    let mut s = Session::new(&lm, 512, 2);
+    let mut s = Session::new(&*lm, 512, 2);
     let plain = s.generate(&prompt, &long_greedy(n_gen), |_| true).unwrap();
     let g = s.generate(&prompt, &biased, |_| true).unwrap();
     assert_eq!(g.output_ids, vec![boost; n_gen]);
