@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use mica_engine::SchedulerConfig;
-use mica_server::{ApiKey, AppState, ServerConfig};
+use mica_server::{Access, ApiKey, AppState, ServerConfig};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
@@ -46,8 +46,10 @@ impl Drop for Server {
 
 pub fn config(scheduler: SchedulerConfig, api_keys: Vec<ApiKey>) -> ServerConfig {
     ServerConfig {
-        models: vec![(MODEL.to_string(), model_path())],
-        api_keys,
+        access: Access {
+            api_keys,
+            ..Access::default()
+        },
         kv_mem: 64 << 20,
         n_ctx: Some(2048),
         n_threads: 2,
@@ -56,6 +58,7 @@ pub fn config(scheduler: SchedulerConfig, api_keys: Vec<ApiKey>) -> ServerConfig
         max_loaded: 1,
         repack: true,
         mem_limit: None,
+        ..ServerConfig::new(vec![(MODEL.to_string(), model_path())])
     }
 }
 
@@ -223,7 +226,12 @@ pub fn get(addr: SocketAddr, path: &str) -> Resp {
 
 /// The value of a metric line `name{...labels containing filter...} value`.
 pub fn metric(addr: SocketAddr, name: &str, filter: &str) -> f64 {
-    let m = get(addr, "/metrics").body;
+    metric_with(addr, &[], name, filter)
+}
+
+/// [`metric`] with request headers (an API key).
+pub fn metric_with(addr: SocketAddr, headers: &[(&str, &str)], name: &str, filter: &str) -> f64 {
+    let m = request(addr, "GET", "/metrics", headers, "").body;
     m.lines()
         .find(|l| l.starts_with(name) && l[name.len()..].starts_with('{') && l.contains(filter))
         .and_then(|l| l.rsplit(' ').next())
