@@ -62,7 +62,10 @@ fn get_status(a: SocketAddr, path: &str) -> u16 {
     let Ok(mut s) = TcpStream::connect(a) else {
         return 0;
     };
-    let _ = write!(s, "GET {path} HTTP/1.1\r\nHost: {a}\r\nConnection: close\r\n\r\n");
+    let _ = write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {a}\r\nConnection: close\r\n\r\n"
+    );
     let mut out = String::new();
     let _ = s.read_to_string(&mut out);
     out.split_whitespace()
@@ -135,7 +138,11 @@ fn finish(mut s: Stream) -> Vec<String> {
         .lines()
         .filter_map(|l| l.strip_prefix("data: "))
         .filter_map(|d| serde_json::from_str::<Value>(d).ok())
-        .filter_map(|v| v["choices"][0]["finish_reason"].as_str().map(str::to_string))
+        .filter_map(|v| {
+            v["choices"][0]["finish_reason"]
+                .as_str()
+                .map(str::to_string)
+        })
         .collect()
 }
 

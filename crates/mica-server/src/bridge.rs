@@ -183,7 +183,11 @@ impl Progress {
 
 /// A response body streaming `running` through `fmt`. When `abort` fires, the stream ends
 /// at once with a final event for every unfinished completion (see the module docs).
-pub fn stream_body<F: StreamFormat>(running: Running, fmt: F, abort: watch::Receiver<bool>) -> Body {
+pub fn stream_body<F: StreamFormat>(
+    running: Running,
+    fmt: F,
+    abort: watch::Receiver<bool>,
+) -> Body {
     let progress = Progress {
         done: vec![false; running.n],
         completion_tokens: 0,

@@ -216,8 +216,12 @@ impl ServerError {
             Unauthorized => "authentication_error",
             OriginNotAllowed(_) | HostNotAllowed(_) => "permission_error",
             QueueFull { .. } => "rate_limit_error",
-            OutOfMemory { .. } | ShuttingDown | EngineStopped | ModelLoad { .. }
-            | Generation(_) | Internal(_) => "server_error",
+            OutOfMemory { .. }
+            | ShuttingDown
+            | EngineStopped
+            | ModelLoad { .. }
+            | Generation(_)
+            | Internal(_) => "server_error",
             _ => "invalid_request_error",
         }
     }
@@ -427,7 +431,10 @@ mod tests {
         assert_eq!(e.to_string(), "missing field 'model'");
         let e = parse_json::<Outer>(br#"{"model": "m", "messages": [{}]}"#).unwrap_err();
         assert_eq!(e.param(), Some("messages[0].role"));
-        assert!(matches!(parse_json::<Outer>(b"  "), Err(ServerError::EmptyBody)));
+        assert!(matches!(
+            parse_json::<Outer>(b"  "),
+            Err(ServerError::EmptyBody)
+        ));
         assert!(matches!(
             parse_json::<Outer>(b"{"),
             Err(ServerError::MalformedJson(_))

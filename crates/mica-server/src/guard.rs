@@ -85,8 +85,7 @@ pub fn host_allowed(access: &Access, bound: Option<SocketAddr>, host: &str) -> b
             let h = h.to_ascii_lowercase();
             h == "*"
                 || h == name
-                || h
-                    .strip_prefix("*.")
+                || h.strip_prefix("*.")
                     .is_some_and(|d| name.ends_with(&format!(".{d}")))
         }),
         None => match bound {
@@ -160,7 +159,10 @@ pub async fn access(State(st): State<Arc<AppState>>, req: Request, next: Next) -
             header::ACCESS_CONTROL_ALLOW_HEADERS,
             HeaderValue::from_static("authorization, content-type, x-api-key, x-mica-priority"),
         );
-        h.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("600"));
+        h.insert(
+            header::ACCESS_CONTROL_MAX_AGE,
+            HeaderValue::from_static("600"),
+        );
         return resp;
     }
     let path = req.uri().path();
@@ -238,7 +240,14 @@ mod tests {
         let a = Access::default();
         let lo: SocketAddr = "127.0.0.1:8080".parse().unwrap();
         let any: SocketAddr = "0.0.0.0:8080".parse().unwrap();
-        for ok in ["127.0.0.1:8080", "localhost", "LOCALHOST:1", "app.localhost:3", "[::1]:80", "127.3.4.5"] {
+        for ok in [
+            "127.0.0.1:8080",
+            "localhost",
+            "LOCALHOST:1",
+            "app.localhost:3",
+            "[::1]:80",
+            "127.3.4.5",
+        ] {
             assert!(host_allowed(&a, Some(lo), ok), "{ok}");
         }
         for bad in ["evil.example:8080", "192.168.1.2", "localhost.evil.example"] {
@@ -257,7 +266,11 @@ mod tests {
     #[test]
     fn origins() {
         let a = Access::default();
-        for ok in ["http://localhost:3000", "http://127.0.0.1", "https://[::1]:8443"] {
+        for ok in [
+            "http://localhost:3000",
+            "http://127.0.0.1",
+            "https://[::1]:8443",
+        ] {
             assert!(origin_allowed(&a, ok), "{ok}");
         }
         for bad in [

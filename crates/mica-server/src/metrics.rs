@@ -66,7 +66,11 @@ impl Exposition {
             }
             if let Some(rest) = line.strip_prefix("# TYPE ") {
                 if let Some((name, kind)) = rest.split_once(' ') {
-                    current = Some((name.to_string(), std::mem::take(&mut help), kind.to_string()));
+                    current = Some((
+                        name.to_string(),
+                        std::mem::take(&mut help),
+                        kind.to_string(),
+                    ));
                 }
                 continue;
             }
@@ -159,7 +163,12 @@ pub fn render(st: &AppState) -> String {
             e.add_text(&text, false);
         }
     }
-    for (code, n) in st.responses.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+    for (code, n) in st
+        .responses
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+    {
         e.add(
             "mica_http_responses_total",
             "HTTP responses by status code.",
@@ -211,6 +220,9 @@ mod tests {
         let mut out = String::new();
         e.render(&mut out);
         assert_eq!(out.matches("# TYPE c_total counter").count(), 1);
-        assert!(out.contains("h_bucket{model=\"a\",le=\"+Inf\"} 4\n"), "{out}");
+        assert!(
+            out.contains("h_bucket{model=\"a\",le=\"+Inf\"} 4\n"),
+            "{out}"
+        );
     }
 }

@@ -124,7 +124,11 @@ impl ModelMeta {
 /// are.
 pub fn without_paths(msg: &str, path: &Path) -> String {
     let mut out = msg.to_string();
-    if let Some(dir) = path.parent().and_then(Path::to_str).filter(|d| !d.is_empty()) {
+    if let Some(dir) = path
+        .parent()
+        .and_then(Path::to_str)
+        .filter(|d| !d.is_empty())
+    {
         out = out.replace(&format!("{dir}/"), "");
     }
     out
@@ -148,7 +152,12 @@ fn open(path: &Path) -> Result<LoadedModel, String> {
 }
 
 /// Repacks an opened model's weights (if configured) and starts its engine.
-fn start(cfg: &ServerConfig, name: String, path: PathBuf, mut lm: LoadedModel) -> Result<Loaded, String> {
+fn start(
+    cfg: &ServerConfig,
+    name: String,
+    path: PathBuf,
+    mut lm: LoadedModel,
+) -> Result<Loaded, String> {
     if cfg.repack {
         lm.model.repack();
     }
@@ -180,7 +189,11 @@ fn start(cfg: &ServerConfig, name: String, path: PathBuf, mut lm: LoadedModel) -
 impl AppState {
     /// Models loaded now.
     pub fn loaded(&self) -> Vec<Arc<Loaded>> {
-        self.registry().loaded.iter().map(|(m, _)| m.clone()).collect()
+        self.registry()
+            .loaded
+            .iter()
+            .map(|(m, _)| m.clone())
+            .collect()
     }
 
     fn path_of(&self, name: &str) -> Option<PathBuf> {

@@ -150,7 +150,9 @@ pub fn validate_sampling(
     }
     let params = SamplingParams {
         temperature: f.temperature.map_or(d.temperature, |v| v as f32),
-        top_k: f.top_k.map_or(d.top_k, |k| usize::try_from(k).unwrap_or(usize::MAX)),
+        top_k: f
+            .top_k
+            .map_or(d.top_k, |k| usize::try_from(k).unwrap_or(usize::MAX)),
         top_p: f.top_p.map_or(d.top_p, |v| v as f32),
         min_p: f.min_p.map_or(d.min_p, |v| v as f32),
         repeat_penalty: f.repeat_penalty.map_or(d.repeat_penalty, |v| v as f32),

@@ -26,8 +26,8 @@ use hyper_util::rt::TokioIo;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -117,7 +117,11 @@ struct Watched {
 }
 
 impl AsyncRead for Watched {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let before = buf.filled().len();
         let r = Pin::new(&mut this.io).poll_read(cx, buf);
@@ -129,7 +133,11 @@ impl AsyncRead for Watched {
 }
 
 impl AsyncWrite for Watched {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -173,7 +181,12 @@ impl http_body::Body for Tracked {
 }
 
 /// Serves one connection until it ends, times out, or finishes draining.
-async fn connection(stream: TcpStream, st: Arc<AppState>, router: axum::Router, mut drain: watch::Receiver<bool>) {
+async fn connection(
+    stream: TcpStream,
+    st: Arc<AppState>,
+    router: axum::Router,
+    mut drain: watch::Receiver<bool>,
+) {
     let _ = stream.set_nodelay(true);
     let clock = Arc::new(Clock::new());
     let io = TokioIo::new(Watched {
@@ -263,7 +276,12 @@ pub async fn serve(
     let accept = |conns: &mut JoinSet<()>, r: io::Result<(TcpStream, std::net::SocketAddr)>| {
         // Accept errors (out of descriptors, a reset before accept) concern one client.
         if let Ok((stream, _)) = r {
-            conns.spawn(connection(stream, st.clone(), router.clone(), drain_rx.clone()));
+            conns.spawn(connection(
+                stream,
+                st.clone(),
+                router.clone(),
+                drain_rx.clone(),
+            ));
         }
     };
     tokio::pin!(shutdown);

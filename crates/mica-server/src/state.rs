@@ -227,7 +227,11 @@ impl AppState {
 
     /// The lane of a request: the `X-Mica-Priority` header, else the body's `priority`,
     /// else interactive; never above the API key's lane.
-    pub fn lane(&self, headers: &HeaderMap, body_priority: Option<&str>) -> Result<Lane, ServerError> {
+    pub fn lane(
+        &self,
+        headers: &HeaderMap,
+        body_priority: Option<&str>,
+    ) -> Result<Lane, ServerError> {
         let asked = match headers
             .get("x-mica-priority")
             .and_then(|v| v.to_str().ok())

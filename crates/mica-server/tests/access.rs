@@ -49,7 +49,11 @@ fn assert_shape(path: &str, r: &Resp) {
     if path.starts_with("/api/") {
         assert!(v["error"].is_string(), "{path}: Ollama shape: {}", r.body);
     } else {
-        assert!(v["error"]["message"].is_string(), "{path}: OpenAI shape: {}", r.body);
+        assert!(
+            v["error"]["message"].is_string(),
+            "{path}: OpenAI shape: {}",
+            r.body
+        );
         assert!(v["error"]["type"].is_string(), "{path}: {}", r.body);
     }
     assert_eq!(r.header("content-type"), Some("application/json"), "{path}");
@@ -59,13 +63,18 @@ fn assert_shape(path: &str, r: &Resp) {
 fn every_route_but_liveness_needs_the_key() {
     let srv = start(keyed(&[]));
     let a = srv.addr;
-    let body = json!({"model": MODEL, "prompt": "Hi", "messages": [{"role": "user", "content": "Hi"}]})
-        .to_string();
+    let body =
+        json!({"model": MODEL, "prompt": "Hi", "messages": [{"role": "user", "content": "Hi"}]})
+            .to_string();
     for path in GETS {
         let r = get(a, path);
         assert_eq!(r.status, 401, "GET {path}: {}", r.body);
         assert_shape(path, &r);
-        assert!(!r.body.contains(MODEL), "GET {path} leaks the model: {}", r.body);
+        assert!(
+            !r.body.contains(MODEL),
+            "GET {path} leaks the model: {}",
+            r.body
+        );
     }
     for path in POSTS {
         let r = request(a, "POST", path, &[], &body);
@@ -85,7 +94,13 @@ fn every_route_but_liveness_needs_the_key() {
             assert_eq!(r.status, 200, "GET {path} with {k}: {}", r.body);
         }
     }
-    let r = request(a, "GET", "/api/tags", &[("Authorization", "Bearer wrong")], "");
+    let r = request(
+        a,
+        "GET",
+        "/api/tags",
+        &[("Authorization", "Bearer wrong")],
+        "",
+    );
     assert_eq!(r.status, 401);
 }
 
@@ -100,7 +115,8 @@ fn open_routes_are_configurable() {
 }
 
 fn complete_with(a: std::net::SocketAddr, headers: &[(&str, &str)], content_type: &str) -> Resp {
-    let body = json!({"model": MODEL, "prompt": "Hi", "max_tokens": 2, "temperature": 0}).to_string();
+    let body =
+        json!({"model": MODEL, "prompt": "Hi", "max_tokens": 2, "temperature": 0}).to_string();
     let mut hs = vec![("Content-Type", content_type)];
     hs.extend_from_slice(headers);
     request_raw(a, "POST", "/v1/completions", &hs, &body)
@@ -127,14 +143,28 @@ fn foreign_origins_and_hosts_are_refused() {
     let r = complete_with(a, &[], "text/plain");
     assert_eq!(r.status, 415, "{}", r.body);
     assert_eq!(r.json()["error"]["code"], "unsupported_media_type");
-    let r = request_raw(a, "POST", "/api/generate", &[("Content-Type", "application/x-www-form-urlencoded")], "{}");
+    let r = request_raw(
+        a,
+        "POST",
+        "/api/generate",
+        &[("Content-Type", "application/x-www-form-urlencoded")],
+        "{}",
+    );
     assert_eq!(r.status, 415);
-    assert!(r.json()["error"].as_str().unwrap().contains("application/json"));
+    assert!(
+        r.json()["error"]
+            .as_str()
+            .unwrap()
+            .contains("application/json")
+    );
     // A page on a loopback origin may call, and gets CORS headers.
     let local = [("Origin", "http://localhost:5173")];
     let r = complete_with(a, &local, "application/json");
     assert_eq!(r.status, 200, "{}", r.body);
-    assert_eq!(r.header("access-control-allow-origin"), Some("http://localhost:5173"));
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("http://localhost:5173")
+    );
     // Preflights: allowed for loopback origins, refused for others.
     let pre = |origin: &str| {
         request_raw(
@@ -144,16 +174,30 @@ fn foreign_origins_and_hosts_are_refused() {
             &[
                 ("Origin", origin),
                 ("Access-Control-Request-Method", "POST"),
-                ("Access-Control-Request-Headers", "content-type, authorization"),
+                (
+                    "Access-Control-Request-Headers",
+                    "content-type, authorization",
+                ),
             ],
             "",
         )
     };
     let r = pre("http://127.0.0.1:3000");
     assert_eq!(r.status, 204);
-    assert_eq!(r.header("access-control-allow-origin"), Some("http://127.0.0.1:3000"));
-    assert!(r.header("access-control-allow-methods").unwrap().contains("POST"));
-    assert!(r.header("access-control-allow-headers").unwrap().contains("authorization"));
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("http://127.0.0.1:3000")
+    );
+    assert!(
+        r.header("access-control-allow-methods")
+            .unwrap()
+            .contains("POST")
+    );
+    assert!(
+        r.header("access-control-allow-headers")
+            .unwrap()
+            .contains("authorization")
+    );
     let r = pre("http://evil.example");
     assert_eq!(r.status, 403);
     assert!(r.header("access-control-allow-origin").is_none());
@@ -180,8 +224,15 @@ fn a_configured_origin_list_replaces_the_loopback_default() {
     let a = srv.addr;
     let r = complete_with(a, &[("Origin", "https://app.example")], "application/json");
     assert_eq!(r.status, 200, "{}", r.body);
-    assert_eq!(r.header("access-control-allow-origin"), Some("https://app.example"));
-    let r = complete_with(a, &[("Origin", "http://localhost:3000")], "application/json");
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("https://app.example")
+    );
+    let r = complete_with(
+        a,
+        &[("Origin", "http://localhost:3000")],
+        "application/json",
+    );
     assert_eq!(r.status, 403);
     let r = request_raw(a, "GET", "/v1/models", &[("Host", "localhost:1")], "");
     assert_eq!(r.status, 403, "only the listed host");
@@ -197,7 +248,12 @@ fn every_error_status_has_its_family_shape() {
     let r = get(a, "/v1/nope");
     assert_eq!(r.status, 404);
     assert_shape("/v1/nope", &r);
-    assert!(r.json()["error"]["message"].as_str().unwrap().contains("Invalid URL"));
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("Invalid URL")
+    );
     let r = get(a, "/api/nope");
     assert_eq!(r.status, 404);
     assert_shape("/api/nope", &r);
@@ -219,7 +275,11 @@ fn every_error_status_has_its_family_shape() {
     assert_eq!(r.status, 413, "{}", r.body);
     assert_eq!(r.json()["error"]["code"], "request_too_large");
     // 404 for a model names the model asked for, not the ones served.
-    let r = post(a, "/v1/completions", &json!({"model": "nope", "prompt": "x"}));
+    let r = post(
+        a,
+        "/v1/completions",
+        &json!({"model": "nope", "prompt": "x"}),
+    );
     assert_eq!(r.status, 404);
     assert_eq!(r.json()["error"]["code"], "model_not_found");
     assert_eq!(r.json()["error"]["param"], "model");
@@ -238,5 +298,10 @@ fn every_error_status_has_its_family_shape() {
     // Malformed JSON and an empty body.
     let r = request(a, "POST", "/api/chat", &[], "{");
     assert_eq!(r.status, 400);
-    assert!(r.json()["error"].as_str().unwrap().contains("malformed JSON"));
+    assert!(
+        r.json()["error"]
+            .as_str()
+            .unwrap()
+            .contains("malformed JSON")
+    );
 }

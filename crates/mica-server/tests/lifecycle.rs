@@ -74,11 +74,23 @@ fn a_corrupt_model_or_a_show_never_unloads_the_healthy_one() {
     let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
     assert!(msg.starts_with("cannot load model 'broken'"), "{msg}");
     assert!(msg.contains("broken.gguf"), "{msg}");
-    assert!(!msg.contains(dir.to_str().unwrap()), "absolute path in: {msg}");
+    assert!(
+        !msg.contains(dir.to_str().unwrap()),
+        "absolute path in: {msg}"
+    );
     assert_eq!(loaded(a), ["healthy"], "the failed load unloaded nothing");
-    let r = post(a, "/api/generate", &json!({"model": "broken", "prompt": "x"}));
+    let r = post(
+        a,
+        "/api/generate",
+        &json!({"model": "broken", "prompt": "x"}),
+    );
     assert_eq!(r.status, 500);
-    assert!(!r.json()["error"].as_str().unwrap().contains(dir.to_str().unwrap()));
+    assert!(
+        !r.json()["error"]
+            .as_str()
+            .unwrap()
+            .contains(dir.to_str().unwrap())
+    );
     assert_eq!(loaded(a), ["healthy"]);
     // Metadata of a model that is not loaded, read without loading it.
     let r = post(a, "/api/show", &json!({"model": "other"}));
@@ -100,7 +112,11 @@ fn a_corrupt_model_or_a_show_never_unloads_the_healthy_one() {
     assert_eq!(complete(a, "other").status, 200);
     assert_eq!(loaded(a), ["other"]);
     assert_eq!(
-        metric(a, "mica_model_loads_total", "model=\"broken\",result=\"error\""),
+        metric(
+            a,
+            "mica_model_loads_total",
+            "model=\"broken\",result=\"error\""
+        ),
         2.0
     );
 }
@@ -125,8 +141,14 @@ fn metrics_stay_monotonic_across_reloads() {
     // Swap out, wait until the unloaded engine is gone, swap back in.
     assert_eq!(complete(a, "other").status, 200);
     let t = Instant::now();
-    while get(a, "/metrics").body.contains("mica_kv_blocks_used{model=\"healthy\"}") {
-        assert!(t.elapsed() < Duration::from_secs(20), "the unloaded engine never stopped");
+    while get(a, "/metrics")
+        .body
+        .contains("mica_kv_blocks_used{model=\"healthy\"}")
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the unloaded engine never stopped"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(ok("healthy"), 2.0, "kept after the unload");
@@ -135,14 +157,21 @@ fn metrics_stay_monotonic_across_reloads() {
     assert_eq!(ok("other"), 1.0);
     assert!(metric(a, "mica_generated_tokens_total", "model=\"healthy\"") > generated);
     let m = get(a, "/metrics").body;
-    for family in ["mica_requests_total", "mica_kv_blocks_used", "mica_time_to_first_token_seconds"] {
+    for family in [
+        "mica_requests_total",
+        "mica_kv_blocks_used",
+        "mica_time_to_first_token_seconds",
+    ] {
         assert_eq!(
             m.matches(&format!("# TYPE {family} ")).count(),
             1,
             "{family} declared once"
         );
     }
-    assert!(m.contains("mica_model_unloads_total{model=\"healthy\"} 1"), "{m}");
+    assert!(
+        m.contains("mica_model_unloads_total{model=\"healthy\"} 1"),
+        "{m}"
+    );
 }
 
 #[test]

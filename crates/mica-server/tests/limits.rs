@@ -48,7 +48,11 @@ fn a_half_sent_body_times_out() {
     let t = Instant::now();
     let socks: Vec<TcpStream> = (0..20)
         .map(|i| {
-            let path = if i % 2 == 0 { "/v1/completions" } else { "/api/generate" };
+            let path = if i % 2 == 0 {
+                "/v1/completions"
+            } else {
+                "/api/generate"
+            };
             send_bytes(a, head(path).as_bytes())
         })
         .collect();
@@ -66,7 +70,11 @@ fn a_half_sent_body_times_out() {
     let took = t.elapsed();
     assert!(took < Duration::from_secs(6), "408s took {took:?}");
     // And the server serves on.
-    let r = post(a, "/v1/completions", &json!({"model": MODEL, "prompt": "Hi", "max_tokens": 2}));
+    let r = post(
+        a,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": "Hi", "max_tokens": 2}),
+    );
     assert_eq!(r.status, 200, "{}", r.body);
 }
 
@@ -75,9 +83,15 @@ fn unfinished_headers_and_idle_connections_are_closed() {
     let srv = start(short_limits());
     let a = srv.addr;
     // Headers that never end.
-    let s = send_bytes(a, format!("GET /v1/models HTTP/1.1\r\nHost: {a}\r\nX-Slow: ").as_bytes());
+    let s = send_bytes(
+        a,
+        format!("GET /v1/models HTTP/1.1\r\nHost: {a}\r\nX-Slow: ").as_bytes(),
+    );
     let took = closed_within(s, Duration::from_secs(5));
-    assert!(took >= Duration::from_millis(800), "closed too early: {took:?}");
+    assert!(
+        took >= Duration::from_millis(800),
+        "closed too early: {took:?}"
+    );
     // A connection that never sends anything.
     let s = TcpStream::connect(a).unwrap();
     closed_within(s, Duration::from_secs(5));
@@ -100,7 +114,10 @@ fn unfinished_headers_and_idle_connections_are_closed() {
         std::thread::sleep(Duration::from_millis(300));
     }
     let took = closed_within(s, Duration::from_secs(5));
-    assert!(took < Duration::from_secs(3), "idle connection held {took:?}");
+    assert!(
+        took < Duration::from_secs(3),
+        "idle connection held {took:?}"
+    );
 }
 
 #[test]

@@ -79,13 +79,21 @@ fn finish(mut o: Open) -> Vec<String> {
         assert!(last["eval_count"].as_u64().is_some(), "{last}");
         return vec![last["done_reason"].as_str().unwrap().to_string()];
     }
-    assert!(o.raw.ends_with("data: [DONE]\n\n"), "SSE ends with [DONE]: {:?}", o.raw);
+    assert!(
+        o.raw.ends_with("data: [DONE]\n\n"),
+        "SSE ends with [DONE]: {:?}",
+        o.raw
+    );
     o.raw
         .lines()
         .filter_map(|l| l.strip_prefix("data: "))
         .filter(|d| *d != "[DONE]")
         .filter_map(|d| serde_json::from_str::<Value>(d).ok())
-        .filter_map(|v| v["choices"][0]["finish_reason"].as_str().map(str::to_string))
+        .filter_map(|v| {
+            v["choices"][0]["finish_reason"]
+                .as_str()
+                .map(str::to_string)
+        })
         .collect()
 }
 
@@ -100,14 +108,22 @@ fn at_the_end_of_the_grace_period_every_stream_gets_its_final_event() {
     let open = open_streams(a, &bodies);
     // One non-streaming request in flight too.
     let waiting = std::thread::spawn(move || {
-        post(a, "/v1/completions", &json!({"model": MODEL, "prompt": "Once", "max_tokens": 1500}))
+        post(
+            a,
+            "/v1/completions",
+            &json!({"model": MODEL, "prompt": "Once", "max_tokens": 1500}),
+        )
     });
     std::thread::sleep(Duration::from_millis(200));
     let t = Instant::now();
     srv.shutdown();
     std::thread::sleep(Duration::from_millis(200));
     // Draining: new work refused, readiness down, liveness up.
-    let r = post(a, "/v1/completions", &json!({"model": MODEL, "prompt": "Hi"}));
+    let r = post(
+        a,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": "Hi"}),
+    );
     assert_eq!(r.status, 503, "{}", r.body);
     assert_eq!(r.json()["error"]["code"], "shutting_down");
     assert!(r.header("retry-after").is_some());
@@ -115,7 +131,10 @@ fn at_the_end_of_the_grace_period_every_stream_gets_its_final_event() {
     assert_eq!(r.status, 503);
     assert!(r.json()["error"].is_string());
     let r = get(a, "/ready");
-    assert_eq!((r.status, r.json()["status"].clone()), (503, json!("draining")));
+    assert_eq!(
+        (r.status, r.json()["status"].clone()),
+        (503, json!("draining"))
+    );
     assert_eq!(get(a, "/health").status, 200);
     for (o, (path, body)) in open.into_iter().zip(&bodies) {
         let reasons = finish(o);

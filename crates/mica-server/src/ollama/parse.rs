@@ -5,7 +5,9 @@
 
 use super::types::{ChatBody, GenerateBody, Options};
 use crate::error::{ParamError, ServerError, parse_json};
-use crate::params::{OLLAMA_DEFAULTS, OLLAMA_ROLES, Sampling, SamplingFields, validate_role, validate_sampling};
+use crate::params::{
+    OLLAMA_DEFAULTS, OLLAMA_ROLES, Sampling, SamplingFields, validate_role, validate_sampling,
+};
 use mica_models::chat::ChatMessage;
 
 /// What both generating routes resolve before the model is involved.
@@ -129,16 +131,29 @@ mod tests {
                 r#"{{"model": "m", "messages": [{{"role": "user", "content": "x"}}], "options": {{{opts}}}}}"#
             )
         };
-        assert_eq!(field(&with(r#""temperature": -5"#)).as_deref(), Some("options.temperature"));
-        assert_eq!(field(&with(r#""num_predict": 0"#)).as_deref(), Some("options.num_predict"));
-        assert_eq!(field(&with(r#""num_ctx": -3"#)).as_deref(), Some("options.num_ctx"));
-        assert_eq!(field(&with(r#""top_k": "many""#)).as_deref(), Some("options.top_k"));
+        assert_eq!(
+            field(&with(r#""temperature": -5"#)).as_deref(),
+            Some("options.temperature")
+        );
+        assert_eq!(
+            field(&with(r#""num_predict": 0"#)).as_deref(),
+            Some("options.num_predict")
+        );
+        assert_eq!(
+            field(&with(r#""num_ctx": -3"#)).as_deref(),
+            Some("options.num_ctx")
+        );
+        assert_eq!(
+            field(&with(r#""top_k": "many""#)).as_deref(),
+            Some("options.top_k")
+        );
         assert_eq!(
             field(r#"{"model": "m", "messages": [{"role": "wizard", "content": "x"}]}"#).as_deref(),
             Some("messages[0].role")
         );
-        let ok = parse_generate(br#"{"model": "m", "prompt": "hi", "options": {"num_predict": -1}}"#)
-            .unwrap();
+        let ok =
+            parse_generate(br#"{"model": "m", "prompt": "hi", "options": {"num_predict": -1}}"#)
+                .unwrap();
         assert_eq!(ok.job.num_predict, None);
         assert!(ok.job.stream);
         assert_eq!(ok.job.sampling.params.top_k, 40);

@@ -99,10 +99,7 @@ pub fn parse_chat(body: &[u8]) -> Result<ChatRequest, ServerError> {
                     if p.kind != "text" {
                         return Err(ParamError::Unsupported {
                             field: format!("messages[{i}].content[{j}].type"),
-                            message: format!(
-                                "only text parts are supported, got '{}'",
-                                p.kind
-                            ),
+                            message: format!("only text parts are supported, got '{}'", p.kind),
                         }
                         .into());
                     }
@@ -156,8 +153,7 @@ pub fn parse_completion(body: &[u8]) -> Result<CompletionRequest, ServerError> {
         Prompt::Texts(v) if v.len() != 1 => {
             return Err(ParamError::Unsupported {
                 field: "prompt".into(),
-                message: "send one prompt per request (a list must hold exactly one string)"
-                    .into(),
+                message: "send one prompt per request (a list must hold exactly one string)".into(),
             }
             .into());
         }
@@ -196,7 +192,10 @@ mod tests {
             format!(r#"{{"model": "m", "messages": [{{"role": "user", "content": "hi"}}]{extra}}}"#)
         };
         assert_eq!(param(&chat(r#", "temperature": -5"#)), "temperature");
-        assert_eq!(param(&chat(r#", "logprobs": true, "top_logprobs": 21"#)), "top_logprobs");
+        assert_eq!(
+            param(&chat(r#", "logprobs": true, "top_logprobs": 21"#)),
+            "top_logprobs"
+        );
         assert_eq!(param(&chat(r#", "top_logprobs": 2"#)), "top_logprobs");
         assert_eq!(param(&chat(r#", "n": 0"#)), "n");
         assert_eq!(param(&chat(r#", "max_tokens": 0"#)), "max_tokens");

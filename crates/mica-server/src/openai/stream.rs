@@ -64,8 +64,9 @@ pub fn legacy_logprobs(
         offset += text.len();
         out.tokens.push(text);
         out.token_logprobs.push(l.logprob);
-        out.top_logprobs
-            .push(TopMap(l.top.iter().map(|&(id, v)| (piece(tok, id).0, v)).collect()));
+        out.top_logprobs.push(TopMap(
+            l.top.iter().map(|&(id, v)| (piece(tok, id).0, v)).collect(),
+        ));
     }
     out
 }
