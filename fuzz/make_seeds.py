@@ -141,11 +141,11 @@ def main():
     if os.path.isdir(SEEDS):
         shutil.rmtree(SEEDS)
     g = tiny_gguf()
-    out("gguf", "tiny.gguf", g)
+    out("gguf", "tiny", g)  # (no .gguf extension: the repository ignores *.gguf outside fixtures/)
     fixture = os.path.join(ROOT, "fixtures/converted/mixtral/model.q8_0.gguf")
     with open(fixture, "rb") as f:
         real = f.read()
-    out("gguf", "mixtral-head.gguf", real[:16384])
+    out("gguf", "mixtral-head", real[:16384])
 
     mica = os.environ.get("MICA_BIN", os.path.join(ROOT, "target/debug/mica"))
     with tempfile.TemporaryDirectory() as tmp:
