@@ -68,7 +68,7 @@ pub enum ParamError {
     UnknownRole {
         field: String,
         role: String,
-        allowed: &'static str,
+        allowed: String,
     },
     #[error("{field} is only allowed when {requires}")]
     Requires {

@@ -115,7 +115,7 @@ pub fn origin_allowed(access: &Access, origin: &str) -> bool {
     })
 }
 
-fn header_str<'a>(h: &'a HeaderMap, name: header::HeaderName) -> Option<&'a str> {
+fn header_str(h: &HeaderMap, name: header::HeaderName) -> Option<&str> {
     h.get(name).map(|v| v.to_str().unwrap_or("\u{fffd}"))
 }
 

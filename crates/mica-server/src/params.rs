@@ -220,11 +220,7 @@ pub fn validate_role(role: &str, field: String, allowed: &[&str]) -> Result<Stri
         return Err(ParamError::UnknownRole {
             field,
             role: role.to_string(),
-            allowed: if allowed.len() == OPENAI_ROLES.len() {
-                "system, developer, user, assistant, tool"
-            } else {
-                "system, user, assistant, tool"
-            },
+            allowed: allowed.join(", "),
         });
     }
     Ok(if role == "developer" { "system" } else { role }.to_string())
