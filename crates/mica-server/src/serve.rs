@@ -46,7 +46,8 @@ pub enum ServeError {
     Preload(crate::error::ServerError),
 }
 
-/// How long streams ended after the grace period get to write their last event.
+/// How long streams ended after the grace period get to write their last event, and
+/// connections to close once nothing is in flight.
 const ABORT_FLUSH: Duration = Duration::from_secs(5);
 
 /// What a connection's watchdog reads: requests in flight and when bytes last arrived.
@@ -330,6 +331,10 @@ pub async fn serve(
     }
     drop(listener);
     reaper.abort();
+    // Nothing is in flight, but the last bytes of a response may still be on their way out:
+    // the connections (keep-alive off) close themselves once written.
+    let closed = async { while conns.join_next().await.is_some() {} };
+    let _ = tokio::time::timeout(ABORT_FLUSH, closed).await;
     conns.shutdown().await;
     st.emit(ServerEvent::Stopped);
     match failed {
