@@ -5,6 +5,7 @@
 //! with [`ServerConfig::new`] and struct update syntax.
 
 use mica_engine::{Lane, SchedulerConfig};
+use mica_models::hf::{is_hf_folder, safetensors_files};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -168,20 +169,6 @@ impl ServerConfig {
         };
         name.and_then(|s| s.to_str()).unwrap_or("model").to_string()
     }
-}
-
-/// Whether `dir` is a Hugging Face model folder: a `config.json` and safetensors weights.
-pub(crate) fn is_hf_folder(dir: &Path) -> bool {
-    dir.join("config.json").is_file() && !safetensors_files(dir).is_empty()
-}
-
-fn safetensors_files(dir: &Path) -> Vec<PathBuf> {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    rd.filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_file() && has_ext(p, "safetensors"))
-        .collect()
 }
 
 pub(crate) fn has_ext(p: &Path, ext: &str) -> bool {
