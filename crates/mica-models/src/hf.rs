@@ -138,8 +138,7 @@ pub fn safetensors_files(dir: &Path) -> Vec<PathBuf> {
     rd.filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
             p.is_file()
-                && p
-                    .extension()
+                && p.extension()
                     .is_some_and(|e| e.eq_ignore_ascii_case("safetensors"))
         })
         .collect()
