@@ -1,31 +1,20 @@
 //! `mica bench`: prompt-processing and generation speed, measured the way llama.cpp's
-//! `llama-bench` measures them, so the two tools' numbers can be set side by side.
-//!
-//! Reference: llama.cpp `tools/llama-bench/llama-bench.cpp` (`test_prompt`, `test_gen`, the
-//! markdown and JSON printers). What is mirrored, and why:
-//! - **pp N**: from an empty cache, one forward pass over N arbitrary tokens (BOS first when
-//!   the model adds one, then pseudo-random ids), in micro-batches of [`PROMPT_CHUNK`] tokens
-//!   (llama.cpp's `n_ubatch`), logits for the last token only. Token ids do not change the
-//!   work of a dense model, so random ids time the same kernels as real text.
-//! - **tg N**: from an empty cache, N forward passes of one token each (BOS first, then
-//!   random ids), logits every step. Sampling is not timed (llama-bench does not sample).
-//! - One warm-up run before the timed ones (a whole prompt for pp; one token for tg, as
-//!   llama-bench), then `-r` timed repetitions, each starting from an empty cache.
-//! - Speed per repetition is `n_tokens / seconds`; the table shows the mean ± sample
-//!   standard deviation of those speeds (not the speed of the mean time), as llama-bench.
+//! `llama-bench` measures them (the timing loop is `mica::engine::bench`), printed as its
+//! markdown table or its JSON records so the two tools' numbers can be set side by side.
 //!
 //! Peak resident memory is the process's high-water mark (`VmHWM`), which includes the
 //! pages of the memory-mapped model that were touched.
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use mica_engine::generate::PROMPT_CHUNK;
-use mica_kernels::ThreadPool;
-use mica_models::{Batch, KvCache, LoadOptions, LoadedModel, Workspace};
+use mica::engine::bench::{BenchTest, ModelSummary, Stats, cpu_info, peak_rss_bytes, time_test};
+use mica::engine::generate::PROMPT_CHUNK;
+use mica::kernels::ThreadPool;
+use mica::models::{LoadOptions, LoadedModel};
 use serde::Serialize;
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -57,28 +46,10 @@ pub struct BenchArgs {
 struct Plan {
     model: PathBuf,
     threads: Vec<usize>,
-    tests: Vec<TestSpec>,
+    tests: Vec<BenchTest>,
     reps: usize,
     json: bool,
     no_repack: bool,
-}
-
-/// One test: a prompt of `n_prompt` tokens or a generation of `n_gen` (never both).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct TestSpec {
-    n_prompt: usize,
-    n_gen: usize,
-}
-
-impl TestSpec {
-    /// llama-bench's test name: `pp512`, `tg128`.
-    fn name(self) -> String {
-        if self.n_gen == 0 {
-            format!("pp{}", self.n_prompt)
-        } else {
-            format!("tg{}", self.n_gen)
-        }
-    }
 }
 
 /// Parses a comma-separated list of counts for flag `flag`.
@@ -102,7 +73,7 @@ impl Plan {
         let gens = parse_list("-n", "token count", &args.n_gen)?;
         let threads = match &args.threads {
             Some(t) => parse_list("-t", "thread count", t)?,
-            None => vec![mica_kernels::pool::physical_cores()],
+            None => vec![mica::kernels::pool::physical_cores()],
         };
         if threads.contains(&0) {
             bail!("-t: thread counts must be at least 1");
@@ -111,14 +82,14 @@ impl Plan {
             bail!("-r: at least one repetition is needed");
         }
         // As llama-bench: a zero length means "no such test".
-        let tests: Vec<TestSpec> = prompts
+        let tests: Vec<BenchTest> = prompts
             .iter()
             .filter(|&&n| n > 0)
-            .map(|&n| TestSpec {
+            .map(|&n| BenchTest {
                 n_prompt: n,
                 n_gen: 0,
             })
-            .chain(gens.iter().filter(|&&n| n > 0).map(|&n| TestSpec {
+            .chain(gens.iter().filter(|&&n| n > 0).map(|&n| BenchTest {
                 n_prompt: 0,
                 n_gen: n,
             }))
@@ -135,76 +106,6 @@ impl Plan {
             no_repack: args.no_repack,
         })
     }
-}
-
-/// What the table and the records say about the model.
-struct ModelInfo {
-    filename: String,
-    /// llama.cpp's `llama_model_desc` layout: `{arch} {size} {file type}`.
-    desc: String,
-    /// Bytes of all tensors (llama.cpp's `llama_model_size`).
-    size: u64,
-    /// Elements of all tensors (llama.cpp's `llama_model_n_params`).
-    n_params: u64,
-    /// The KV cache type the model runs with (f32 for float32 checkpoints).
-    kv_type: &'static str,
-}
-
-impl ModelInfo {
-    fn of(path: &std::path::Path, lm: &LoadedModel) -> ModelInfo {
-        // A GGUF file describes itself; a Hugging Face folder is summed from the model.
-        let (size, n_params, ftype) = match &lm.model.file {
-            Some(g) => (
-                g.tensors().iter().map(|t| t.n_bytes).sum(),
-                g.tensors().iter().map(|t| t.n_elements()).sum(),
-                g.get_u32("general.file_type")
-                    .map_or_else(|| "unknown file type".to_string(), ftype_name),
-            ),
-            None => (
-                lm.model.weight_bytes() as u64,
-                lm.model.n_params() as u64,
-                "safetensors".to_string(),
-            ),
-        };
-        let label = if n_params < 1_000_000_000 {
-            format!("{:.0}M", n_params as f64 / 1e6)
-        } else {
-            format!("{:.1}B", n_params as f64 / 1e9)
-        };
-        ModelInfo {
-            kv_type: lm.model.config.numerics.kv_type().name(),
-            filename: path.display().to_string(),
-            desc: format!("{} {label} {ftype}", lm.model.config.arch),
-            size,
-            n_params,
-        }
-    }
-}
-
-/// llama.cpp's `llama_ftype_name` for `general.file_type`.
-pub fn ftype_name(ftype: u32) -> String {
-    let name = match ftype {
-        0 => "all F32",
-        1 => "F16",
-        2 => "Q4_0",
-        3 => "Q4_1",
-        7 => "Q8_0",
-        8 => "Q5_0",
-        9 => "Q5_1",
-        10 => "Q2_K - Medium",
-        11 => "Q3_K - Small",
-        12 => "Q3_K - Medium",
-        13 => "Q3_K - Large",
-        14 => "Q4_K - Small",
-        15 => "Q4_K - Medium",
-        16 => "Q5_K - Small",
-        17 => "Q5_K - Medium",
-        18 => "Q6_K",
-        21 => "Q2_K - Small",
-        32 => "BF16",
-        other => return format!("file type {other}"),
-    };
-    name.to_string()
 }
 
 /// One test's result as llama-bench's JSON printer writes it (same names, types and order),
@@ -253,8 +154,8 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             repack: !plan.no_repack,
         },
     )?;
-    let info = ModelInfo::of(&plan.model, &lm);
-    let isa = mica_kernels::simd::kernels().isa();
+    let info = ModelSummary::of(&plan.model, &lm);
+    let isa = mica::kernels::simd::kernels().isa();
     let cpu = cpu_info();
     let mut table = if plan.json {
         None
@@ -266,7 +167,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         let pool = ThreadPool::new(n_threads);
         for &spec in &plan.tests {
             let test_time = rfc3339_now();
-            let samples_ns = run_test(&lm, &pool, spec, plan.reps)
+            let samples_ns = time_test(&lm, &pool, spec, plan.reps)
                 .with_context(|| format!("{} on {n_threads} threads", spec.name()))?;
             let rec = record(&info, &cpu, isa, n_threads, spec, test_time, samples_ns);
             if let Some(t) = table.as_mut() {
@@ -297,115 +198,16 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// Runs one test: a warm-up, then `reps` timed runs from an empty cache. Returns the time
-/// of each run in nanoseconds.
-fn run_test(lm: &LoadedModel, pool: &ThreadPool, spec: TestSpec, reps: usize) -> Result<Vec<u64>> {
-    let model = &lm.model;
-    // A cache just large enough, as llama-bench sizes its context (n_prompt + n_gen).
-    let mut kv = KvCache::new(&model.config, spec.n_prompt + spec.n_gen, 1);
-    let mut ws = Workspace::default();
-    let mut tokens = TokenSource::new(lm);
-    let mut once = |kv: &mut KvCache, ws: &mut Workspace, gen_len: usize| -> Result<()> {
-        kv.clear(0);
-        if spec.n_prompt > 0 {
-            prompt(lm, pool, kv, ws, &mut tokens, spec.n_prompt)
-        } else {
-            generate(lm, pool, kv, ws, &mut tokens, gen_len)
-        }
-    };
-    // Warm-up: touches the weights and grows the buffers (one token for tg, as llama-bench).
-    once(&mut kv, &mut ws, 1)?;
-    let mut samples = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let t0 = Instant::now();
-        once(&mut kv, &mut ws, spec.n_gen)?;
-        samples.push(t0.elapsed().as_nanos() as u64);
-    }
-    Ok(samples)
-}
-
-/// pp: `n` tokens through the model in micro-batches, logits for the last token only.
-fn prompt(
-    lm: &LoadedModel,
-    pool: &ThreadPool,
-    kv: &mut KvCache,
-    ws: &mut Workspace,
-    tokens: &mut TokenSource,
-    n: usize,
-) -> Result<()> {
-    let ids: Vec<u32> = (0..n).map(|i| tokens.next(i == 0)).collect();
-    let mut done = 0;
-    for chunk in ids.chunks(PROMPT_CHUNK) {
-        // Logits for the last token of the whole prompt only.
-        let mut batch = Batch::for_sequence(chunk, done, 0, false);
-        if done + chunk.len() < n {
-            batch.logits.fill(false);
-        }
-        lm.model.forward(pool, &batch, kv, ws)?;
-        done += chunk.len();
-    }
-    Ok(())
-}
-
-/// tg: `n` single-token forward passes, each with logits.
-fn generate(
-    lm: &LoadedModel,
-    pool: &ThreadPool,
-    kv: &mut KvCache,
-    ws: &mut Workspace,
-    tokens: &mut TokenSource,
-    n: usize,
-) -> Result<()> {
-    let mut batch = Batch::new();
-    for pos in 0..n {
-        batch.clear();
-        batch.push(tokens.next(pos == 0), pos, 0, true);
-        lm.model.forward(pool, &batch, kv, ws)?;
-    }
-    Ok(())
-}
-
-/// Token ids as llama-bench picks them: BOS first when the model adds one, otherwise
-/// pseudo-random ids over the vocabulary (xorshift64*, fixed seed: runs repeat exactly).
-struct TokenSource {
-    bos: Option<u32>,
-    n_vocab: u64,
-    state: u64,
-}
-
-impl TokenSource {
-    fn new(lm: &LoadedModel) -> TokenSource {
-        let t = &lm.tokenizer;
-        TokenSource {
-            bos: t.bos().filter(|_| t.add_bos()),
-            n_vocab: t.vocab_size().min(lm.model.config.n_vocab).max(1) as u64,
-            state: 0x9E37_79B9_7F4A_7C15,
-        }
-    }
-
-    fn next(&mut self, first: bool) -> u32 {
-        if first && let Some(b) = self.bos {
-            return b;
-        }
-        self.state ^= self.state >> 12;
-        self.state ^= self.state << 25;
-        self.state ^= self.state >> 27;
-        (self.state.wrapping_mul(0x2545_F491_4F6C_DD1D) % self.n_vocab) as u32
-    }
-}
-
 fn record(
-    info: &ModelInfo,
+    info: &ModelSummary,
     cpu: &str,
     isa: &str,
     n_threads: usize,
-    spec: TestSpec,
+    spec: BenchTest,
     test_time: String,
     samples_ns: Vec<u64>,
 ) -> Record {
-    let n_tokens = (spec.n_prompt + spec.n_gen) as f64;
-    let ns: Vec<f64> = samples_ns.iter().map(|&s| s as f64).collect();
-    let samples_ts: Vec<f64> = ns.iter().map(|&s| 1e9 * n_tokens / s.max(1.0)).collect();
+    let stats = Stats::of(&samples_ns, spec.n_tokens());
     Record {
         build_commit: build_commit().to_string(),
         build_number: 0,
@@ -427,58 +229,20 @@ fn record(
         n_gen: spec.n_gen,
         n_depth: 0,
         test_time,
-        avg_ns: mean(&ns).round() as u64,
-        stddev_ns: stdev(&ns).round() as u64,
-        avg_ts: mean(&samples_ts),
-        stddev_ts: stdev(&samples_ts),
+        avg_ns: stats.avg_ns.round() as u64,
+        stddev_ns: stats.stddev_ns.round() as u64,
+        avg_ts: stats.avg_ts,
+        stddev_ts: stats.stddev_ts,
         samples_ns,
-        samples_ts,
+        samples_ts: stats.samples_ts,
         isa: isa.to_string(),
         peak_rss_bytes: peak_rss_bytes(),
     }
 }
 
-fn mean(v: &[f64]) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.iter().sum::<f64>() / v.len() as f64
-}
-
-/// Sample standard deviation (n - 1), 0 for fewer than two samples, as llama-bench.
-fn stdev(v: &[f64]) -> f64 {
-    if v.len() < 2 {
-        return 0.0;
-    }
-    let m = mean(v);
-    let ss: f64 = v.iter().map(|x| (x - m) * (x - m)).sum();
-    (ss / (v.len() - 1) as f64).sqrt()
-}
-
 /// The commit mica was built from, when the build passed one in `MICA_BUILD_COMMIT`.
 fn build_commit() -> &'static str {
     option_env!("MICA_BUILD_COMMIT").unwrap_or("unknown")
-}
-
-/// The CPU's model name, as llama.cpp's CPU backend describes itself.
-fn cpu_info() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-        })
-        .unwrap_or_else(|| "CPU".to_string())
-}
-
-/// Peak resident set size of this process (`VmHWM`), where the OS reports it.
-fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }
 
 /// Now as RFC 3339 UTC (`2025-01-31T12:00:00Z`), llama-bench's `test_time`.
@@ -528,7 +292,7 @@ const COLUMNS: [(&str, i32); 7] = [
 ];
 
 impl TablePrinter {
-    fn start(info: &ModelInfo) -> Result<TablePrinter> {
+    fn start(info: &ModelSummary) -> Result<TablePrinter> {
         let cells: Vec<String> = COLUMNS.iter().map(|c| c.0.to_string()).collect();
         let mut out = std::io::stdout().lock();
         writeln!(out, "{}", Self::line(&cells))?;
@@ -573,7 +337,7 @@ impl TablePrinter {
         format!("|{body}")
     }
 
-    fn row(&mut self, rec: &Record, spec: TestSpec) -> Result<()> {
+    fn row(&mut self, rec: &Record, spec: BenchTest) -> Result<()> {
         let cells = [
             self.model.clone(),
             self.size.clone(),
@@ -599,12 +363,6 @@ mod tests {
         assert_eq!(civil_from_days(0), (1970, 1, 1));
         assert_eq!(civil_from_days(19_723), (2024, 1, 1));
         assert_eq!(civil_from_days(19_782), (2024, 2, 29));
-    }
-
-    #[test]
-    fn sample_stdev() {
-        assert_eq!(stdev(&[5.0]), 0.0);
-        assert!((stdev(&[1.0, 2.0, 3.0, 4.0]) - 1.290_994_4).abs() < 1e-6);
     }
 
     #[test]

@@ -1,10 +1,10 @@
-//! `mica convert`: flags into [`mica_quant::ConvertOptions`], the conversion itself by
-//! [`mica_quant::convert`], and the summary it reports printed to stderr.
+//! `mica convert`: flags into [`mica::quant::ConvertOptions`], the conversion itself by
+//! [`mica::quant::convert`], and the summary it reports printed to stderr.
 
 use crate::progress::Progress;
 use anyhow::{Context, Result};
 use clap::Args;
-use mica_quant::{
+use mica::quant::{
     Calibration, ConvertOptions, ConvertReport, FileType, Imatrix, Importance, MixReport,
     TensorTypeRule,
 };
@@ -117,7 +117,7 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
     };
     let mut progress = Progress::new(args.quiet);
-    let report = mica_quant::convert(&args.src, &args.output, &opts, &mut |e| progress.handle(e))?;
+    let report = mica::quant::convert(&args.src, &args.output, &opts, &mut |e| progress.handle(e))?;
     print_report(&args.output, &report);
     Ok(())
 }

@@ -1,11 +1,11 @@
 //! `mica imatrix`: an importance matrix over a text (as llama.cpp's `llama-imatrix`),
-//! collected by [`mica_quant::imatrix::collect`] and written in llama.cpp's GGUF form.
+//! collected by [`mica::quant::imatrix::collect`] and written in llama.cpp's GGUF form.
 
 use crate::progress::Progress;
 use anyhow::{Context, Result};
 use clap::Args;
-use mica_models::LoadedModel;
-use mica_quant::imatrix::{Windows, collect};
+use mica::models::LoadedModel;
+use mica::quant::imatrix::{Windows, collect};
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]
@@ -37,7 +37,7 @@ pub fn imatrix(args: ImatrixArgs) -> Result<()> {
     let lm = LoadedModel::open(&args.model)?;
     let threads = args
         .threads
-        .unwrap_or_else(mica_kernels::pool::physical_cores)
+        .unwrap_or_else(mica::kernels::pool::physical_cores)
         .max(1);
     let windows = Windows {
         n_ctx: args.ctx,

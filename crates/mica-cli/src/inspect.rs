@@ -2,9 +2,9 @@
 
 use anyhow::Result;
 use clap::Args;
-use mica_formats::{Container, GgufFile, MetaValue, MicaFile};
-use mica_models::hf::HfFolder;
-use mica_models::{LoadOptions, LoadedModel};
+use mica::formats::{Container, GgufFile, MetaValue, MicaFile};
+use mica::models::hf::HfFolder;
+use mica::models::{LoadOptions, LoadedModel};
 use std::collections::BTreeMap;
 
 #[derive(Args, Debug)]
@@ -26,7 +26,7 @@ pub struct InspectArgs {
 
 pub fn inspect(args: InspectArgs) -> Result<()> {
     if args.kernels {
-        print!("{}", mica_kernels::simd::coverage());
+        print!("{}", mica::kernels::simd::coverage());
         return Ok(());
     }
     let Some(model) = args.model.as_deref() else {

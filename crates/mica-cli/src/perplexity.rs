@@ -1,12 +1,12 @@
 //! `mica perplexity`: perplexity of a model over a text file, and with `--kl-base` the
-//! KL-divergence from a base model, computed by [`mica_quant::Perplexity`] as llama.cpp's
+//! KL-divergence from a base model, computed by [`mica::quant::Perplexity`] as llama.cpp's
 //! `llama-perplexity` computes them (see that module for the method).
 
 use crate::progress::Progress;
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
-use mica_models::LoadedModel;
-use mica_quant::{KlSummary, Perplexity, PerplexityOptions, QuantError};
+use mica::models::LoadedModel;
+use mica::quant::{KlSummary, Perplexity, PerplexityOptions, QuantError};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -47,7 +47,7 @@ pub fn perplexity(args: PerplexityArgs) -> Result<()> {
     let load_ms = t_load.elapsed().as_secs_f64() * 1e3;
     let threads = args
         .threads
-        .unwrap_or_else(mica_kernels::pool::physical_cores)
+        .unwrap_or_else(mica::kernels::pool::physical_cores)
         .max(1);
     let base = args.kl_base.as_ref().map(LoadedModel::open).transpose()?;
     let opts = PerplexityOptions {

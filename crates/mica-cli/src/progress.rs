@@ -3,7 +3,7 @@
 //! with or without `--quiet`.
 
 use indicatif::{ProgressBar, ProgressStyle};
-use mica_quant::{Event, Task};
+use mica::quant::{Event, Task};
 
 /// The bar of the task in progress, if any.
 pub struct Progress {

@@ -2,12 +2,12 @@
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use mica_engine::{GenerateParams, Session};
+use mica::engine::{GenerateParams, Session};
 
 use crate::sampling_args::SamplingArgs;
-use mica_models::chat::ChatMessage;
-use mica_models::config::Numerics;
-use mica_models::{LoadOptions, LoadedModel};
+use mica::models::chat::ChatMessage;
+use mica::models::config::Numerics;
+use mica::models::{LoadOptions, LoadedModel};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -110,11 +110,11 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     let threads = args
         .threads
-        .unwrap_or_else(mica_kernels::pool::physical_cores);
+        .unwrap_or_else(mica::kernels::pool::physical_cores);
     if threads == 0 {
         bail!("the thread count must be positive");
     }
-    let sampling = args.sampling.params(mica_engine::random_seed());
+    let sampling = args.sampling.params(mica::engine::random_seed());
     let seed = sampling.seed;
     let params = GenerateParams {
         max_tokens: args.n_predict,

@@ -2,7 +2,7 @@
 //! defaults (llama.cpp's) and penalties.
 
 use clap::Args;
-use mica_engine::SamplingParams;
+use mica::engine::SamplingParams;
 
 #[derive(Args, Debug, Clone, PartialEq)]
 pub struct SamplingArgs {

@@ -4,7 +4,7 @@
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
-use mica_engine::{Lane, SchedulePolicy, SchedulerConfig};
+use mica::engine::{Lane, SchedulePolicy, SchedulerConfig};
 use mica_server::{Access, ApiKey, AppState, Limits, ServerConfig, ServerEvent};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -182,7 +182,7 @@ fn config(args: &ServeArgs) -> Result<ServerConfig> {
     }
     let threads = args
         .threads
-        .unwrap_or_else(mica_kernels::pool::physical_cores);
+        .unwrap_or_else(mica::kernels::pool::physical_cores);
     if threads == 0 {
         bail!("the thread count must be positive");
     }

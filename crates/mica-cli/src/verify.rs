@@ -6,7 +6,7 @@
 use anyhow::{Result, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use mica_formats::{GgufFile, MICA_MAGIC, MicaFile};
+use mica::formats::{GgufFile, MICA_MAGIC, MicaFile};
 use std::io::Read;
 use std::path::PathBuf;
 use std::time::Instant;

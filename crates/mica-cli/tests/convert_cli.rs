@@ -64,8 +64,8 @@ fn gguf_to_mica_and_back_is_faithful() {
     // Back to GGUF: same metadata (plus nothing) and the same tensor bytes.
     let g = dir.join("smol.gguf");
     convert(&m, &g, &[]);
-    let a = mica_formats::GgufFile::open(&src).unwrap();
-    let b = mica_formats::GgufFile::open(&g).unwrap();
+    let a = mica::formats::GgufFile::open(&src).unwrap();
+    let b = mica::formats::GgufFile::open(&g).unwrap();
     for (k, v) in a.metadata_entries() {
         if k != "general.alignment" {
             assert_eq!(b.metadata(k), Some(v), "{k}");
@@ -86,7 +86,7 @@ fn verify_names_a_corrupt_tensor() {
     let m = dir.join("smol.mica");
     convert(&src, &m, &[]);
     let off = {
-        let f = mica_formats::MicaFile::open(&m).unwrap();
+        let f = mica::formats::MicaFile::open(&m).unwrap();
         let t = f.view().tensor("blk.7.ffn_up.weight").unwrap();
         t.offset + t.n_bytes / 2
     };
@@ -113,7 +113,7 @@ fn quantized_conversions_run_and_warn_on_requantization() {
     let q8 = dir.join("smol-q8_0.mica");
     let err = convert(&src, &q8, &["--type", "q8_0"]);
     assert!(err.contains("warning: requantizing"), "{err}");
-    let f = mica_formats::MicaFile::open(&q8).unwrap();
+    let f = mica::formats::MicaFile::open(&q8).unwrap();
     let v = f.view();
     assert_eq!(v.get_u64("general.file_type"), Some(7));
     // Norms stay F32; matrices become Q8_0.
@@ -139,7 +139,7 @@ fn quantized_conversions_run_and_warn_on_requantization() {
     // gets Q4_K or Q6_K. It runs.
     let q4 = dir.join("smol-q4_k.gguf");
     convert(&src, &q4, &["--type", "q4_k"]);
-    let g = mica_formats::GgufFile::open(&q4).unwrap();
+    let g = mica::formats::GgufFile::open(&q4).unwrap();
     assert_eq!(
         g.tensor("blk.3.attn_q.weight").unwrap().ggml_type.name(),
         "Q5_0"

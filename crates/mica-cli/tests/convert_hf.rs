@@ -7,10 +7,10 @@
 mod common;
 
 use common::*;
-use mica_formats::GgufFile;
-use mica_kernels::ThreadPool;
-use mica_models::hf::HfFolder;
-use mica_models::{Batch, KvCache, Model, Workspace};
+use mica::formats::GgufFile;
+use mica::kernels::ThreadPool;
+use mica::models::hf::HfFolder;
+use mica::models::{Batch, KvCache, Model, Workspace};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -56,13 +56,13 @@ fn rel_rms(a: &[f32], b: &[f32]) -> f32 {
 fn check_family(family: &str, len: u32) {
     let dir = fixture(family);
     let folder = HfFolder::open(&dir).unwrap();
-    let want = logits(&mica_models::arch::load_hf(&folder).unwrap(), len);
+    let want = logits(&mica::models::arch::load_hf(&folder).unwrap(), len);
     let scratch = scratch(&format!("convert-hf-{family}"));
     for out in ["f32.gguf", "f32.mica"] {
         let p = scratch.join(out);
         convert(&dir, &p, &["--type", "f32"]);
         let file = Arc::new(GgufFile::open(&p).unwrap());
-        let got = logits(&mica_models::arch::load_gguf(file).unwrap(), len);
+        let got = logits(&mica::models::arch::load_gguf(file).unwrap(), len);
         let d = max_diff(&got, &want);
         println!("{family} → {out}: max |Δlogit| {d:.2e}");
         assert!(d <= 1e-4, "{family} → {out}: max |Δlogit| {d:.2e}");
@@ -75,7 +75,7 @@ fn check_family(family: &str, len: u32) {
         let p = scratch.join(format!("{ty}.gguf"));
         convert(&dir, &p, &["--type", ty]);
         let file = Arc::new(GgufFile::open(&p).unwrap());
-        let got = logits(&mica_models::arch::load_gguf(file).unwrap(), len);
+        let got = logits(&mica::models::arch::load_gguf(file).unwrap(), len);
         let r = rel_rms(&got, &want);
         println!("{family} → {ty}: relative RMS error of the logits {r:.2e}");
         assert!(r <= bound, "{family} → {ty}: relative RMS error {r:.2e}");

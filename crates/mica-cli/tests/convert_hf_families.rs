@@ -10,11 +10,11 @@
 mod common;
 
 use common::*;
-use mica_formats::{GgufFile, MetaValue};
-use mica_kernels::ThreadPool;
-use mica_models::blocks::attention::AttentionPolicy;
-use mica_models::hf::HfFolder;
-use mica_models::{Batch, KvCache, Model, Workspace};
+use mica::formats::{GgufFile, MetaValue};
+use mica::kernels::ThreadPool;
+use mica::models::blocks::attention::AttentionPolicy;
+use mica::models::hf::HfFolder;
+use mica::models::{Batch, KvCache, Model, Workspace};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -118,8 +118,8 @@ fn converts_to_the_same_model(label: &str, dir: &Path, window: Option<usize>) ->
         warnings.contains("sliding window"),
         "{label}: {warnings}"
     );
-    let folder = mica_models::arch::load_hf(&HfFolder::open(dir).unwrap()).unwrap();
-    let gguf = mica_models::arch::load_gguf(Arc::new(GgufFile::open(&out).unwrap()))
+    let folder = mica::models::arch::load_hf(&HfFolder::open(dir).unwrap()).unwrap();
+    let gguf = mica::models::arch::load_gguf(Arc::new(GgufFile::open(&out).unwrap()))
         .unwrap_or_else(|e| panic!("{label}: {e}"));
     assert_eq!(gguf.config.numerics, folder.config.numerics, "{label}");
     let exp = expected(dir);
@@ -172,7 +172,7 @@ fn matches_llama_cpp(label: &str, ours: &Path, theirs: &Path) {
     let mut ours_t: Vec<_> = a.tensors().iter().collect();
     theirs_t.sort_by(|x, y| x.name.cmp(&y.name));
     ours_t.sort_by(|x, y| x.name.cmp(&y.name));
-    let names = |v: &[&mica_formats::TensorInfo]| v.iter().map(|t| t.name.clone()).collect();
+    let names = |v: &[&mica::formats::TensorInfo]| v.iter().map(|t| t.name.clone()).collect();
     let (on, tn): (Vec<String>, Vec<String>) = (names(&ours_t), names(&theirs_t));
     assert_eq!(on, tn, "{label}: tensor names");
     for (x, y) in ours_t.iter().zip(&theirs_t) {
@@ -235,7 +235,7 @@ fn every_fixture_converts_or_is_refused_with_the_reason() {
         .filter(|(l, _)| converted.contains(l))
         .map(|(_, d)| expected(d)["architecture"].as_str().unwrap().to_string())
         .collect();
-    for family in mica_models::arch::REGISTRY {
+    for family in mica::models::arch::REGISTRY {
         assert!(
             family
                 .hf_classes

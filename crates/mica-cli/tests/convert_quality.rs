@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use mica_formats::GgufFile;
+use mica::formats::GgufFile;
 use std::path::Path;
 
 const SMOLLM: &str = "smollm2-135m-instruct-q4_1";

@@ -10,7 +10,7 @@ mod env;
 
 use std::path::PathBuf;
 
-use mica_hub::{DEFAULT_MODEL, Source, Store};
+use mica::hub::{DEFAULT_MODEL, Source, Store};
 
 #[test]
 fn environment_picks_directory_and_source() {

@@ -9,10 +9,10 @@ fn inspect_kernels_lists_this_cpus_tables() {
     let (ok, out, err) = mica(&["inspect", "--kernels"]);
     assert!(ok, "{err}");
     // The library's listing, as printed.
-    let listing = mica_kernels::simd::coverage();
+    let listing = mica::kernels::simd::coverage();
     assert_eq!(out, listing.to_string());
     // The tier mica runs here is marked, in the tier list and the table's header.
-    let selected = mica_kernels::simd::kernels().isa();
+    let selected = mica::kernels::simd::kernels().isa();
     let marked = format!("{selected:<8} built; this CPU runs it  <- selected at run time");
     assert!(out.contains(&marked), "{out}");
     let header = out
@@ -21,7 +21,7 @@ fn inspect_kernels_lists_this_cpus_tables() {
         .expect("table header");
     assert!(header.contains(&format!("{selected}*")), "{header}");
     // Every weight type's dot product is listed, with the scalar tier's own kernel.
-    for t in mica_kernels::DType::WEIGHT_TYPES {
+    for t in mica::kernels::DType::WEIGHT_TYPES {
         let line = out
             .lines()
             .find(|l| {

@@ -5,6 +5,7 @@
 //! multi-token steps, and the continuous batching loop that runs many requests through one
 //! forward pass per step.
 
+pub mod bench;
 pub mod decoder;
 pub mod engine;
 pub mod error;

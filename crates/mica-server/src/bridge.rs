@@ -15,7 +15,7 @@ use crate::error::ServerError;
 use crate::models::Loaded;
 use crate::state::fired;
 use axum::body::{Body, Bytes};
-use mica_engine::{
+use mica::engine::{
     Event, EventSink, FinishReason, GenerateParams, Lane, Request, TokenLogprob, Usage,
 };
 use std::sync::Arc;

@@ -4,8 +4,8 @@
 //! timeouts, the shutdown grace period). The CLI builds one from flags; tests build one
 //! with [`ServerConfig::new`] and struct update syntax.
 
-use mica_engine::{Lane, SchedulerConfig};
-use mica_models::hf::{is_hf_folder, safetensors_files};
+use mica::engine::{Lane, SchedulerConfig};
+use mica::models::hf::{is_hf_folder, safetensors_files};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -102,7 +102,7 @@ pub struct ServerConfig {
     pub max_waiting_per_lane: usize,
     /// Models kept loaded at once.
     pub max_loaded: usize,
-    /// Repack weights at load ([`mica_models::LoadOptions::repack`]).
+    /// Repack weights at load ([`mica::models::LoadOptions::repack`]).
     pub repack: bool,
     /// Memory loaded models and their KV caches may take together, bytes (default: what the
     /// system reports available when loading).

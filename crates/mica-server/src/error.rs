@@ -12,7 +12,7 @@
 use axum::body::Body;
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use mica_engine::SubmitError;
+use mica::engine::SubmitError;
 use serde::Serialize;
 use std::sync::Arc;
 

@@ -5,7 +5,7 @@
 //! The server knows nothing of tensors: handlers parse and validate requests
 //! ([`openai::parse_chat`], [`ollama::parse_generate`]… callable without a socket), render
 //! chat templates and tokenize, then hand the tokens to the model's engine
-//! ([`mica_engine::EngineHandle`]), which runs on its own thread; tokens come back through a
+//! ([`mica::engine::EngineHandle`]), which runs on its own thread; tokens come back through a
 //! channel and are streamed as SSE (OpenAI) or NDJSON (Ollama). Dropping a response — the
 //! client went away — cancels the request in the engine.
 //!

@@ -22,8 +22,8 @@
 use crate::config::{ServerConfig, model_bytes};
 use crate::error::ServerError;
 use crate::state::{AppState, ServerEvent};
-use mica_engine::{EngineConfig, EngineHandle};
-use mica_models::{LoadOptions, LoadedModel};
+use mica::engine::{EngineConfig, EngineHandle};
+use mica::models::{LoadOptions, LoadedModel};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -63,13 +63,13 @@ impl ModelMeta {
         if path.is_dir() {
             return Self::read_hf(path);
         }
-        let f = mica_formats::GgufFile::open(path).map_err(|e| e.to_string())?;
+        let f = mica::formats::GgufFile::open(path).map_err(|e| e.to_string())?;
         let arch = f.get_str("general.architecture").unwrap_or("").to_string();
         let key = |k: &str| f.get_u64(&format!("{arch}.{k}"));
         Ok(ModelMeta {
             format: match f.container() {
-                mica_formats::Container::Gguf => "gguf",
-                mica_formats::Container::Mica => "mica",
+                mica::formats::Container::Gguf => "gguf",
+                mica::formats::Container::Mica => "mica",
             },
             context_length: key("context_length"),
             embedding_length: key("embedding_length"),

@@ -9,7 +9,7 @@
 //! a guard) and returns a typed [`ParamError`] naming the field.
 
 use crate::error::ParamError;
-use mica_engine::SamplingParams;
+use mica::engine::SamplingParams;
 
 /// Most completions per request (`n`), and most alternatives per token (`top_logprobs`,
 /// legacy `logprobs`), as OpenAI allows for the latter.
@@ -163,7 +163,7 @@ pub fn validate_sampling(
             Some(-1) => usize::MAX,
             Some(n) => usize::try_from(n).unwrap_or(0),
         },
-        seed: f.seed.unwrap_or_else(mica_engine::random_seed),
+        seed: f.seed.unwrap_or_else(mica::engine::random_seed),
     };
     Ok(Sampling { params, stop })
 }

@@ -9,7 +9,7 @@ use crate::error::ServerError;
 use crate::metrics::Exposition;
 use crate::models::{Loaded, ModelMeta};
 use axum::http::HeaderMap;
-use mica_engine::Lane;
+use mica::engine::Lane;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};

@@ -8,7 +8,7 @@
 mod common;
 
 use common::*;
-use mica_engine::{Lane, SchedulerConfig};
+use mica::engine::{Lane, SchedulerConfig};
 use mica_server::{Access, ApiKey, ServerConfig};
 use serde_json::{Value, json};
 

@@ -5,9 +5,9 @@
 mod common;
 
 use common::*;
-use mica_engine::{GenerateParams, SamplingParams, SchedulerConfig, Session};
-use mica_models::LoadedModel;
-use mica_models::chat::ChatMessage;
+use mica::engine::{GenerateParams, SamplingParams, SchedulerConfig, Session};
+use mica::models::LoadedModel;
+use mica::models::chat::ChatMessage;
 use serde_json::json;
 use std::io::BufReader;
 use std::time::{Duration, Instant};
@@ -299,11 +299,11 @@ fn api_keys_and_lanes() {
     let keys = vec![
         mica_server::ApiKey {
             key: "secret".into(),
-            lane: mica_engine::Lane::Interactive,
+            lane: mica::engine::Lane::Interactive,
         },
         mica_server::ApiKey {
             key: "batch".into(),
-            lane: mica_engine::Lane::Bulk,
+            lane: mica::engine::Lane::Bulk,
         },
     ];
     let srv = start(config(SchedulerConfig::default(), keys));

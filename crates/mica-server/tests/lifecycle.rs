@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use mica_engine::SchedulerConfig;
+use mica::engine::SchedulerConfig;
 use mica_server::{AppState, ServerConfig};
 use serde_json::json;
 use std::path::{Path, PathBuf};

@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use mica_engine::SchedulerConfig;
+use mica::engine::SchedulerConfig;
 use serde_json::json;
 use std::io::{BufReader, Read, Write};
 use std::net::TcpStream;

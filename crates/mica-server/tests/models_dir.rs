@@ -7,8 +7,8 @@
 mod common;
 
 use common::*;
-use mica_engine::SchedulerConfig;
-use mica_formats::{GgufFile, MicaWriter, TensorSink};
+use mica::engine::SchedulerConfig;
+use mica::formats::{GgufFile, MicaWriter, TensorSink};
 use mica_server::ServerConfig;
 use serde_json::{Value, json};
 use std::io::BufReader;

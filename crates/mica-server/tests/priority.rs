@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use mica_engine::{SchedulePolicy, SchedulerConfig};
+use mica::engine::{SchedulePolicy, SchedulerConfig};
 use serde_json::json;
 use std::io::BufReader;
 use std::net::SocketAddr;

@@ -8,7 +8,7 @@
 mod common;
 
 use common::*;
-use mica_engine::SchedulerConfig;
+use mica::engine::SchedulerConfig;
 use serde_json::{Value, json};
 use std::io::BufReader;
 use std::net::{SocketAddr, TcpStream};

@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use mica_engine::SchedulerConfig;
+use mica::engine::SchedulerConfig;
 use serde_json::{Value, json};
 
 /// (field, bad value) for every sampling field both APIs share.

@@ -3,7 +3,7 @@
 //! Parsing is kept apart from acting on a command so every malformed command can be tested
 //! to produce a one-line hint (the `Err` of [`parse`]) and never reach the model.
 
-use mica_engine::GenerateParams;
+use mica::engine::GenerateParams;
 
 use crate::sampling_args::SamplingArgs;
 

@@ -15,14 +15,14 @@ use std::time::Instant;
 
 use anyhow::{Result, bail};
 use clap::Args;
-use mica_engine::Session;
-use mica_models::{LoadOptions, LoadedModel};
+use mica::engine::Session;
+use mica::models::{LoadOptions, LoadedModel};
 
 use crate::sampling_args::SamplingArgs;
 use crate::store;
 use commands::Settings;
 use input::{Input, Read};
-use mica_models::Conversation;
+use mica::models::Conversation;
 use repl::{Chat, Outcome, Stats};
 
 #[derive(Args, Debug)]
@@ -118,7 +118,7 @@ fn session_loop(
         .max(1);
     let threads = args
         .threads
-        .unwrap_or_else(mica_kernels::pool::physical_cores);
+        .unwrap_or_else(mica::kernels::pool::physical_cores);
     if lm.template.is_fallback() {
         eprintln!("note: {name} has no chat template; using ChatML");
     }
@@ -153,13 +153,13 @@ fn load(path: &Path, opts: LoadOptions) -> Result<LoadedModel> {
 /// list (the default model when reading from a pipe), or the default model, fetched, when
 /// the store is empty.
 fn pick_model(input: &mut Input) -> Result<(PathBuf, String)> {
-    let all: Vec<mica_hub::Installed> = store::env::store()?
+    let all: Vec<mica::hub::Installed> = store::env::store()?
         .list()?
         .into_iter()
-        .filter(|m| m.kind == mica_hub::Kind::Gguf)
+        .filter(|m| m.kind == mica::hub::Kind::Gguf)
         .collect();
     let default_name =
-        mica_hub::catalog::find("smollm2-135m-instruct").map_or("default", |e| e.name);
+        mica::hub::catalog::find("smollm2-135m-instruct").map_or("default", |e| e.name);
     match all.len() {
         0 => {
             eprintln!("mica: the store is empty; using the default model ({default_name})");

@@ -12,13 +12,13 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use mica_engine::{FinishReason, Session};
-use mica_models::LoadedModel;
-use mica_models::chat::ChatMessage;
+use mica::engine::{FinishReason, Session};
+use mica::models::LoadedModel;
+use mica::models::chat::ChatMessage;
 
 use super::commands::{self, Command, Settings};
 use super::input::{Input, Read};
-use mica_models::{Conversation, ConversationError};
+use mica::models::{Conversation, ConversationError};
 
 /// Set while an answer is being generated.
 static GENERATING: AtomicBool = AtomicBool::new(false);
@@ -147,7 +147,7 @@ impl Chat<'_, '_> {
                 "[context full: dropped the {dropped} oldest messages to make room; the system prompt is kept. /reset starts afresh, /history shows what is left]"
             );
         }
-        let params = self.settings.params(mica_engine::random_seed());
+        let params = self.settings.params(mica::engine::random_seed());
         let stdout = std::io::stdout();
         let result = self.session.generate(&ids, &params, |piece| {
             let mut out = stdout.lock();

@@ -15,7 +15,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Result, anyhow, bail};
-use mica_hub::{DEFAULT_MODEL, Error, HUB_ENDPOINT, Hub, HubConfig, Progress, Source, Store};
+use mica::hub::{DEFAULT_MODEL, Error, HUB_ENDPOINT, Hub, HubConfig, Progress, Source, Store};
 
 /// Root of mica's own files; models go in `$MICA_HOME/models`.
 pub const HOME_ENV: &str = "MICA_HOME";

@@ -6,7 +6,7 @@ use std::fs;
 
 use anyhow::Result;
 use indicatif::HumanBytes;
-use mica_hub::{Installed, Kind, Store, catalog};
+use mica::hub::{Installed, Kind, Store, catalog};
 
 /// `mica list`: one row per installed model.
 pub fn print_installed(store: &Store) -> Result<()> {
@@ -67,11 +67,11 @@ pub fn print_catalog(store: &Store) {
 /// (architecture, quantization) of a model, or placeholders when they cannot be read.
 fn describe(m: &Installed) -> (String, String) {
     match m.kind {
-        Kind::Gguf => match mica_formats::GgufFile::open(&m.path) {
+        Kind::Gguf => match mica::formats::GgufFile::open(&m.path) {
             Ok(g) => (
                 g.get_str("general.architecture").unwrap_or("?").to_string(),
                 g.get_u32("general.file_type")
-                    .map_or_else(|| "?".to_string(), crate::bench::ftype_name),
+                    .map_or_else(|| "?".to_string(), mica::formats::gguf::file_type_name),
             ),
             Err(_) => ("(unreadable)".into(), "-".into()),
         },

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use clap::Args;
 use indicatif::{HumanBytes, ProgressBar, ProgressDrawTarget, ProgressStyle};
-use mica_hub::{Event, Progress, Store};
+use mica::hub::{Event, Progress, Store};
 
 #[derive(Args, Debug)]
 pub struct PullArgs {

@@ -2,8 +2,8 @@
 //! building tiny GGUF models (valid or deliberately broken) with random weights.
 #![allow(dead_code)]
 
-use mica_formats::ggml_types::GgmlType;
-use mica_formats::{GgufWriter, MetaArray, MetaValue};
+use mica::formats::ggml_types::GgmlType;
+use mica::formats::{GgufWriter, MetaArray, MetaValue};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -41,11 +41,39 @@ pub fn convert(src: &Path, out: &Path, extra: &[&str]) -> String {
     err
 }
 
-/// A fresh scratch directory for this test process.
+/// This test process's scratch root (`$TMPDIR/mica-cli-test-<pid>`).
+fn scratch_root() -> PathBuf {
+    std::env::temp_dir().join(format!("mica-cli-test-{}", std::process::id()))
+}
+
+/// Removes the scratch root when the test process exits (the harness ends with `exit`,
+/// which runs `atexit` handlers), so a run leaves nothing behind in the temp folder.
+extern "C" fn remove_scratch_root() {
+    let _ = std::fs::remove_dir_all(scratch_root());
+}
+
+/// A fresh scratch directory for this test process, removed when the process exits. The
+/// first call also removes scratch roots of earlier test processes that no longer run
+/// (killed runs never reach their exit handler).
 pub fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir()
-        .join(format!("mica-cli-test-{}", std::process::id()))
-        .join(name);
+    static CLEANUP: std::sync::Once = std::sync::Once::new();
+    CLEANUP.call_once(|| {
+        if let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) {
+            for e in entries.flatten() {
+                let name = e.file_name();
+                let pid = name.to_str().and_then(|n| n.strip_prefix("mica-cli-test-"));
+                if let Some(pid) = pid
+                    && !Path::new("/proc").join(pid).exists()
+                {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        // SAFETY: registers a plain `extern "C"` function with no captured state.
+        let rc = unsafe { libc::atexit(remove_scratch_root) };
+        assert_eq!(rc, 0, "atexit failed");
+    });
+    let d = scratch_root().join(name);
     std::fs::create_dir_all(&d).unwrap();
     d
 }

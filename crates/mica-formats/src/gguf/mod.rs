@@ -14,11 +14,13 @@
 //! keys and names, the alignment. A failure is a [`FormatError`] naming the file and the
 //! byte offset or tensor; the reader never panics on file contents.
 
+mod file_type;
 mod metadata;
 pub(crate) mod reader;
 pub mod stream;
 pub mod writer;
 
+pub use file_type::file_type_name;
 pub use metadata::{MetaArray, MetaValue};
 pub use stream::{GgufStreamWriter, TensorDecl};
 pub use writer::GgufWriter;

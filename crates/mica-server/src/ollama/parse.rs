@@ -8,7 +8,7 @@ use crate::error::{ParamError, ServerError, parse_json};
 use crate::params::{
     OLLAMA_DEFAULTS, OLLAMA_ROLES, Sampling, SamplingFields, validate_role, validate_sampling,
 };
-use mica_models::chat::ChatMessage;
+use mica::models::chat::ChatMessage;
 
 /// What both generating routes resolve before the model is involved.
 #[derive(Clone, Debug)]

@@ -4,7 +4,7 @@
 
 use super::types::{Chunk, MessageOut, Stats, StreamError};
 use crate::bridge::{Running, StreamFormat, finish_reason, rfc3339};
-use mica_engine::{Event, FinishReason, Usage};
+use mica::engine::{Event, FinishReason, Usage};
 use std::time::{Duration, Instant, SystemTime};
 
 pub struct Ndjson {

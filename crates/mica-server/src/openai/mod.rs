@@ -22,7 +22,7 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use mica_engine::{GenerateParams, Lane};
+use mica::engine::{GenerateParams, Lane};
 use std::sync::Arc;
 use stream::{ChatStream, CompletionStream, chat_logprob, legacy_logprobs};
 use types::{

@@ -9,7 +9,7 @@ use crate::params::{
     OPENAI_DEFAULTS, OPENAI_ROLES, Sampling, SamplingFields, validate_logprobs,
     validate_max_tokens, validate_n, validate_role, validate_sampling,
 };
-use mica_models::chat::ChatMessage;
+use mica::models::chat::ChatMessage;
 
 /// What both OpenAI routes resolve before the model is involved.
 #[derive(Clone, Debug)]

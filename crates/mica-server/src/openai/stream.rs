@@ -7,9 +7,9 @@ use super::types::{
     LegacyLogprobs, StreamError, StreamErrorDetail, TokenLogprob, TopLogprob, TopMap, Usage,
 };
 use crate::bridge::{Running, StreamFormat, finish_reason};
-use mica_engine::Event;
-use mica_models::LoadedModel;
-use mica_models::tokenizer::{DecodeOptions, Tokenizer};
+use mica::engine::Event;
+use mica::models::LoadedModel;
+use mica::models::tokenizer::{DecodeOptions, Tokenizer};
 use serde::Serialize;
 use std::sync::Arc;
 
@@ -28,7 +28,7 @@ fn piece(tok: &Tokenizer, t: u32) -> (String, Vec<u8>) {
 }
 
 /// The chat API's log-probability of one generated token.
-pub fn chat_logprob(tok: &Tokenizer, t: u32, lp: &mica_engine::TokenLogprob) -> TokenLogprob {
+pub fn chat_logprob(tok: &Tokenizer, t: u32, lp: &mica::engine::TokenLogprob) -> TokenLogprob {
     let (token, bytes) = piece(tok, t);
     let top_logprobs = lp
         .top
@@ -54,7 +54,7 @@ pub fn chat_logprob(tok: &Tokenizer, t: u32, lp: &mica_engine::TokenLogprob) -> 
 pub fn legacy_logprobs(
     tok: &Tokenizer,
     tokens: &[u32],
-    lps: &[mica_engine::TokenLogprob],
+    lps: &[mica::engine::TokenLogprob],
 ) -> LegacyLogprobs {
     let mut out = LegacyLogprobs::default();
     let mut offset = 0;

@@ -112,8 +112,8 @@ pub struct Usage {
     pub prompt_tokens_details: PromptTokensDetails,
 }
 
-impl From<&mica_engine::Usage> for Usage {
-    fn from(u: &mica_engine::Usage) -> Usage {
+impl From<&mica::engine::Usage> for Usage {
+    fn from(u: &mica::engine::Usage) -> Usage {
         Usage {
             prompt_tokens: u.prompt_tokens,
             completion_tokens: u.completion_tokens,

@@ -3,7 +3,7 @@
 //! the raw framing: status line, chunked encoding, SSE and NDJSON lines).
 #![allow(dead_code)]
 
-use mica_engine::SchedulerConfig;
+use mica::engine::SchedulerConfig;
 use mica_server::{Access, ApiKey, AppState, ServerConfig};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
