@@ -35,6 +35,9 @@ mod session;
 
 mod engine;
 
+#[cfg(test)]
+mod tests;
+
 use std::ffi::c_char;
 
 // The thread-safety the header promises, checked by the compiler: models and engines are

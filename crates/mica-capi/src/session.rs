@@ -34,7 +34,7 @@ pub struct MicaSessionOptions {
 impl MicaSession {
     /// Runs `body` on the session unless an earlier call panicked; poisons it when this one
     /// panics.
-    fn run<T>(&mut self, body: impl FnOnce(&mut MicaSession) -> Result<T>) -> Result<T> {
+    pub(crate) fn run<T>(&mut self, body: impl FnOnce(&mut MicaSession) -> Result<T>) -> Result<T> {
         if self.poisoned {
             return Err(Failure::new(
                 MicaStatus::Internal,
