@@ -85,7 +85,7 @@ impl MicaGenerateParams {
     /// # Safety
     /// `stop` and `logit_bias` are NULL or hold `n_stop` / `n_logit_bias` elements, each
     /// stop string NULL or NUL-terminated.
-    pub(crate) unsafe fn to_facade(&self) -> Result<GenerateParams> {
+    pub(crate) unsafe fn to_facade(self) -> Result<GenerateParams> {
         // SAFETY: forwarded contract.
         let stops = unsafe { slice_arg(self.stop, self.n_stop, "params->stop") }?;
         let mut stop = Vec::with_capacity(stops.len());

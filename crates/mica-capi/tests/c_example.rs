@@ -118,7 +118,7 @@ fn compile(source: &Path, name: &str) -> PathBuf {
         .arg(repo_root().join("include"))
         .arg(source)
         .arg("-L")
-        .arg(&lib)
+        .arg(lib)
         .arg(format!("-Wl,-rpath,{}", lib.display()))
         .arg("-lmica")
         .arg("-o")

@@ -30,10 +30,7 @@ fn checked_in_header_is_what_cbindgen_generates() {
             .lines()
             .zip(generated.lines())
             .position(|(a, b)| a != b)
-            .map_or_else(
-                || checked_in.lines().count().min(generated.lines().count()),
-                |i| i,
-            );
+            .unwrap_or_else(|| checked_in.lines().count().min(generated.lines().count()));
         panic!(
             "include/mica.h is not what cbindgen generates from crates/mica-capi (first \
              difference at line {}); regenerate it with \
