@@ -155,31 +155,61 @@ typedef struct mica_model mica_model;
 typedef struct mica_session mica_session;
 
 /**
- * How to start an engine. Start from `mica_engine_options_default()`.
+ * Receives what opening a model by name does: a status line for a person (`done` and
+ * `total` 0), or a transfer's progress (`message` is its phase, "pulling", "verifying"…;
+ * `done` bytes of `total`, `total` 0 when unknown). `message` is valid during the call
+ * only. It runs on the thread that called `mica_model_open`.
+ */
+typedef void (*mica_on_progress)(const char *message, uint64_t done, uint64_t total, void *user);
+
+/**
+ * How to open a model. Start from `mica_model_options_default()`.
  */
 typedef struct {
     /**
-     * Positions one request may reach; 0: the model's training context, at most 4096.
+     * A model store directory (as `mica`'s `$MICA_HOME/models`) in which names are looked
+     * up; NULL: `path_or_name` must be a path.
      */
-    size_t n_ctx;
+    const char *store_dir;
     /**
-     * Compute threads; 0: the machine's physical cores.
+     * Pull a catalog name or `hf:ORG/REPO[:FILE]` into `store_dir` when it is not there
+     * yet (a network download); false: only models already in the store are found.
      */
-    size_t n_threads;
+    bool allow_pull;
     /**
-     * Memory for the KV cache shared by all requests, in bytes; 0: 512 MiB.
+     * The hub's base URL for pulls; NULL: the public hub.
      */
-    size_t kv_bytes;
+    const char *hub_endpoint;
     /**
-     * Requests that may wait before new ones are refused with `MICA_STATUS_QUEUE_FULL`;
-     * 0: 256.
+     * An access token for gated repositories; NULL: none.
      */
-    size_t max_waiting;
+    const char *hub_token;
     /**
-     * Reuse the keys and values of prompt prefixes seen before.
+     * Repack the weights into this CPU's fastest layouts at load (same results, faster;
+     * reads the whole file up front).
      */
-    bool prefix_caching;
-} mica_engine_options;
+    bool repack;
+    /**
+     * Progress of a pull; NULL: none.
+     */
+    mica_on_progress on_progress;
+    /**
+     * Passed to `on_progress` untouched.
+     */
+    void *progress_user;
+} mica_model_options;
+
+/**
+ * One conversation message. Both strings are UTF-8, NUL-terminated, read during the call
+ * only.
+ */
+typedef struct {
+    /**
+     * "system", "user", "assistant", …
+     */
+    const char *role;
+    const char *content;
+} mica_chat_message;
 
 /**
  * A bias added to one token's logit before the penalties and the sampler.
@@ -256,15 +286,6 @@ typedef struct {
 } mica_generate_params;
 
 /**
- * Receives generated text as it becomes final: `len` bytes of UTF-8 at `text` (whole
- * characters, never part of a stop string), followed by a NUL. `text` is valid only
- * during the call. Return 0 to go on, nonzero to stop generating (the completion then
- * ends with `MICA_FINISH_REASON_CANCELLED`). It runs on the thread that called the
- * generating function and must not call into the same session.
- */
-typedef int (*mica_on_text)(const char *text, size_t len, void *user);
-
-/**
  * A finished generation. `text` and `tokens` belong to the caller, who releases them with
  * `mica_completion_free()` (not `mica_string_free()`); do not change `text`, `tokens` or
  * their lengths before that.
@@ -304,63 +325,6 @@ typedef struct {
 } mica_completion;
 
 /**
- * Receives what opening a model by name does: a status line for a person (`done` and
- * `total` 0), or a transfer's progress (`message` is its phase, "pulling", "verifying"…;
- * `done` bytes of `total`, `total` 0 when unknown). `message` is valid during the call
- * only. It runs on the thread that called `mica_model_open`.
- */
-typedef void (*mica_on_progress)(const char *message, uint64_t done, uint64_t total, void *user);
-
-/**
- * How to open a model. Start from `mica_model_options_default()`.
- */
-typedef struct {
-    /**
-     * A model store directory (as `mica`'s `$MICA_HOME/models`) in which names are looked
-     * up; NULL: `path_or_name` must be a path.
-     */
-    const char *store_dir;
-    /**
-     * Pull a catalog name or `hf:ORG/REPO[:FILE]` into `store_dir` when it is not there
-     * yet (a network download); false: only models already in the store are found.
-     */
-    bool allow_pull;
-    /**
-     * The hub's base URL for pulls; NULL: the public hub.
-     */
-    const char *hub_endpoint;
-    /**
-     * An access token for gated repositories; NULL: none.
-     */
-    const char *hub_token;
-    /**
-     * Repack the weights into this CPU's fastest layouts at load (same results, faster;
-     * reads the whole file up front).
-     */
-    bool repack;
-    /**
-     * Progress of a pull; NULL: none.
-     */
-    mica_on_progress on_progress;
-    /**
-     * Passed to `on_progress` untouched.
-     */
-    void *progress_user;
-} mica_model_options;
-
-/**
- * One conversation message. Both strings are UTF-8, NUL-terminated, read during the call
- * only.
- */
-typedef struct {
-    /**
-     * "system", "user", "assistant", …
-     */
-    const char *role;
-    const char *content;
-} mica_chat_message;
-
-/**
  * How to make a session. Start from `mica_session_options_default()`.
  */
 typedef struct {
@@ -374,6 +338,42 @@ typedef struct {
      */
     size_t n_threads;
 } mica_session_options;
+
+/**
+ * Receives generated text as it becomes final: `len` bytes of UTF-8 at `text` (whole
+ * characters, never part of a stop string), followed by a NUL. `text` is valid only
+ * during the call. Return 0 to go on, nonzero to stop generating (the completion then
+ * ends with `MICA_FINISH_REASON_CANCELLED`). It runs on the thread that called the
+ * generating function and must not call into the same session.
+ */
+typedef int (*mica_on_text)(const char *text, size_t len, void *user);
+
+/**
+ * How to start an engine. Start from `mica_engine_options_default()`.
+ */
+typedef struct {
+    /**
+     * Positions one request may reach; 0: the model's training context, at most 4096.
+     */
+    size_t n_ctx;
+    /**
+     * Compute threads; 0: the machine's physical cores.
+     */
+    size_t n_threads;
+    /**
+     * Memory for the KV cache shared by all requests, in bytes; 0: 512 MiB.
+     */
+    size_t kv_bytes;
+    /**
+     * Requests that may wait before new ones are refused with `MICA_STATUS_QUEUE_FULL`;
+     * 0: 256.
+     */
+    size_t max_waiting;
+    /**
+     * Reuse the keys and values of prompt prefixes seen before.
+     */
+    bool prefix_caching;
+} mica_engine_options;
 
 #ifdef __cplusplus
 extern "C" {
@@ -414,85 +414,6 @@ const char *mica_last_error(void);
  * and not `mica_version()` or `mica_last_error()`).
  */
 void mica_string_free(char *s);
-
-/**
- * The default engine options: the model's context (at most 4096), all physical cores,
- * 512 MiB of KV cache, 256 waiting requests, prefix caching on.
- *
- * Thread-safe.
- */
-mica_engine_options mica_engine_options_default(void);
-
-/**
- * Starts an engine on `model` (which may be freed before the engine), on a thread of its
- * own. On success `*out` is a handle to free with `mica_engine_free()`; on failure NULL.
- *
- * Thread-safe.
- *
- * # Safety
- * `model` is NULL or a live handle; `options` is NULL (the defaults) or valid; `out` is
- * NULL or writable.
- */
-mica_status mica_engine_start(const mica_model *model,
-                              const mica_engine_options *options,
-                              mica_engine **out);
-
-/**
- * Stops the engine and frees it (NULL is fine). Requests still running end with
- * `MICA_STATUS_ENGINE_STOPPED`.
- *
- * Not thread-safe with other calls on the same engine: free it once every
- * `mica_engine_generate()` on it has returned.
- *
- * # Safety
- * `engine` is NULL or a handle from `mica_engine_start()` not freed before.
- */
-void mica_engine_free(mica_engine *engine);
-
-/**
- * Positions one request may reach (capped at what the KV memory holds). 0 when `engine`
- * is NULL.
- *
- * Thread-safe.
- *
- * # Safety
- * `engine` is NULL or a live handle.
- */
-size_t mica_engine_n_ctx(const mica_engine *engine);
-
-/**
- * Generates a continuation of `prompt` as `mica_session_generate()` does, as one request
- * among any others the engine is running. Greedy requests give the same tokens as a
- * session. A full queue is `MICA_STATUS_QUEUE_FULL`. The completion's `prompt_ms` is the
- * time to the first token, queueing included.
- *
- * Thread-safe: call it from as many threads at once as there are requests to run; each
- * call blocks its own thread, and its callback runs on that thread.
- *
- * # Safety
- * `engine` is NULL or a live handle; `prompt` is NULL or holds `n_prompt` elements;
- * `params` is NULL or valid (its arrays as documented there); `on_text` is NULL or a
- * function following `mica_on_text`'s contract; `out` is NULL or writable.
- */
-mica_status mica_engine_generate(const mica_engine *engine,
-                                 const uint32_t *prompt,
-                                 size_t n_prompt,
-                                 const mica_generate_params *params,
-                                 mica_on_text on_text,
-                                 void *user,
-                                 mica_completion *out);
-
-/**
- * The engine's counters and gauges (requests, queue depth, tokens, KV use) in the
- * Prometheus text format, labelled with the model's file name. On success `*out` is a
- * string to free with `mica_string_free()`.
- *
- * Thread-safe.
- *
- * # Safety
- * `engine` is NULL or a live handle; `out` is NULL or writable.
- */
-mica_status mica_engine_metrics(const mica_engine *engine, char **out);
 
 /**
  * The default model options: no store (paths only), no pulls, repacking on.
@@ -719,6 +640,85 @@ mica_status mica_session_logits(mica_session *session,
                                 float *out,
                                 size_t capacity,
                                 size_t *n_out);
+
+/**
+ * The default engine options: the model's context (at most 4096), all physical cores,
+ * 512 MiB of KV cache, 256 waiting requests, prefix caching on.
+ *
+ * Thread-safe.
+ */
+mica_engine_options mica_engine_options_default(void);
+
+/**
+ * Starts an engine on `model` (which may be freed before the engine), on a thread of its
+ * own. On success `*out` is a handle to free with `mica_engine_free()`; on failure NULL.
+ *
+ * Thread-safe.
+ *
+ * # Safety
+ * `model` is NULL or a live handle; `options` is NULL (the defaults) or valid; `out` is
+ * NULL or writable.
+ */
+mica_status mica_engine_start(const mica_model *model,
+                              const mica_engine_options *options,
+                              mica_engine **out);
+
+/**
+ * Stops the engine and frees it (NULL is fine). Requests still running end with
+ * `MICA_STATUS_ENGINE_STOPPED`.
+ *
+ * Not thread-safe with other calls on the same engine: free it once every
+ * `mica_engine_generate()` on it has returned.
+ *
+ * # Safety
+ * `engine` is NULL or a handle from `mica_engine_start()` not freed before.
+ */
+void mica_engine_free(mica_engine *engine);
+
+/**
+ * Positions one request may reach (capped at what the KV memory holds). 0 when `engine`
+ * is NULL.
+ *
+ * Thread-safe.
+ *
+ * # Safety
+ * `engine` is NULL or a live handle.
+ */
+size_t mica_engine_n_ctx(const mica_engine *engine);
+
+/**
+ * Generates a continuation of `prompt` as `mica_session_generate()` does, as one request
+ * among any others the engine is running. Greedy requests give the same tokens as a
+ * session. A full queue is `MICA_STATUS_QUEUE_FULL`. The completion's `prompt_ms` is the
+ * time to the first token, queueing included.
+ *
+ * Thread-safe: call it from as many threads at once as there are requests to run; each
+ * call blocks its own thread, and its callback runs on that thread.
+ *
+ * # Safety
+ * `engine` is NULL or a live handle; `prompt` is NULL or holds `n_prompt` elements;
+ * `params` is NULL or valid (its arrays as documented there); `on_text` is NULL or a
+ * function following `mica_on_text`'s contract; `out` is NULL or writable.
+ */
+mica_status mica_engine_generate(const mica_engine *engine,
+                                 const uint32_t *prompt,
+                                 size_t n_prompt,
+                                 const mica_generate_params *params,
+                                 mica_on_text on_text,
+                                 void *user,
+                                 mica_completion *out);
+
+/**
+ * The engine's counters and gauges (requests, queue depth, tokens, KV use) in the
+ * Prometheus text format, labelled with the model's file name. On success `*out` is a
+ * string to free with `mica_string_free()`.
+ *
+ * Thread-safe.
+ *
+ * # Safety
+ * `engine` is NULL or a live handle; `out` is NULL or writable.
+ */
+mica_status mica_engine_metrics(const mica_engine *engine, char **out);
 
 #ifdef __cplusplus
 }  // extern "C"
