@@ -1,7 +1,8 @@
 //! The C example (examples/c/stream.c), compiled with `cc` against include/mica.h and the
 //! libmica shared library (`cargo build -p mica-capi`), run on the SmolLM2 test model under
 //! AddressSanitizer with its leak checker on: the streamed greedy text and tokens equal the
-//! `mica` facade's (what `mica run --temp 0` prints), the callback stops generation early,
+//! `mica` facade's (what `mica run --temp 0` prints) and llama.cpp's greedy tokens for the
+//! same prompt (fixtures/golden), the callback stops generation early,
 //! and a bad path comes back as `MICA_STATUS_NOT_FOUND` with a message — with no leak and
 //! no memory error reported.
 //!
@@ -10,6 +11,9 @@
 //! leaks: [`the_leak_checker_sees_what_libmica_leaks`] proves it with a program that
 //! forgets to free a model and a string. (`scripts/c-api-valgrind` runs the same example
 //! under valgrind, which is too slow for every test run.)
+//!
+//! The static library libmica.a is linked the way docs/c-api.md says, so that the list of
+//! system libraries there stays right.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -190,6 +194,26 @@ fn facade_greedy() -> facade::Generation {
     session.generate(&prompt, &params).unwrap()
 }
 
+/// llama.cpp's greedy output ids for [`PROMPT`] (the `capital` case of
+/// fixtures/golden/smollm2-135m-instruct-q4_1.json, 48 tokens).
+fn llama_cpp_greedy() -> Vec<u32> {
+    let path = repo_root().join("fixtures/golden/smollm2-135m-instruct-q4_1.json");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let golden: serde_json::Value = serde_json::from_str(&text).expect("the golden file is JSON");
+    let case = golden["cases"]
+        .as_array()
+        .and_then(|cases| cases.iter().find(|c| c["id"] == "capital"))
+        .expect("the golden file's `capital` case");
+    assert_eq!(case["prompt"], PROMPT);
+    case["output_ids"]
+        .as_array()
+        .expect("output_ids")
+        .iter()
+        .map(|v| v.as_u64().expect("a token id") as u32)
+        .collect()
+}
+
 #[test]
 fn the_example_streams_the_greedy_completion_mica_gives() {
     let model = model_path();
@@ -202,6 +226,8 @@ fn the_example_streams_the_greedy_completion_mica_gives() {
     let want = facade_greedy();
     assert_eq!(String::from_utf8_lossy(&o.stdout), want.text);
     assert_eq!(printed_tokens(&o), want.output_ids);
+    // An anchor outside mica: the same tokens as llama.cpp's greedy run.
+    assert_eq!(printed_tokens(&o), llama_cpp_greedy()[..MAX_TOKENS]);
     assert!(
         stderr(&o).contains(&format!(
             "{MAX_TOKENS} generated, finish: {}",
@@ -285,4 +311,57 @@ int main(int argc, char **argv) {
         "{err}"
     );
     assert!(err.contains("libmica"), "the leaks are libmica's: {err}");
+}
+
+/// The system libraries docs/c-api.md lists for linking libmica.a on Linux (what
+/// `cargo rustc -p mica-capi --crate-type staticlib -- --print native-static-libs` prints).
+#[cfg(target_os = "linux")]
+const STATIC_LIBS: &[&str] = &[
+    "-lgcc_s",
+    "-lutil",
+    "-lrt",
+    "-lpthread",
+    "-lm",
+    "-ldl",
+    "-lc",
+];
+
+#[cfg(target_os = "linux")]
+#[test]
+fn the_static_library_links_as_documented() {
+    let docs = std::fs::read_to_string(repo_root().join("docs/c-api.md")).unwrap();
+    assert!(
+        docs.contains(&format!(
+            "target/release/libmica.a {} -o app",
+            STATIC_LIBS.join(" ")
+        )),
+        "docs/c-api.md no longer lists {STATIC_LIBS:?} for the static library"
+    );
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("stream-static");
+    let result = Command::new(&cc)
+        .args(["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-I"])
+        .arg(repo_root().join("include"))
+        .arg(repo_root().join("examples/c/stream.c"))
+        .arg(lib_dir().join("libmica.a"))
+        .args(STATIC_LIBS)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run the C compiler `{cc}` ({e}): install one (e.g. gcc) or set CC")
+        });
+    assert!(
+        result.status.success(),
+        "`{cc}` failed to link examples/c/stream.c with libmica.a:\n{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    // Run without an rpath or LD_LIBRARY_PATH: it needs no libmica.so.
+    let model = model_path();
+    let o = Command::new(&out)
+        .args([model.to_str().unwrap(), PROMPT, "4"])
+        .output()
+        .expect("running the statically linked example");
+    assert!(o.status.success(), "exit {}:\n{}", o.status, stderr(&o));
+    assert_eq!(printed_tokens(&o), llama_cpp_greedy()[..4]);
 }
