@@ -38,10 +38,17 @@ fn model_path() -> PathBuf {
     p
 }
 
-/// Builds libmica (`cargo build -p mica-capi`, in this test's target directory and
-/// profile) and returns the directory holding it. Cargo does not build a package's cdylib
-/// for its own integration tests (only linkable libraries are), so the test asks for it:
-/// this is also the command a user runs, and a no-op when it is up to date.
+/// Builds libmica in this test's target directory and profile and returns the directory
+/// holding it. Cargo does not build a package's cdylib for its own integration tests (only
+/// linkable libraries are), so the test asks for it, with
+/// `cargo build --workspace --lib --examples`: cargo resolves dependency features for the
+/// packages and targets selected, and this selection resolves them as
+/// `cargo test --workspace` does (every member, dev-dependencies on), so under that command
+/// (the README's test command) it reuses everything the tests were built from and only
+/// links libmica. (`cargo build -p mica-capi` would resolve fewer features — libc without
+/// `extra_traits`, syn without `full`… — and compile a second copy of the whole dependency
+/// graph, mica's crates included.) Under `cargo test -p mica-capi` it builds the other
+/// members' libraries once, the same artifacts a workspace run uses.
 fn lib_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
@@ -82,7 +89,8 @@ fn lib_dir() -> &'static Path {
                 cmd.env_remove(&*key);
             }
         }
-        cmd.args(["build", "-p", "mica-capi", "--profile", &profile])
+        cmd.args(["build", "--workspace", "--lib", "--examples", "--locked"])
+            .args(["--profile", &profile])
             .arg("--target-dir")
             .arg(&target);
         // A cross build puts its output under <target>/<triple>/<profile>.
@@ -96,7 +104,7 @@ fn lib_dir() -> &'static Path {
         let built = cmd.output().expect("running cargo to build libmica");
         assert!(
             built.status.success(),
-            "`cargo build -p mica-capi` failed:\n{}",
+            "`cargo build --workspace --lib --examples` (for libmica) failed:\n{}",
             String::from_utf8_lossy(&built.stderr)
         );
         let lib = out_dir.join(format!(
