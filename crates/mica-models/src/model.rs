@@ -277,6 +277,20 @@ impl Model {
         self.product_matrices_mut().map(|m| m.repack(true)).sum()
     }
 
+    /// Keeps only the first `n` decoder layers (1 ≤ `n` ≤ the model's), the output norm and
+    /// head applied right after them: an early-exit copy of the model, cheaper per token,
+    /// usable as its own draft model for speculative decoding ("self-speculation"). Returns
+    /// false, changing nothing, when `n` is out of range.
+    pub fn truncate_layers(&mut self, n: usize) -> bool {
+        if n == 0 || n > self.layers.len() {
+            return false;
+        }
+        self.layers.truncate(n);
+        self.config.n_layer = n;
+        self.config.layer_window.truncate(n);
+        true
+    }
+
     /// Bytes of the weight matrices as stored.
     pub fn weight_bytes(&self) -> usize {
         self.matrices().map(Matrix::n_bytes).sum()
