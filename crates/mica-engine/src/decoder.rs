@@ -32,7 +32,8 @@ use mica_models::blocks::attention::TILED_MIN_TOKENS;
 use mica_models::tokenizer::{DecodeOptions, TokenStreamDecoder, Tokenizer, TokenizerError};
 
 /// Most drafted tokens one step verifies: the last token and its draft stay under
-/// attention's tiled-path threshold, so they get the arithmetic of one-at-a-time decoding
+/// attention's tiled-path threshold, and the step runs the matrix products with one-token
+/// paths (`Workspace::alone_paths`), so they get the arithmetic of one-at-a-time decoding
 /// (and the same tokens).
 pub const MAX_DRAFT: usize = TILED_MIN_TOKENS - 2;
 

@@ -521,6 +521,11 @@ impl Core {
                 self.queued[group.lane.index()].fetch_sub(1, Relaxed);
             }
         }
+        // A step of decodes only, some with drafts: every token gets the arithmetic of a
+        // one-token batch, so a verified draft gives the tokens of one-at-a-time decoding
+        // (with prompt chunks in the step, the batch's paths stay, for the prompts' sake).
+        self.ws.alone_paths = plan.seqs.iter().any(|s| s.draft > 0)
+            && plan.seqs.iter().all(|s| s.sample && s.n == 1 + s.draft);
         if !self.forward(plan.prompt_lane)? {
             self.metrics.abandoned_steps.fetch_add(1, Relaxed);
             return Ok(());

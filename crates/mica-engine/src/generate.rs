@@ -368,7 +368,11 @@ impl<M: Deref<Target = LoadedModel> + Clone> Session<M> {
             step.clear();
             step.push(history[history.len() - 1]);
             step.extend_from_slice(&draft.tokens);
-            self.eval_into(&step, !draft.is_empty())?;
+            // A draft's step gets one-at-a-time decoding's arithmetic (and so its tokens).
+            self.ws.alone_paths = !draft.is_empty();
+            let evaluated = self.eval_into(&step, !draft.is_empty());
+            self.ws.alone_paths = false;
+            evaluated?;
             timings.gen_passes += 1;
         };
         if !draft.is_empty() {

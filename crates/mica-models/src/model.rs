@@ -110,6 +110,12 @@ pub struct Workspace {
     /// Tokens per feed-forward chunk; `None` is [`FFN_CHUNK`]. Tests set `usize::MAX` to
     /// run a whole batch at once.
     pub ffn_chunk: Option<usize>,
+    /// Give every token the matrix arithmetic of a one-token batch (llama.cpp's kernels
+    /// pick their code path, and so their rounding, by batch size): a speculative
+    /// verification step — the last token and its drafts, under attention's tiled-path
+    /// threshold — then yields exactly the logits of one-at-a-time decoding. Dense layers
+    /// only (mixture-of-experts layers keep their batch paths).
+    pub alone_paths: bool,
     acts: ActCache,
 }
 
@@ -373,6 +379,7 @@ impl Model {
             window: None,
             policy: ws.attention,
         };
+        ws.acts.alone = ws.alone_paths;
         // Rows still carried through the layers; the last layer keeps only output rows.
         let mut out_rows = std::mem::take(&mut ws.out_rows);
         out_rows.clear();
