@@ -127,7 +127,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         logit_bias: Vec::new(),
     };
 
-    let spec = args.spec.resolve(&lm, n_ctx, args.json)?;
+    let spec = args.spec.resolve(Some(&lm), n_ctx, args.json)?;
     let mut session = Session::new(&lm, n_ctx, threads);
     let mut proposer = spec.proposer(&lm, &session.shared_pool())?;
     let hooks = Hooks {

@@ -50,9 +50,15 @@ impl SpecArgs {
         }
     }
 
-    /// The resolved configuration for `target` with a context of `n_ctx` positions
-    /// (loading the draft model, checking its vocabulary).
-    pub fn resolve(&self, target: &LoadedModel, n_ctx: usize, quiet: bool) -> Result<SpecConfig> {
+    /// The resolved configuration (loading the draft model) for a context of `n_ctx`
+    /// positions; with `target`, the draft model's vocabulary is checked against it (the
+    /// server checks it against each model it loads).
+    pub fn resolve(
+        &self,
+        target: Option<&LoadedModel>,
+        n_ctx: usize,
+        quiet: bool,
+    ) -> Result<SpecConfig> {
         if self.spec_max == 0 {
             bail!("--spec-max must be at least 1 (use --spec off to turn speculation off)");
         }
@@ -79,7 +85,7 @@ impl SpecArgs {
                     bail!("--spec draft needs --draft-model (a model with the target's vocabulary)");
                 };
                 let path = crate::store::resolve_model(Some(name), quiet)?;
-                let mut draft = LoadedModel::open_with(&path, LoadOptions::default())
+                let mut draft = LoadedModel::open_with(&path, LoadOptions { repack: true })
                     .with_context(|| format!("loading the draft model {}", path.display()))?;
                 if let Some(n) = self.draft_layers {
                     let have = draft.model.layers.len();
@@ -87,8 +93,10 @@ impl SpecArgs {
                         bail!("--draft-layers {n}: the draft model has {have} layers");
                     }
                 }
-                mica_engine::spec::check_vocab(&target.tokenizer, &draft.tokenizer)
-                    .with_context(|| format!("draft model {}", path.display()))?;
+                if let Some(target) = target {
+                    mica_engine::spec::check_vocab(&target.tokenizer, &draft.tokenizer)
+                        .with_context(|| format!("draft model {}", path.display()))?;
+                }
                 SpecMethod::Draft {
                     model: Arc::new(draft),
                     config: DraftModelConfig {

@@ -131,7 +131,7 @@ fn session_loop(
     let session = Session::new(lm, n_ctx, threads);
     let proposer = match args
         .spec
-        .resolve(lm, n_ctx, false)
+        .resolve(Some(lm), n_ctx, false)
         .and_then(|spec| Ok(spec.proposer(lm, &session.shared_pool())?))
     {
         Ok(p) => p,

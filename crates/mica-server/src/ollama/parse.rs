@@ -3,6 +3,7 @@
 //! the field (`options.temperature`, `messages[1].role`). The sampling rules are the OpenAI
 //! routes' ([`crate::params::validate_sampling`]); only the defaults differ.
 
+use crate::spec::{SpecFields, SpecRequest, validate_spec};
 use super::types::{ChatBody, GenerateBody, Options};
 use crate::error::{ParamError, ServerError, parse_json};
 use crate::params::{
@@ -21,6 +22,7 @@ pub struct OllamaGen {
     pub num_ctx: Option<usize>,
     pub stream: bool,
     pub priority: Option<String>,
+    pub spec: SpecRequest,
 }
 
 /// A checked `/api/generate` request.
@@ -89,6 +91,13 @@ fn job(
         num_ctx,
         stream: stream.unwrap_or(true),
         priority: priority.cloned(),
+        spec: validate_spec(
+            &SpecFields {
+                spec: o.spec.clone(),
+                spec_max: o.spec_max,
+            },
+            "options.",
+        )?,
     })
 }
 
