@@ -14,8 +14,14 @@
 //! - Speed per repetition is `n_tokens / seconds`; the table shows the mean ± sample
 //!   standard deviation of those speeds (not the speed of the mean time), as llama-bench.
 //!
+//! - **copy N** / **copy N+ngram** (`--copy N`, mica's own): speculative decoding's test,
+//!   N greedy tokens after a fixed code-editing prompt, plain and with n-gram lookup (see
+//!   [`copy`]); speed is N over the generation's time, `n_depth` the prompt's length.
+//!
 //! Peak resident memory is the process's high-water mark (`VmHWM`), which includes the
 //! pages of the memory-mapped model that were touched.
+
+mod copy;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
@@ -51,6 +57,10 @@ pub struct BenchArgs {
     /// products (same results; repacking reads the whole file up front).
     #[arg(long = "no-repack")]
     pub no_repack: bool,
+    /// Speculative decoding's test: N greedy tokens after a code-editing prompt, timed
+    /// plain (`copyN`) and with n-gram lookup (`copyN+ngram`); comma-separated lengths.
+    #[arg(long = "copy")]
+    pub copy: Option<String>,
 }
 
 /// The flags, resolved and checked.
@@ -63,20 +73,23 @@ struct Plan {
     no_repack: bool,
 }
 
-/// One test: a prompt of `n_prompt` tokens or a generation of `n_gen` (never both).
+/// One test: a prompt of `n_prompt` tokens or a generation of `n_gen` (never both); `copy`
+/// marks the speculative test's generation (with n-gram speculation when `Some(true)`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct TestSpec {
     n_prompt: usize,
     n_gen: usize,
+    copy: Option<bool>,
 }
 
 impl TestSpec {
-    /// llama-bench's test name: `pp512`, `tg128`.
+    /// llama-bench's test name: `pp512`, `tg128`; mica's `copy128`, `copy128+ngram`.
     fn name(self) -> String {
-        if self.n_gen == 0 {
-            format!("pp{}", self.n_prompt)
-        } else {
-            format!("tg{}", self.n_gen)
+        match self.copy {
+            Some(false) => format!("copy{}", self.n_gen),
+            Some(true) => format!("copy{}+ngram", self.n_gen),
+            None if self.n_gen == 0 => format!("pp{}", self.n_prompt),
+            None => format!("tg{}", self.n_gen),
         }
     }
 }
@@ -100,6 +113,10 @@ impl Plan {
     fn resolve(args: BenchArgs) -> Result<Plan> {
         let prompts = parse_list("-p", "token count", &args.n_prompt)?;
         let gens = parse_list("-n", "token count", &args.n_gen)?;
+        let copies = match &args.copy {
+            Some(c) => parse_list("--copy", "token count", c)?,
+            None => Vec::new(),
+        };
         let threads = match &args.threads {
             Some(t) => parse_list("-t", "thread count", t)?,
             None => vec![mica_kernels::pool::physical_cores()],
@@ -117,10 +134,19 @@ impl Plan {
             .map(|&n| TestSpec {
                 n_prompt: n,
                 n_gen: 0,
+                copy: None,
             })
             .chain(gens.iter().filter(|&&n| n > 0).map(|&n| TestSpec {
                 n_prompt: 0,
                 n_gen: n,
+                copy: None,
+            }))
+            .chain(copies.iter().filter(|&&n| n > 0).flat_map(|&n| {
+                [false, true].map(|spec| TestSpec {
+                    n_prompt: 0,
+                    n_gen: n,
+                    copy: Some(spec),
+                })
             }))
             .collect();
         if tests.is_empty() {
@@ -243,6 +269,14 @@ struct Record {
     isa: String,
     /// The process's peak resident memory after this test; `null` where unknown.
     peak_rss_bytes: Option<u64>,
+    /// The speculative test's proposer (`off`, `ngram`); absent for llama-bench's tests.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    spec: Option<&'static str>,
+    /// Drafted and accepted tokens per repetition (the speculative test).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    draft_tokens: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    accepted_draft_tokens: Option<usize>,
 }
 
 pub fn bench(args: BenchArgs) -> Result<()> {
@@ -266,9 +300,25 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         let pool = ThreadPool::new(n_threads);
         for &spec in &plan.tests {
             let test_time = rfc3339_now();
-            let samples_ns = run_test(&lm, &pool, spec, plan.reps)
-                .with_context(|| format!("{} on {n_threads} threads", spec.name()))?;
-            let rec = record(&info, &cpu, isa, n_threads, spec, test_time, samples_ns);
+            let what = || format!("{} on {n_threads} threads", spec.name());
+            let rec = if let Some(ngram) = spec.copy {
+                let prompt = copy::prompt_ids(&lm).with_context(what)?;
+                let runs = (0..=plan.reps)
+                    .map(|_| copy::run(&lm, n_threads, &prompt, spec.n_gen, ngram))
+                    .collect::<Result<Vec<_>>>()
+                    .with_context(what)?;
+                // The first run is the warm-up.
+                let samples_ns = runs[1..].iter().map(|r| r.gen_ns).collect();
+                let mut rec = record(&info, &cpu, isa, n_threads, spec, test_time, samples_ns);
+                rec.n_depth = prompt.len();
+                rec.spec = Some(if ngram { "ngram" } else { "off" });
+                rec.draft_tokens = Some(runs[1].draft_tokens);
+                rec.accepted_draft_tokens = Some(runs[1].accepted_draft_tokens);
+                rec
+            } else {
+                let samples_ns = run_test(&lm, &pool, spec, plan.reps).with_context(what)?;
+                record(&info, &cpu, isa, n_threads, spec, test_time, samples_ns)
+            };
             if let Some(t) = table.as_mut() {
                 t.row(&rec, spec)?;
             }
@@ -435,6 +485,9 @@ fn record(
         samples_ts,
         isa: isa.to_string(),
         peak_rss_bytes: peak_rss_bytes(),
+        spec: None,
+        draft_tokens: None,
+        accepted_draft_tokens: None,
     }
 }
 

@@ -82,7 +82,9 @@ impl SpecArgs {
             }
             SpecKind::Draft => {
                 let Some(name) = &self.draft_model else {
-                    bail!("--spec draft needs --draft-model (a model with the target's vocabulary)");
+                    bail!(
+                        "--spec draft needs --draft-model (a model with the target's vocabulary)"
+                    );
                 };
                 let path = crate::store::resolve_model(Some(name), quiet)?;
                 let mut draft = LoadedModel::open_with(&path, LoadOptions { repack: true })

@@ -42,7 +42,10 @@ fn speculative_runs_give_plain_tokens() {
     let plain = run_json(&["--spec", "off"]);
     assert_eq!(plain["timings"]["draft_tokens"], 0);
     let ngram = run_json(&[]);
-    assert_eq!(ngram["timings"]["spec"], "ngram", "n-gram lookup is the default");
+    assert_eq!(
+        ngram["timings"]["spec"], "ngram",
+        "n-gram lookup is the default"
+    );
     let m = model_path(SMOLLM);
     let draft = run_json(&[
         "--draft-model",

@@ -229,7 +229,10 @@ impl Sampler {
             return draft;
         }
         // Rejected: draw from max(0, p − q), normalized (zero wherever p is).
-        let residual: Vec<(u32, f64)> = p.iter().map(|&(t, pt)| (t, (pt - q_of(t)).max(0.0))).collect();
+        let residual: Vec<(u32, f64)> = p
+            .iter()
+            .map(|&(t, pt)| (t, (pt - q_of(t)).max(0.0)))
+            .collect();
         let total: f64 = residual.iter().map(|r| r.1).sum();
         let u: f64 = self.rng.random();
         if total <= 0.0 {
@@ -332,7 +335,10 @@ pub(crate) fn draw_probs(w: &[(u32, f64)], u: f64) -> u32 {
             return t;
         }
     }
-    w.iter().rev().find(|c| c.1 > 0.0).map_or(w[w.len() - 1].0, |c| c.0)
+    w.iter()
+        .rev()
+        .find(|c| c.1 > 0.0)
+        .map_or(w[w.len() - 1].0, |c| c.0)
 }
 
 /// Natural-log softmax over the whole vocabulary (for reporting log-probabilities).

@@ -113,7 +113,9 @@ enum Drafts {
 /// The proposal distribution of [`Drafts::Sampled`] after `history`.
 fn proposal(history: &[u32]) -> Vec<(u32, f32)> {
     let b = history[history.len() - 1];
-    let w: Vec<f32> = (0..V as u32).map(|t| (((t + b) % 4) as f32 * 0.6).exp()).collect();
+    let w: Vec<f32> = (0..V as u32)
+        .map(|t| (((t + b) % 4) as f32 * 0.6).exp())
+        .collect();
     let s: f32 = w.iter().sum();
     (0..V as u32).map(|t| (t, w[t as usize] / s)).collect()
 }
@@ -207,13 +209,19 @@ fn check(drafts: Drafts) -> (f64, f64) {
     let tok = tokenizer();
     let probs = exact();
     let total: f64 = probs.values().sum();
-    assert!((total - 1.0).abs() < 1e-9, "the exact distribution sums to {total}");
+    assert!(
+        (total - 1.0).abs() < 1e-9,
+        "the exact distribution sums to {total}"
+    );
     let mut counts = HashMap::new();
     for seed in 0..RUNS {
         *counts.entry(run(&tok, seed, drafts)).or_insert(0u64) += 1;
     }
     let (stat, crit) = chi_square(&counts, &probs);
-    println!("chi-square {stat:.1}, critical value {crit:.1} ({} cells)", probs.len());
+    println!(
+        "chi-square {stat:.1}, critical value {crit:.1} ({} cells)",
+        probs.len()
+    );
     (stat, crit)
 }
 
@@ -230,7 +238,10 @@ fn point_mass_drafts_keep_the_distribution_and_plain_tokens() {
     // The draws are plain sampling's, seed for seed.
     let tok = tokenizer();
     for seed in 0..200 {
-        assert_eq!(run(&tok, seed, Drafts::Points), run(&tok, seed, Drafts::None));
+        assert_eq!(
+            run(&tok, seed, Drafts::Points),
+            run(&tok, seed, Drafts::None)
+        );
     }
 }
 
@@ -241,12 +252,18 @@ fn sampled_drafts_keep_the_distribution() {
     // Deterministic for a seed.
     let tok = tokenizer();
     for seed in 0..50 {
-        assert_eq!(run(&tok, seed, Drafts::Sampled), run(&tok, seed, Drafts::Sampled));
+        assert_eq!(
+            run(&tok, seed, Drafts::Sampled),
+            run(&tok, seed, Drafts::Sampled)
+        );
     }
 }
 
 #[test]
 fn the_test_rejects_unverified_drafts() {
     let (stat, crit) = check(Drafts::Unverified);
-    assert!(stat > crit, "a wrong rule passed: chi-square {stat:.1} < {crit:.1}");
+    assert!(
+        stat > crit,
+        "a wrong rule passed: chi-square {stat:.1} < {crit:.1}"
+    );
 }

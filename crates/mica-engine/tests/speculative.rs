@@ -74,7 +74,10 @@ fn check_golden(model: &str) {
         plain.reset();
         let want = plain.generate(&prompt, &greedy(n), |_| true).unwrap();
         let proposers: Vec<(&str, Box<dyn Proposer>)> = vec![
-            ("ngram", Box::new(NgramProposer::new(NgramConfig::default()))),
+            (
+                "ngram",
+                Box::new(NgramProposer::new(NgramConfig::default())),
+            ),
             (
                 "ngram-adaptive",
                 Box::new(Adaptive::new(
@@ -106,7 +109,9 @@ fn check_golden(model: &str) {
                 processors: Vec::new(),
                 proposer: Some(p.as_mut()),
             };
-            let g = s.generate_with(&prompt, &greedy(n), hooks, |_| true).unwrap();
+            let g = s
+                .generate_with(&prompt, &greedy(n), hooks, |_| true)
+                .unwrap();
             assert_eq!(g.output_ids, want.output_ids, "{model}/{id}: {name}");
             assert_eq!(g.text, want.text, "{model}/{id}: {name}");
             let t = g.timings;
@@ -248,7 +253,11 @@ fn concurrent_speculative_requests_match_plain_ones() {
             let body = if i % 4 == 3 {
                 format!("Item {i}. ").repeat(20 + 5 * i) + "Repeat the list:"
             } else {
-                format!("Copy this line twice: the number {} follows {}.", i * 7, i + 3)
+                format!(
+                    "Copy this line twice: the number {} follows {}.",
+                    i * 7,
+                    i + 3
+                )
             };
             tok.encode(&body, true, true).unwrap()
         })
@@ -268,7 +277,12 @@ fn concurrent_speculative_requests_match_plain_ones() {
     let mut session = Session::new(&*lm, 2048, 2);
     for (i, p) in prompts.iter().enumerate() {
         session.reset();
-        alone.push(session.generate(p, &params(i), |_| true).unwrap().output_ids);
+        alone.push(
+            session
+                .generate(p, &params(i), |_| true)
+                .unwrap()
+                .output_ids,
+        );
     }
 
     let cfg = EngineConfig {
@@ -289,7 +303,10 @@ fn concurrent_speculative_requests_match_plain_ones() {
         .map(|(i, p)| {
             // Plain proposers (every draft verified) and the adaptive one the front ends use.
             let proposer: Option<Box<dyn Proposer>> = match i % 3 {
-                0 => Some(Box::new(Capped(NgramProposer::new(NgramConfig::default()), 8))),
+                0 => Some(Box::new(Capped(
+                    NgramProposer::new(NgramConfig::default()),
+                    8,
+                ))),
                 1 => Some(Box::new(Capped(
                     DraftModelProposer::new(
                         draft.clone(),

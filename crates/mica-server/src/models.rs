@@ -207,7 +207,10 @@ fn start(
         }
         // Each model's n-gram proposers share a cache of its recent outputs.
         SpecMethod::Ngram { config, cache } if cache.is_none() => {
-            *cache = Some(Arc::new(NgramCache::new(NGRAM_CACHE_TOKENS, config.max_ngram)));
+            *cache = Some(Arc::new(NgramCache::new(
+                NGRAM_CACHE_TOKENS,
+                config.max_ngram,
+            )));
         }
         _ => {}
     }

@@ -96,8 +96,7 @@ pub fn proposer(
             _ => {
                 return Err(ParamError::Unsupported {
                     field: format!("{prefix}spec"),
-                    message: "this server has no draft model (start it with --draft-model)"
-                        .into(),
+                    message: "this server has no draft model (start it with --draft-model)".into(),
                 });
             }
         },

@@ -65,7 +65,12 @@ fn speculative_requests_give_plain_greedy_output() {
     let a = srv.addr;
     let copy = "Repeat this list exactly: alpha, beta, gamma, delta, epsilon, zeta, eta, theta, \
                 iota, kappa, lambda, mu, nu, xi, omicron, pi.";
-    let questions = [copy, "What is the capital of France?", copy, "Name three colors."];
+    let questions = [
+        copy,
+        "What is the capital of France?",
+        copy,
+        "Name three colors.",
+    ];
     let specs = [json!("ngram"), json!("draft"), json!(null), json!("off")];
     let n = 40;
     let handles: Vec<_> = (0..8)
@@ -106,7 +111,10 @@ fn speculative_requests_give_plain_greedy_output() {
         let (drafted, acc) = if i < 4 {
             let d = &usage["completion_tokens_details"];
             let acc = d["accepted_prediction_tokens"].as_u64().unwrap_or(0);
-            (acc + d["rejected_prediction_tokens"].as_u64().unwrap_or(0), acc)
+            (
+                acc + d["rejected_prediction_tokens"].as_u64().unwrap_or(0),
+                acc,
+            )
         } else {
             (
                 usage["draft_count"].as_u64().unwrap_or(0),
@@ -161,7 +169,10 @@ fn speculation_fields_are_checked() {
 
 #[test]
 fn a_draft_model_with_another_vocabulary_is_refused_at_load() {
-    let dir = std::path::Path::new(&model_path()).parent().unwrap().to_path_buf();
+    let dir = std::path::Path::new(&model_path())
+        .parent()
+        .unwrap()
+        .to_path_buf();
     let other = dir.join("qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf");
     let draft = early_exit(&other, 1);
     let cfg = mica_server::ServerConfig {

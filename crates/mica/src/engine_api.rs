@@ -128,10 +128,7 @@ impl Engine {
 
     /// A proposer for one request as `spec` describes it (a draft model computes on the
     /// engine's threads, between steps); `None` when speculation is off.
-    pub fn proposer(
-        &self,
-        spec: &crate::spec::SpecConfig,
-    ) -> Result<Option<Box<dyn Proposer>>> {
+    pub fn proposer(&self, spec: &crate::spec::SpecConfig) -> Result<Option<Box<dyn Proposer>>> {
         Ok(spec
             .proposer(self.model.loaded(), &self.handle.pool())
             .map_err(mica_engine::EngineError::from)?)

@@ -146,7 +146,11 @@ impl Core {
         let mut chosen = std::mem::take(&mut self.chosen);
         // The distributions stored with the draft, if it is the one the step verified.
         let dists = std::mem::take(&mut choice.draft_dists);
-        let dists = if dists.len() == n_draft { dists } else { Vec::new() };
+        let dists = if dists.len() == n_draft {
+            dists
+        } else {
+            Vec::new()
+        };
         choice.decoder.choose_with(rows, draft, &dists, &mut chosen);
         let n_vocab = rows.len() / (1 + n_draft);
         let mut outcome = Outcome::Continue;

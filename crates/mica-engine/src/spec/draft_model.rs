@@ -142,10 +142,10 @@ impl DraftModelProposer {
                 self.batch
                     .push(t, start + j, 0, last && j + 1 == chunk.len());
             }
-            let out = self
-                .model
-                .model
-                .forward(&self.pool, &self.batch, &mut self.kv, &mut self.ws)?;
+            let out =
+                self.model
+                    .model
+                    .forward(&self.pool, &self.batch, &mut self.kv, &mut self.ws)?;
             if last {
                 logits = out.to_vec();
             }

@@ -84,7 +84,9 @@ impl Index {
                 if n > e {
                     break;
                 }
-                map.entry(hash(&tokens[e - n..e])).or_default().push(e as u32);
+                map.entry(hash(&tokens[e - n..e]))
+                    .or_default()
+                    .push(e as u32);
             }
         }
         self.indexed = self.indexed.max(len);
@@ -238,9 +240,9 @@ impl Proposer for NgramProposer {
                 // The copy's position is kept: the model may come back to the source.
                 let max_n = self.cfg.max_ngram.min(len);
                 let tail = &self.tokens[len - max_n..];
-                self.cache.as_ref().map_or_else(Vec::new, |c| {
-                    c.lookup(tail, self.cfg.min_ngram.max(3), max)
-                })
+                self.cache
+                    .as_ref()
+                    .map_or_else(Vec::new, |c| c.lookup(tail, self.cfg.min_ngram.max(3), max))
             }
         }
     }

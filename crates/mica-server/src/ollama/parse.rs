@@ -3,12 +3,12 @@
 //! the field (`options.temperature`, `messages[1].role`). The sampling rules are the OpenAI
 //! routes' ([`crate::params::validate_sampling`]); only the defaults differ.
 
-use crate::spec::{SpecFields, SpecRequest, validate_spec};
 use super::types::{ChatBody, GenerateBody, Options};
 use crate::error::{ParamError, ServerError, parse_json};
 use crate::params::{
     OLLAMA_DEFAULTS, OLLAMA_ROLES, Sampling, SamplingFields, validate_role, validate_sampling,
 };
+use crate::spec::{SpecFields, SpecRequest, validate_spec};
 use mica_models::chat::ChatMessage;
 
 /// What both generating routes resolve before the model is involved.
