@@ -91,3 +91,43 @@ fn unusable_speculation_flags_fail_clearly() {
     let e = err(&["--spec-max", "0"]);
     assert!(e.contains("--spec-max"), "{e}");
 }
+
+/// `mica bench --copy N`: the plain and the n-gram record of the speculative test.
+#[test]
+fn bench_copy_test_times_plain_and_ngram() {
+    let m = model_path(SMOLLM);
+    let (ok, out, err) = mica(&[
+        "bench",
+        "-m",
+        m.to_str().unwrap(),
+        "-p",
+        "0",
+        "-n",
+        "0",
+        "--copy",
+        "24",
+        "-r",
+        "1",
+        "-t",
+        "2",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let recs: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+    assert_eq!(recs.len(), 2, "{out}");
+    for (r, spec) in recs.iter().zip(["off", "ngram"]) {
+        assert_eq!(r["spec"], spec, "{r}");
+        assert_eq!(r["n_gen"], 24);
+        assert!(
+            r["n_depth"].as_u64().unwrap() > 100,
+            "the prompt's length: {r}"
+        );
+        assert!(r["avg_ts"].as_f64().unwrap() > 0.0);
+        let (d, a) = (
+            r["draft_tokens"].as_u64().unwrap(),
+            r["accepted_draft_tokens"].as_u64().unwrap(),
+        );
+        assert!(a <= d, "{r}");
+        assert_eq!(d > 0, spec == "ngram", "{r}");
+    }
+}

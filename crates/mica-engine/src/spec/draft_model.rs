@@ -84,6 +84,9 @@ pub fn check_vocab(target: &Tokenizer, draft: &Tokenizer) -> Result<(), SpecErro
     Ok(())
 }
 
+/// A proposal distribution: `(token, probability)` pairs (see [`Draft::dists`]).
+type Dist = Vec<(u32, f32)>;
+
 /// Drafts with a second model (module docs).
 pub struct DraftModelProposer {
     model: Arc<LoadedModel>,
@@ -156,7 +159,7 @@ impl DraftModelProposer {
 
     /// The next drafted token from `logits` and its proposal distribution (`None`: a
     /// greedy guess), or `None` when the draft model doubts it (below `p_min`).
-    fn pick(&mut self, logits: &[f32]) -> Option<(u32, Option<Vec<(u32, f32)>>)> {
+    fn pick(&mut self, logits: &[f32]) -> Option<(u32, Option<Dist>)> {
         let Some((sampler, rng)) = &mut self.sampling else {
             let t = argmax(logits);
             let top = logits[t as usize];
