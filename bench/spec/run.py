@@ -92,9 +92,11 @@ def llama(args, prompt_ids, lookup):
 
     draft = Counting(LlamaPromptLookupDecoding(max_ngram_size=3, num_pred_tokens=args.spec_max)) \
         if lookup else None
+    # logits_all with a draft model: llama-cpp-python sizes its score buffer by the
+    # argument, not by the draft model's need for every position's logits (0.3.x).
     llm = Llama(model_path=args.model, n_ctx=4096, n_threads=args.threads,
                 n_threads_batch=args.threads, n_batch=512, verbose=False, flash_attn=True,
-                draft_model=draft)
+                logits_all=lookup, draft_model=draft)
     ids = []
     t_first = None
     for tok in llm.generate(prompt_ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0,
