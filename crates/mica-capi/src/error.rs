@@ -99,6 +99,7 @@ fn status_of(e: &Error) -> MicaStatus {
             EngineError::PromptTooLong { .. } | EngineError::Params(_) => S::InvalidArgument,
             EngineError::Config(_) => S::InvalidArgument,
             EngineError::Thread(_) => S::Generation,
+            EngineError::Spec(_) => S::InvalidArgument,
         },
         Error::Submit(e) => match e {
             SubmitError::QueueFull { .. } => S::QueueFull,

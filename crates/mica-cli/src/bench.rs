@@ -2,8 +2,14 @@
 //! `llama-bench` measures them (the timing loop is `mica::engine::bench`), printed as its
 //! markdown table or its JSON records so the two tools' numbers can be set side by side.
 //!
+//! - **copy N** / **copy N+ngram** (`--copy N`, mica's own): speculative decoding's test,
+//!   N greedy tokens after a fixed code-editing prompt, plain and with n-gram lookup (see
+//!   [`copy`]); speed is N over the generation's time, `n_depth` the prompt's length.
+//!
 //! Peak resident memory is the process's high-water mark (`VmHWM`), which includes the
 //! pages of the memory-mapped model that were touched.
+
+mod copy;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
@@ -40,16 +46,49 @@ pub struct BenchArgs {
     /// products (same results; repacking reads the whole file up front).
     #[arg(long = "no-repack")]
     pub no_repack: bool,
+    /// Speculative decoding's test: N greedy tokens after a code-editing prompt, timed
+    /// plain (`copyN`) and with n-gram lookup (`copyN+ngram`); comma-separated lengths.
+    #[arg(long = "copy")]
+    pub copy: Option<String>,
 }
 
 /// The flags, resolved and checked.
 struct Plan {
     model: PathBuf,
     threads: Vec<usize>,
-    tests: Vec<BenchTest>,
+    tests: Vec<TestSpec>,
     reps: usize,
     json: bool,
     no_repack: bool,
+}
+
+/// One test: a prompt of `n_prompt` tokens or a generation of `n_gen` (never both); `copy`
+/// marks the speculative test's generation (with n-gram speculation when `Some(true)`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct TestSpec {
+    n_prompt: usize,
+    n_gen: usize,
+    copy: Option<bool>,
+}
+
+impl TestSpec {
+    /// llama-bench's test name: `pp512`, `tg128`; mica's `copy128`, `copy128+ngram`.
+    fn name(self) -> String {
+        match self.copy {
+            Some(false) => format!("copy{}", self.n_gen),
+            Some(true) => format!("copy{}+ngram", self.n_gen),
+            None if self.n_gen == 0 => format!("pp{}", self.n_prompt),
+            None => format!("tg{}", self.n_gen),
+        }
+    }
+
+    /// The prompt or generation test `mica_engine::bench` times.
+    fn timed(self) -> BenchTest {
+        BenchTest {
+            n_prompt: self.n_prompt,
+            n_gen: self.n_gen,
+        }
+    }
 }
 
 /// Parses a comma-separated list of counts for flag `flag`.
@@ -71,6 +110,10 @@ impl Plan {
     fn resolve(args: BenchArgs) -> Result<Plan> {
         let prompts = parse_list("-p", "token count", &args.n_prompt)?;
         let gens = parse_list("-n", "token count", &args.n_gen)?;
+        let copies = match &args.copy {
+            Some(c) => parse_list("--copy", "token count", c)?,
+            None => Vec::new(),
+        };
         let threads = match &args.threads {
             Some(t) => parse_list("-t", "thread count", t)?,
             None => vec![mica::kernels::pool::physical_cores()],
@@ -82,16 +125,25 @@ impl Plan {
             bail!("-r: at least one repetition is needed");
         }
         // As llama-bench: a zero length means "no such test".
-        let tests: Vec<BenchTest> = prompts
+        let tests: Vec<TestSpec> = prompts
             .iter()
             .filter(|&&n| n > 0)
-            .map(|&n| BenchTest {
+            .map(|&n| TestSpec {
                 n_prompt: n,
                 n_gen: 0,
+                copy: None,
             })
-            .chain(gens.iter().filter(|&&n| n > 0).map(|&n| BenchTest {
+            .chain(gens.iter().filter(|&&n| n > 0).map(|&n| TestSpec {
                 n_prompt: 0,
                 n_gen: n,
+                copy: None,
+            }))
+            .chain(copies.iter().filter(|&&n| n > 0).flat_map(|&n| {
+                [false, true].map(|spec| TestSpec {
+                    n_prompt: 0,
+                    n_gen: n,
+                    copy: Some(spec),
+                })
             }))
             .collect();
         if tests.is_empty() {
@@ -144,6 +196,14 @@ struct Record {
     isa: String,
     /// The process's peak resident memory after this test; `null` where unknown.
     peak_rss_bytes: Option<u64>,
+    /// The speculative test's proposer (`off`, `ngram`); absent for llama-bench's tests.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    spec: Option<&'static str>,
+    /// Drafted and accepted tokens per repetition (the speculative test).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    draft_tokens: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    accepted_draft_tokens: Option<usize>,
 }
 
 pub fn bench(args: BenchArgs) -> Result<()> {
@@ -167,9 +227,26 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         let pool = ThreadPool::new(n_threads);
         for &spec in &plan.tests {
             let test_time = rfc3339_now();
-            let samples_ns = time_test(&lm, &pool, spec, plan.reps)
-                .with_context(|| format!("{} on {n_threads} threads", spec.name()))?;
-            let rec = record(&info, &cpu, isa, n_threads, spec, test_time, samples_ns);
+            let what = || format!("{} on {n_threads} threads", spec.name());
+            let rec = if let Some(ngram) = spec.copy {
+                let prompt = copy::prompt_ids(&lm).with_context(what)?;
+                let runs = (0..=plan.reps)
+                    .map(|_| copy::run(&lm, n_threads, &prompt, spec.n_gen, ngram))
+                    .collect::<Result<Vec<_>>>()
+                    .with_context(what)?;
+                // The first run is the warm-up.
+                let samples_ns = runs[1..].iter().map(|r| r.gen_ns).collect();
+                let mut rec = record(&info, &cpu, isa, n_threads, spec, test_time, samples_ns);
+                rec.n_depth = prompt.len();
+                rec.spec = Some(if ngram { "ngram" } else { "off" });
+                rec.draft_tokens = Some(runs[1].draft_tokens);
+                rec.accepted_draft_tokens = Some(runs[1].accepted_draft_tokens);
+                rec
+            } else {
+                let samples_ns =
+                    time_test(&lm, &pool, spec.timed(), plan.reps).with_context(what)?;
+                record(&info, &cpu, isa, n_threads, spec, test_time, samples_ns)
+            };
             if let Some(t) = table.as_mut() {
                 t.row(&rec, spec)?;
             }
@@ -203,11 +280,11 @@ fn record(
     cpu: &str,
     isa: &str,
     n_threads: usize,
-    spec: BenchTest,
+    spec: TestSpec,
     test_time: String,
     samples_ns: Vec<u64>,
 ) -> Record {
-    let stats = Stats::of(&samples_ns, spec.n_tokens());
+    let stats = Stats::of(&samples_ns, spec.n_prompt + spec.n_gen);
     Record {
         build_commit: build_commit().to_string(),
         build_number: 0,
@@ -237,6 +314,9 @@ fn record(
         samples_ts: stats.samples_ts,
         isa: isa.to_string(),
         peak_rss_bytes: peak_rss_bytes(),
+        spec: None,
+        draft_tokens: None,
+        accepted_draft_tokens: None,
     }
 }
 
@@ -337,7 +417,7 @@ impl TablePrinter {
         format!("|{body}")
     }
 
-    fn row(&mut self, rec: &Record, spec: BenchTest) -> Result<()> {
+    fn row(&mut self, rec: &Record, spec: TestSpec) -> Result<()> {
         let cells = [
             self.model.clone(),
             self.size.clone(),

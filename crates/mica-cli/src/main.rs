@@ -11,6 +11,7 @@ mod progress;
 mod run;
 mod sampling_args;
 mod serve;
+mod spec_args;
 mod store;
 mod verify;
 

@@ -2,9 +2,10 @@
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use mica::engine::{GenerateParams, Session};
+use mica::engine::{GenerateParams, Hooks, Proposer, Session};
 
 use crate::sampling_args::SamplingArgs;
+use crate::spec_args::SpecArgs;
 use mica::models::chat::ChatMessage;
 use mica::models::config::Numerics;
 use mica::models::{LoadOptions, LoadedModel};
@@ -29,6 +30,8 @@ pub struct RunArgs {
     pub n_predict: usize,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
     /// Stop before this string (repeatable).
     #[arg(long = "stop")]
     pub stop: Vec<String>,
@@ -124,10 +127,16 @@ pub fn run(args: RunArgs) -> Result<()> {
         logit_bias: Vec::new(),
     };
 
+    let spec = args.spec.resolve(Some(&lm), n_ctx, args.json)?;
     let mut session = Session::new(&lm, n_ctx, threads);
+    let mut proposer = spec.proposer(&lm, &session.shared_pool())?;
+    let hooks = Hooks {
+        processors: Vec::new(),
+        proposer: proposer.as_deref_mut().map(|p| p as &mut dyn Proposer),
+    };
     let stdout = std::io::stdout();
     let json = args.json;
-    let gen_result = session.generate(&prompt_ids, &params, |piece| {
+    let gen_result = session.generate_with(&prompt_ids, &params, hooks, |piece| {
         if !json {
             let mut out = stdout.lock();
             // A closed stdout (e.g. piped into `head`) ends generation quietly.
@@ -155,14 +164,26 @@ pub fn run(args: RunArgs) -> Result<()> {
                 "gen_tokens": t.gen_tokens,
                 "gen_ms": t.gen_time.as_secs_f64() * 1e3,
                 "gen_tokens_per_s": t.gen_tps(),
+                "gen_passes": t.gen_passes,
+                "draft_tokens": t.draft_tokens,
+                "accepted_draft_tokens": t.accepted_draft_tokens,
+                "spec": format!("{:?}", args.spec.kind()).to_lowercase(),
                 "threads": threads,
             },
         });
         println!("{obj}");
     } else {
         println!();
+        let drafts = if t.draft_tokens > 0 {
+            format!(
+                " ({} passes; {} of {} drafted tokens accepted)",
+                t.gen_passes, t.accepted_draft_tokens, t.draft_tokens
+            )
+        } else {
+            String::new()
+        };
         eprintln!(
-            "\n[mica] load {:.0} ms | prompt {} tok, {:.1} tok/s | generation {} tok, {:.1} tok/s | {} threads | stop: {}",
+            "\n[mica] load {:.0} ms | prompt {} tok, {:.1} tok/s | generation {} tok, {:.1} tok/s{drafts} | {} threads | stop: {}",
             load_time.as_secs_f64() * 1e3,
             t.prompt_tokens,
             t.prompt_tps(),

@@ -2,6 +2,7 @@
 //! runtime (the engines run on their own threads; tokio only does I/O). SIGTERM and SIGINT
 //! both start a graceful shutdown; the server's events are printed on stderr.
 
+use crate::spec_args::SpecArgs;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use mica::engine::{Lane, SchedulePolicy, SchedulerConfig};
@@ -100,6 +101,8 @@ pub struct ServeArgs {
     /// Default: the memory the system reports available at each load.
     #[arg(long = "mem-limit")]
     pub mem_limit: Option<String>,
+    #[command(flatten)]
+    pub spec: SpecArgs,
 }
 
 /// `512M`, `2G`, `1.5GiB`, `1048576` → bytes.
@@ -229,6 +232,7 @@ fn config(args: &ServeArgs) -> Result<ServerConfig> {
         limits,
         kv_mem: parse_size(&args.kv_mem)?,
         n_ctx: args.ctx_size,
+        spec: args.spec.resolve(None, 0, false)?,
         n_threads: threads,
         scheduler: SchedulerConfig {
             policy: match args.scheduler {

@@ -12,23 +12,28 @@
 //!
 //! **Several tokens per step.** When a step computed the sequence's last token followed by
 //! `k` drafted tokens (from a [`Proposer`](crate::proposer::Proposer)), the model's logits
-//! at those `k + 1` positions come in together. Greedy verification (as vLLM's and
-//! llama.cpp's speculative decoding do it for greedy sampling): position `i`'s choice is
-//! the target model's own greedy token after the drafts before it; drafts are kept while
-//! they equal those choices, and the first choice that differs (or the one after the last
-//! draft) is the model's own next token. So `a` matching drafts give `a + 1` tokens, exactly
-//! the tokens one-at-a-time greedy decoding gives. Sampled sequences take no drafts (a
-//! rejection-sampling rule that keeps the sampled distribution is not implemented): their
-//! drafts are all rejected and one token is drawn, as without drafts.
+//! at those `k + 1` positions come in together. Position `i` is processed as if the drafts
+//! before it were accepted (the processors see them in the history), and its token is
+//! chosen by [`Sampler::verify`]: greedy, the target model's own greedy token (so drafts
+//! are kept while they equal the model's choices, as vLLM's and llama.cpp's speculative
+//! decoding do for greedy sampling); sampled, the rejection-sampling rule, under which the
+//! tokens follow the target's distribution exactly — for deterministic guesses it draws
+//! each position as plain sampling would, with the same random numbers, so the tokens are
+//! plain sampling's for the seed (the sampler's module docs give the rule and why). Drafts
+//! are kept while the chosen token equals them; the first that differs (or the one after
+//! the last draft) is the model's own next token. So `a` accepted drafts give `a + 1`
+//! tokens per step.
 
 use crate::generate::{FinishReason, GenerateParams};
 use crate::processor::{LogitBias, LogitsProcessor, Penalties};
+use crate::proposer::Draft;
 use crate::sampler::Sampler;
 use mica_models::blocks::attention::TILED_MIN_TOKENS;
 use mica_models::tokenizer::{DecodeOptions, TokenStreamDecoder, Tokenizer, TokenizerError};
 
 /// Most drafted tokens one step verifies: the last token and its draft stay under
-/// attention's tiled-path threshold, so they get the arithmetic of one-at-a-time decoding
+/// attention's tiled-path threshold, and the step runs the matrix products with one-token
+/// paths (`Workspace::alone_paths`), so they get the arithmetic of one-at-a-time decoding
 /// (and the same tokens).
 pub const MAX_DRAFT: usize = TILED_MIN_TOKENS - 2;
 
@@ -113,18 +118,20 @@ impl SequenceDecoder {
         &self.history[self.prompt_len..]
     }
 
-    /// Whether tokens are chosen greedily (only then are drafts verified).
+    /// Whether tokens are chosen greedily.
     pub fn is_greedy(&self) -> bool {
         self.sampler.params().is_greedy()
     }
 
-    /// Most drafted tokens worth verifying after the history now: 0 for a sampled
-    /// sequence, else what fits before `max_tokens` and the context limit (a step of `k`
-    /// drafts gives at most `k + 1` tokens), at most [`MAX_DRAFT`].
+    /// The sampling parameters (for proposers that sample their drafts alike).
+    pub fn sampling(&self) -> &crate::sampler::SamplingParams {
+        self.sampler.params()
+    }
+
+    /// Most drafted tokens worth verifying after the history now: what fits before
+    /// `max_tokens` and the context limit (a step of `k` drafts gives at most `k + 1`
+    /// tokens), at most [`MAX_DRAFT`].
     pub fn max_draft(&self) -> usize {
-        if !self.is_greedy() {
-            return 0;
-        }
         let left = self.max_tokens.saturating_sub(self.generated().len());
         let room = self.context_limit.saturating_sub(self.history.len());
         left.min(room).saturating_sub(1).min(MAX_DRAFT)
@@ -132,28 +139,51 @@ impl SequenceDecoder {
 
     /// Chooses the next tokens into `out` from `rows` (`[1 + draft.len(), n_vocab]`): the
     /// model's logits at the sequence's last token and at each drafted token after it. The
-    /// result is the longest prefix of `draft` the model agrees with, then the model's own
-    /// next token (one token when `draft` is empty or the sequence is sampled). Nothing is
-    /// committed: pass the tokens to [`SequenceDecoder::commit`] in order.
+    /// result is the drafted tokens accepted (module docs), then the model's own next token
+    /// (one token when `draft` is empty). Nothing is committed: pass the tokens to
+    /// [`SequenceDecoder::commit`] in order. The drafts are deterministic guesses.
     pub fn choose(&mut self, rows: &[f32], draft: &[u32], out: &mut Vec<u32>) {
+        self.choose_with(rows, draft, &[], out);
+    }
+
+    /// [`SequenceDecoder::choose`] for a [`Draft`] (whose tokens may come with the
+    /// distributions they were sampled from).
+    pub fn choose_draft(&mut self, rows: &[f32], draft: &Draft, out: &mut Vec<u32>) {
+        self.choose_with(rows, &draft.tokens, &draft.dists, out);
+    }
+
+    /// [`SequenceDecoder::choose`] with the proposal distributions of the drafted tokens
+    /// (see [`Draft::dists`]; empty for deterministic guesses).
+    pub fn choose_with(
+        &mut self,
+        rows: &[f32],
+        draft: &[u32],
+        dists: &[Vec<(u32, f32)>],
+        out: &mut Vec<u32>,
+    ) {
         out.clear();
         assert!(
             !rows.is_empty() && rows.len().is_multiple_of(draft.len() + 1),
             "one logits row per drafted token and one more"
         );
         let n_vocab = rows.len() / (draft.len() + 1);
-        let draft = if self.is_greedy() { draft } else { &[] };
         let n_rows = if self.processors.is_empty() {
             draft.len() + 1
         } else {
-            self.process_rows(&rows[..(draft.len() + 1) * n_vocab], draft, n_vocab)
+            self.process_rows(rows, draft, n_vocab)
         };
         for i in 0..n_rows {
             let row = i * n_vocab..(i + 1) * n_vocab;
-            let t = if self.processors.is_empty() {
-                self.sampler.sample_processed(&rows[row])
+            let logits = if self.processors.is_empty() {
+                &rows[row]
             } else {
-                self.sampler.sample_processed(&self.scratch[row])
+                &self.scratch[row]
+            };
+            let t = match draft.get(i) {
+                Some(&d) => self
+                    .sampler
+                    .verify(logits, d, dists.get(i).map(Vec::as_slice)),
+                None => self.sampler.sample_processed(logits),
             };
             out.push(t);
             if i + 1 == n_rows || t != draft[i] {
@@ -429,29 +459,69 @@ mod tests {
         assert_eq!(d.max_draft(), 1);
     }
 
+    /// A deterministic stand-in for a model: logits over the 7 tokens from the last two.
+    fn toy_logits(history: &[u32]) -> Vec<f32> {
+        let (a, b) = (history[history.len() - 2], history[history.len() - 1]);
+        (0..7u32)
+            .map(|t| ((a * 7 + b * 3 + t * 5) % 11) as f32 * 0.4)
+            .collect()
+    }
+
+    /// Sampled sequences verify deterministic drafts (right, wrong, partly right) and give
+    /// exactly the tokens plain sampling gives for the seed, in fewer steps when drafts are
+    /// right.
     #[test]
-    fn sampled_sequences_take_no_drafts() {
+    fn sampled_drafts_give_plain_sampling_s_tokens() {
         let tok = tokenizer();
-        let mut p = params(50, &[]);
+        let mut p = params(200, &[]);
+        p.ignore_eos = true;
         p.sampling = SamplingParams {
-            temperature: 1.0,
+            temperature: 0.9,
             seed: 3,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
+            top_k: 5,
+            top_p: 0.95,
+            min_p: 0.02,
+            repeat_penalty: 1.2,
             ..Default::default()
         };
-        let (mut a, mut b) = (
-            SequenceDecoder::new(&tok, &p, &[1], 100),
-            SequenceDecoder::new(&tok, &p, &[1], 100),
-        );
-        assert_eq!(a.max_draft(), 0);
-        let logits: Vec<f32> = (0..7 * 3).map(|i| (i % 5) as f32 * 0.3).collect();
-        let (mut x, mut y) = (Vec::new(), Vec::new());
-        for _ in 0..20 {
-            a.choose(&logits, &[1, 2], &mut x);
-            b.choose(&logits[..7], &[], &mut y);
-            assert_eq!(x, y, "one draw from the first row, as without a draft");
+        let n = 60;
+        let mut plain = SequenceDecoder::new(&tok, &p, &[1, 2], 1000);
+        let mut out = Vec::new();
+        while plain.generated().len() < n {
+            plain.choose(&toy_logits(plain.history()), &[], &mut out);
+            plain.commit(out[0]);
+        }
+        let want = plain.generated().to_vec();
+        for right in [0usize, 2, 4] {
+            let mut d = SequenceDecoder::new(&tok, &p, &[1, 2], 1000);
+            assert!(d.max_draft() > 0);
+            let mut steps = 0;
+            while d.generated().len() < n {
+                let done = d.generated().len();
+                // 4 guesses: the first `right` from the known answer, the rest wrong.
+                let draft: Vec<u32> = (0..4)
+                    .map(|i| match want.get(done + i) {
+                        Some(&t) if i < right => t,
+                        Some(&t) => (t + 1) % 7,
+                        None => 0,
+                    })
+                    .collect();
+                let mut h = d.history().to_vec();
+                let mut rows = toy_logits(&h);
+                for &t in &draft {
+                    h.push(t);
+                    rows.extend(toy_logits(&h));
+                }
+                d.choose(&rows, &draft, &mut out);
+                for &t in &out {
+                    d.commit(t);
+                }
+                steps += 1;
+            }
+            assert_eq!(&d.generated()[..n], &want[..], "right {right}");
+            if right > 0 {
+                assert!(steps <= n.div_ceil(right + 1) + 1, "right {right}: {steps}");
+            }
         }
     }
 

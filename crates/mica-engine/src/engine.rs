@@ -15,12 +15,15 @@
 //!    [`SequenceDecoder`](crate::decoder::SequenceDecoder) (processors, seeded sampler, stop
 //!    strings, finish on EOS / stop / max tokens / context), stream them, and free.
 //!
-//! **Multi-token steps.** A greedy request may carry a [`Proposer`](crate::proposer::Proposer):
-//! after each step that leaves it decoding, its draft is put after its last token
-//! ([`Scheduler::set_draft`]), and the next step computes both with logits at every
-//! position. The decoder keeps the drafted tokens the model agrees with plus the model's own
-//! next token; the scheduler rolls the rest back ([`Scheduler::accept_draft`]). The tokens
-//! are those of one-token steps; only the number of steps changes.
+//! **Multi-token steps.** A request may carry a [`Proposer`](crate::proposer::Proposer):
+//! after each step that leaves it decoding, the proposer is told the step's load
+//! ([`StepLoad`](crate::proposer::StepLoad)) and asked for a draft, which is put after the
+//! sequence's last token ([`Scheduler::set_draft`]); the next step computes both with
+//! logits at every position. The decoder keeps the drafted tokens it accepts (greedy: those
+//! the model agrees with; sampled: the rejection-sampling rule) plus the model's own next
+//! token; the scheduler rolls the rest back ([`Scheduler::accept_draft`]). Greedy tokens
+//! are those of one-token steps, and sampled ones follow the same distribution; only the
+//! number of steps changes.
 //!
 //! A request whose sink reports its client gone is cancelled at the next step and its blocks
 //! return to the pool at once.
@@ -102,6 +105,8 @@ pub struct EngineHandle {
     cfg: EngineConfig,
     /// Width of the model's logits (bounds logit-bias token ids).
     n_vocab: usize,
+    /// The engine's compute threads, shared with draft models of requests.
+    pool: Arc<ThreadPool>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -146,7 +151,8 @@ impl EngineHandle {
             queued: queued.clone(),
             gate: gate.clone(),
         };
-        let mut core = Core::new(model, &cfg, rx, shared);
+        let pool = Arc::new(ThreadPool::new(cfg.n_threads));
+        let mut core = Core::new(model, &cfg, rx, shared, pool.clone());
         let thread = std::thread::Builder::new()
             .name("mica-engine".into())
             .spawn(move || core.run())
@@ -159,6 +165,7 @@ impl EngineHandle {
             next_id: AtomicU64::new(1),
             cfg,
             n_vocab,
+            pool,
             thread: Mutex::new(Some(thread)),
         })
     }
@@ -173,6 +180,12 @@ impl EngineHandle {
 
     pub fn metrics(&self) -> &EngineMetrics {
         &self.metrics
+    }
+
+    /// The engine's compute thread pool, for a request's draft-model proposer to share
+    /// (proposers run on the engine thread between steps, never during one).
+    pub fn pool(&self) -> Arc<ThreadPool> {
+        self.pool.clone()
     }
 
     /// Queues a request; its events go to `req.sink`.
@@ -247,6 +260,8 @@ struct Choice {
     index: usize,
     decoder: SequenceDecoder,
     last_token_at: Option<Instant>,
+    /// Proposal distributions of the draft in the scheduler (empty: deterministic guesses).
+    draft_dists: Vec<Vec<(u32, f32)>>,
 }
 
 /// One request: its sink and the state shared by its completions.
@@ -277,7 +292,7 @@ struct Shared {
 /// The engine thread's state.
 struct Core {
     model: Arc<LoadedModel>,
-    pool: ThreadPool,
+    pool: Arc<ThreadPool>,
     kv: KvCache,
     ws: Workspace,
     sched: Scheduler,
@@ -308,6 +323,7 @@ impl Core {
         cfg: &EngineConfig,
         rx: Receiver<Command>,
         shared: Shared,
+        pool: Arc<ThreadPool>,
     ) -> Core {
         let mcfg = &model.model.config;
         let kv = KvCache::paged(mcfg, cfg.kv_blocks, cfg.scheduler.max_running, cfg.n_ctx);
@@ -316,7 +332,7 @@ impl Core {
         let mut ws = Workspace::default();
         ws.attention = AttentionPolicy::PerSequence;
         Core {
-            pool: ThreadPool::new(cfg.n_threads),
+            pool,
             kv,
             ws,
             sched: Scheduler::new(cfg.scheduler.clone(), blocks),
@@ -426,6 +442,7 @@ impl Core {
                 index: 0,
                 decoder,
                 last_token_at: None,
+                draft_dists: Vec::new(),
             },
         );
         self.groups.insert(
@@ -504,6 +521,11 @@ impl Core {
                 self.queued[group.lane.index()].fetch_sub(1, Relaxed);
             }
         }
+        // A step of decodes only, some with drafts: every token gets the arithmetic of a
+        // one-token batch, so a verified draft gives the tokens of one-at-a-time decoding
+        // (with prompt chunks in the step, the batch's paths stay, for the prompts' sake).
+        self.ws.alone_paths = plan.seqs.iter().any(|s| s.draft > 0)
+            && plan.seqs.iter().all(|s| s.sample && s.n == 1 + s.draft);
         if !self.forward(plan.prompt_lane)? {
             self.metrics.abandoned_steps.fetch_add(1, Relaxed);
             return Ok(());

@@ -22,6 +22,30 @@ pub enum EngineError {
     Config(#[from] ConfigError),
     #[error("cannot start the engine thread: {0}")]
     Thread(#[source] std::io::Error),
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+}
+
+/// Why a draft model cannot serve a target model ([`crate::spec::DraftModelProposer`]): its
+/// token ids would mean other text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    #[error(
+        "the draft model's vocabulary is not the target's: the draft uses a {draft} tokenizer, the target a {target} one"
+    )]
+    VocabKind { target: String, draft: String },
+    #[error(
+        "the draft model's vocabulary is not the target's: {draft} tokens against {target} (at most 128 may differ, as padding)"
+    )]
+    VocabSize { target: usize, draft: usize },
+    #[error(
+        "the draft model's vocabulary is not the target's: token {id} is {draft:?} in the draft, {target:?} in the target"
+    )]
+    Token {
+        id: u32,
+        target: String,
+        draft: String,
+    },
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

@@ -6,13 +6,14 @@
 use crate::decoder::SequenceDecoder;
 use crate::error::{EngineError, ParamError, Result};
 use crate::processor::LogitsProcessor;
-use crate::proposer::Proposer;
+use crate::proposer::{Draft, Proposer};
 use crate::sampler::SamplingParams;
 use mica_kernels::ThreadPool;
 use mica_models::blocks::attention::AttentionPolicy;
 use mica_models::tokenizer::TokenStreamDecoder;
 use mica_models::{Batch, KvCache, LoadedModel, SeqId, Workspace};
 use std::ops::Deref;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Prompt tokens per forward pass (llama.cpp's default micro-batch).
@@ -127,6 +128,10 @@ pub struct Timings {
     pub gen_time: Duration,
     /// Forward passes of the generation (fewer than `gen_tokens` when drafts were accepted).
     pub gen_passes: usize,
+    /// Drafted tokens verified (speculative decoding through a proposer).
+    pub draft_tokens: usize,
+    /// Of those, tokens accepted (each saved a forward pass).
+    pub accepted_draft_tokens: usize,
 }
 
 impl Timings {
@@ -135,6 +140,10 @@ impl Timings {
     }
     pub fn gen_tps(&self) -> f64 {
         self.gen_tokens as f64 / self.gen_time.as_secs_f64().max(1e-9)
+    }
+    /// Fraction of drafted tokens accepted (0 without drafts).
+    pub fn acceptance(&self) -> f64 {
+        self.accepted_draft_tokens as f64 / self.draft_tokens.max(1) as f64
     }
 }
 
@@ -155,7 +164,7 @@ pub struct Generation {
 /// the session around on its own, as the `mica` facade and the bindings do).
 pub struct Session<M: Deref<Target = LoadedModel> + Clone> {
     pub model: M,
-    pool: ThreadPool,
+    pool: Arc<ThreadPool>,
     kv: KvCache,
     ws: Workspace,
     seq: SeqId,
@@ -169,10 +178,16 @@ pub struct Session<M: Deref<Target = LoadedModel> + Clone> {
 impl<M: Deref<Target = LoadedModel> + Clone> Session<M> {
     /// A session with a context of `n_ctx` tokens on `n_threads` threads.
     pub fn new(model: M, n_ctx: usize, n_threads: usize) -> Session<M> {
+        Self::with_pool(model, n_ctx, Arc::new(ThreadPool::new(n_threads)))
+    }
+
+    /// A session computing on `pool`, which it may share (with a draft model's proposer,
+    /// say: the two never run at once).
+    pub fn with_pool(model: M, n_ctx: usize, pool: Arc<ThreadPool>) -> Session<M> {
         Session {
             kv: KvCache::new(&model.model.config, n_ctx, 1),
             model,
-            pool: ThreadPool::new(n_threads),
+            pool,
             ws: Workspace::default(),
             seq: 0,
             cached: Vec::new(),
@@ -187,6 +202,11 @@ impl<M: Deref<Target = LoadedModel> + Clone> Session<M> {
 
     pub fn pool(&self) -> &ThreadPool {
         &self.pool
+    }
+
+    /// The session's thread pool, to share.
+    pub fn shared_pool(&self) -> Arc<ThreadPool> {
+        self.pool.clone()
     }
 
     /// Chooses attention's numeric path (see [`AttentionPolicy`]).
@@ -255,7 +275,8 @@ impl<M: Deref<Target = LoadedModel> + Clone> Session<M> {
 
     /// [`Session::generate`] with extra logits processors (after the logit bias and the
     /// penalties) and a proposer whose drafts are verified several tokens per forward pass
-    /// (greedy sampling only; the tokens are the same as without it).
+    /// (greedy: the same tokens as without it; sampled: the same distribution, see
+    /// [`crate::sampler`]).
     pub fn generate_with(
         &mut self,
         prompt: &[u32],
@@ -306,13 +327,17 @@ impl<M: Deref<Target = LoadedModel> + Clone> Session<M> {
         let mut text = String::new();
         // Each pass: `self.logits` holds a row per token of `[newest token, draft...]`, and
         // the cache every position up to the last of them.
-        let (mut draft, mut chosen, mut step) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut draft, mut chosen, mut step) = (Draft::default(), Vec::new(), Vec::new());
         let t1 = Instant::now();
         let finish = 'decode: loop {
             if params.max_tokens == 0 {
                 break FinishReason::Length;
             }
-            dec.choose(&self.logits, &draft, &mut chosen);
+            dec.choose_draft(&self.logits, &draft, &mut chosen);
+            if !draft.is_empty() {
+                timings.draft_tokens += draft.len();
+                timings.accepted_draft_tokens += chosen.len() - 1;
+            }
             for &token in &chosen {
                 let c = dec.commit(token);
                 if let Some(e) = c.undecodable {
@@ -336,14 +361,18 @@ impl<M: Deref<Target = LoadedModel> + Clone> Session<M> {
             if let Some(p) = proposer.as_deref_mut() {
                 let max = dec.max_draft();
                 if max > 0 {
-                    draft = p.propose(history, max);
+                    draft = p.draft(history, max, dec.sampling());
                     draft.truncate(max);
                 }
             }
             step.clear();
             step.push(history[history.len() - 1]);
-            step.extend_from_slice(&draft);
-            self.eval_into(&step, !draft.is_empty())?;
+            step.extend_from_slice(&draft.tokens);
+            // A draft's step gets one-at-a-time decoding's arithmetic (and so its tokens).
+            self.ws.alone_paths = !draft.is_empty();
+            let evaluated = self.eval_into(&step, !draft.is_empty());
+            self.ws.alone_paths = false;
+            evaluated?;
             timings.gen_passes += 1;
         };
         if !draft.is_empty() {
@@ -373,7 +402,7 @@ impl<M: Deref<Target = LoadedModel> + Clone> Session<M> {
 pub struct Hooks<'a> {
     /// Run in order after the built-in processors (logit bias, penalties).
     pub processors: Vec<Box<dyn LogitsProcessor>>,
-    /// Drafts tokens to verify several per forward pass (greedy sampling only).
+    /// Drafts tokens to verify several per forward pass.
     pub proposer: Option<&'a mut dyn Proposer>,
 }
 

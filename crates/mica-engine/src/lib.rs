@@ -1,6 +1,7 @@
 //! mica-engine: running models. The per-sequence decoder (logits processors, sampler, stop
 //! strings, finish rules); generation for one session (prompt processing, decoding,
-//! streaming, speculative verification through a proposer); and the serving engine — the
+//! streaming, speculative verification through a proposer); the proposers of speculative
+//! decoding ([`spec`]: n-gram lookup, draft models, adaptive draft length); and the serving engine — the
 //! paged KV block manager with prefix caching, the step scheduler with priority lanes and
 //! multi-token steps, and the continuous batching loop that runs many requests through one
 //! forward pass per step.
@@ -17,6 +18,7 @@ pub mod proposer;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;
+pub mod spec;
 mod step_gate;
 
 pub use decoder::{Commit, MAX_DRAFT, SequenceDecoder};
@@ -24,7 +26,7 @@ pub use engine::{
     EngineConfig, EngineHandle, Event, EventSink, ProcessorFactory, Request, RequestError,
     SubmitError, TokenLogprob, Usage,
 };
-pub use error::{ConfigError, EngineError, Param, ParamError, Result};
+pub use error::{ConfigError, EngineError, Param, ParamError, Result, SpecError};
 pub use generate::{
     BudgetError, FinishReason, GenerateParams, Generation, Hooks, Session, Timings,
     completion_budget,
@@ -32,6 +34,6 @@ pub use generate::{
 pub use kv_manager::{BlockManager, SeqBlocks};
 pub use metrics::{EngineMetrics, RequestStatus};
 pub use processor::{LogitBias, LogitsProcessor, Penalties};
-pub use proposer::Proposer;
+pub use proposer::{Draft, Proposer, StepLoad};
 pub use sampler::{Sampler, SamplingParams, random_seed};
 pub use scheduler::{Lane, SchedulePolicy, Scheduler, SchedulerConfig};

@@ -25,8 +25,9 @@ pub struct Request {
     pub sink: Box<dyn EventSink>,
     /// Logits processors run after the logit bias and the penalties.
     pub processors: Option<ProcessorFactory>,
-    /// Drafts tokens for the engine to verify several per step (greedy requests only; the
-    /// tokens generated are the same as without it). Asked for each completion's history.
+    /// Drafts tokens for the engine to verify several per step (greedy: the tokens are the
+    /// same as without it; sampled: the distribution is). Asked for each completion's
+    /// history.
     pub proposer: Option<Box<dyn Proposer>>,
 }
 
@@ -45,6 +46,10 @@ pub struct Usage {
     /// Prompt tokens whose KV came from the prefix cache.
     pub cached_tokens: usize,
     pub completion_tokens: usize,
+    /// Drafted tokens verified for the request (speculative decoding).
+    pub draft_tokens: usize,
+    /// Of those, tokens accepted.
+    pub accepted_draft_tokens: usize,
 }
 
 /// What the engine tells a request.

@@ -9,6 +9,28 @@
 //! [`SequenceDecoder`](crate::decoder::SequenceDecoder) runs them with its other processors
 //! and then calls [`Sampler::sample_processed`] for the rest of the chain;
 //! [`Sampler::sample`] runs both for callers without a decoder.
+//!
+//! **Verifying drafts** ([`Sampler::verify`], speculative decoding). At a position where a
+//! proposer guessed token `x`, the target distribution `p` is what this chain draws from:
+//! the processed logits (bias, penalties, custom processors — run by the decoder as if the
+//! drafts before this position were accepted), cut by top-k, top-p and min-p, then the
+//! softmax at the temperature over what is left ([`Sampler::distribution`]). Two rules:
+//! - `x` a deterministic guess (a point mass, `q(x) = 1`: n-gram lookup, a greedy draft
+//!   model): the standard rule — accept with probability `min(1, p(x)/q(x)) = p(x)`, else
+//!   draw from the normalized residual `max(0, p − q)`, which is `p` without `x` — is
+//!   exactly "draw `y` from `p`; accept iff `y = x`, else emit `y`": `P(y = x) = p(x)`, and
+//!   given `y ≠ x`, `y` follows `p` restricted to the other tokens. So the draw is made as
+//!   plain sampling makes it, with the same uniform from the same stream, and the tokens
+//!   are the very tokens plain sampling gives for the seed, drafts or not.
+//! - `x` drawn from a proposal distribution `q` (a sampling draft model): accept with
+//!   probability `min(1, p(x)/q(x))`, using a uniform from a second ChaCha20 stream of the
+//!   same seed (stream 1; draws use stream 0), else draw from `max(0, p − q)` normalized
+//!   with the next uniform of the main stream. The output follows `p` exactly (Leviathan
+//!   et al., "Fast Inference from Transformers via Speculative Decoding", 2023); the tokens
+//!   are deterministic for a seed and a proposer, but differ from plain sampling's.
+//!
+//! Greedy (`p` a point mass at the highest logit): both rules accept `x` iff it is the
+//! argmax, and otherwise give the argmax.
 
 use crate::error::ParamError;
 use crate::processor::{LogitsProcessor, Penalties};
@@ -103,6 +125,8 @@ pub struct Candidate {
 pub struct Sampler {
     params: SamplingParams,
     rng: ChaCha20Rng,
+    /// Acceptance tests of drafts drawn from a proposal distribution (stream 1 of the seed).
+    accept_rng: ChaCha20Rng,
     cands: Vec<Candidate>,
     /// The penalties of `params` (`None` when inactive), for [`Sampler::sample`].
     penalties: Option<Penalties>,
@@ -113,10 +137,13 @@ pub struct Sampler {
 impl Sampler {
     pub fn new(params: SamplingParams) -> Sampler {
         let rng = ChaCha20Rng::seed_from_u64(params.seed);
+        let mut accept_rng = ChaCha20Rng::seed_from_u64(params.seed);
+        accept_rng.set_stream(1);
         Sampler {
             penalties: Penalties::from_params(&params),
             params,
             rng,
+            accept_rng,
             cands: Vec::new(),
             scratch: Vec::new(),
         }
@@ -157,6 +184,62 @@ impl Sampler {
         truncate(&mut self.cands, p);
         let u: f64 = self.rng.random();
         draw(&self.cands, p.temperature, u)
+    }
+
+    /// The distribution [`Sampler::sample_processed`] draws from for processed `logits`:
+    /// the candidates left by top-k, top-p and min-p, most likely first, with their
+    /// probabilities at the temperature (summing to 1). Greedy: the highest logit with
+    /// probability 1.
+    pub fn distribution(&mut self, logits: &[f32]) -> Vec<(u32, f64)> {
+        let p = &self.params;
+        if p.is_greedy() {
+            return vec![(argmax(logits), 1.0)];
+        }
+        self.cands.clear();
+        self.cands
+            .extend(logits.iter().enumerate().map(|(i, &l)| Candidate {
+                id: i as u32,
+                logit: l,
+            }));
+        truncate(&mut self.cands, p);
+        let probs = softmax(&self.cands, p.temperature);
+        self.cands.iter().map(|c| c.id).zip(probs).collect()
+    }
+
+    /// The token at a position where `draft` was proposed, from the position's processed
+    /// `logits` (module docs): `draft` itself when it is accepted, else a token drawn from
+    /// the residual. `q` is the distribution `draft` was drawn from, `None` for a
+    /// deterministic guess. Consumes the random draws the rule needs, so calling it at
+    /// every drafted position in order (and [`Sampler::sample_processed`] after the last)
+    /// keeps the stream deterministic.
+    pub fn verify(&mut self, logits: &[f32], draft: u32, q: Option<&[(u32, f32)]>) -> u32 {
+        let Some(q) = q else {
+            // A point mass: draw as plain sampling does; the caller accepts iff it is `draft`.
+            return self.sample_processed(logits);
+        };
+        if self.params.is_greedy() {
+            return argmax(logits);
+        }
+        let p = self.distribution(logits);
+        let p_of = |t: u32| p.iter().find(|c| c.0 == t).map_or(0.0, |c| c.1);
+        let q_of = |t: u32| q.iter().find(|c| c.0 == t).map_or(0.0, |c| c.1 as f64);
+        let (px, qx) = (p_of(draft), q_of(draft));
+        let u: f64 = self.accept_rng.random();
+        if qx > 0.0 && u * qx < px {
+            return draft;
+        }
+        // Rejected: draw from max(0, p − q), normalized (zero wherever p is).
+        let residual: Vec<(u32, f64)> = p
+            .iter()
+            .map(|&(t, pt)| (t, (pt - q_of(t)).max(0.0)))
+            .collect();
+        let total: f64 = residual.iter().map(|r| r.1).sum();
+        let u: f64 = self.rng.random();
+        if total <= 0.0 {
+            // p ≤ q everywhere yet `draft` was rejected: only by rounding; p itself.
+            return draw_probs(&p, u);
+        }
+        draw_probs(&residual, u * total)
     }
 
     /// The candidates left after penalties and truncation (top-k, top-p, min-p), most likely
@@ -241,6 +324,21 @@ fn draw(c: &[Candidate], t: f32, u: f64) -> u32 {
         }
     }
     c[c.len() - 1].id
+}
+
+/// Draws from `(token, weight)` pairs with `u` in `[0, total weight)`.
+pub(crate) fn draw_probs(w: &[(u32, f64)], u: f64) -> u32 {
+    let mut cum = 0.0;
+    for &(t, p) in w {
+        cum += p;
+        if u < cum && p > 0.0 {
+            return t;
+        }
+    }
+    w.iter()
+        .rev()
+        .find(|c| c.1 > 0.0)
+        .map_or(w[w.len() - 1].0, |c| c.0)
 }
 
 /// Natural-log softmax over the whole vocabulary (for reporting log-probabilities).

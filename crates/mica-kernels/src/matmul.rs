@@ -101,6 +101,9 @@ pub struct QActs {
     data: Vec<u8>,
     /// `[n, aux_len(dtype, cols)]`
     aux: Vec<BlockAux>,
+    /// Multiply every row with the arithmetic it gets in a one-row product (see
+    /// [`QActs::set_alone`]).
+    alone: bool,
 }
 
 impl QActs {
@@ -172,6 +175,15 @@ impl QActs {
         self.dtype
     }
 
+    /// Whether products take, for every row, the code path of a product of that row alone
+    /// rather than the batch's (llama.cpp's paths depend on the batch size, see
+    /// [`DotPath::for_token`]): each row's result is then bit-identical to a one-token
+    /// product. Speculative verification needs this, so that the logits of a token and its
+    /// draft equal one-at-a-time decoding's.
+    pub fn set_alone(&mut self, alone: bool) {
+        self.alone = alone;
+    }
+
     pub fn n(&self) -> usize {
         self.n
     }
@@ -218,7 +230,7 @@ pub fn matmul_rows(
         let wv = w.rows_view(rows.start + mine.start..rows.start + mine.end);
         // SAFETY: this call alone writes columns `mine` of every token's output row.
         let mut o = unsafe { MatOut::from_raw(dst.ptr().add(mine.start), n_out, mine.len(), n) };
-        for_each_path(w, n, |path, toks| {
+        for_each_path(w, n, xq.alone, |path, toks| {
             let mut ot = o.offset(toks.start, 0);
             k.matmul(path, &wv, &x.sub(toks), &mut ot);
         });
@@ -261,10 +273,18 @@ fn row_align(n_out: usize, nt: usize) -> usize {
 }
 
 /// Calls `f(path, tokens)` for each run of consecutive tokens that llama.cpp computes by
-/// the same path (at most two: repacked Q4_K's groups of four, then the rest).
-fn for_each_path(w: &QMatrix, n: usize, mut f: impl FnMut(DotPath, std::ops::Range<usize>)) {
+/// the same path (at most two: repacked Q4_K's groups of four, then the rest); with
+/// `alone`, the path of a one-token product for all of them.
+fn for_each_path(
+    w: &QMatrix,
+    n: usize,
+    alone: bool,
+    mut f: impl FnMut(DotPath, std::ops::Range<usize>),
+) {
     let path = |t: usize| {
-        if w.extra_paths {
+        if w.extra_paths && alone {
+            DotPath::for_token(w.dtype, w.rows, 1, 0)
+        } else if w.extra_paths {
             DotPath::for_token(w.dtype, w.rows, n, t)
         } else {
             DotPath::VecDot

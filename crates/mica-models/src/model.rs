@@ -110,6 +110,12 @@ pub struct Workspace {
     /// Tokens per feed-forward chunk; `None` is [`FFN_CHUNK`]. Tests set `usize::MAX` to
     /// run a whole batch at once.
     pub ffn_chunk: Option<usize>,
+    /// Give every token the matrix arithmetic of a one-token batch (llama.cpp's kernels
+    /// pick their code path, and so their rounding, by batch size): a speculative
+    /// verification step — the last token and its drafts, under attention's tiled-path
+    /// threshold — then yields exactly the logits of one-at-a-time decoding. Dense layers
+    /// only (mixture-of-experts layers keep their batch paths).
+    pub alone_paths: bool,
     acts: ActCache,
 }
 
@@ -277,6 +283,20 @@ impl Model {
         self.product_matrices_mut().map(|m| m.repack(true)).sum()
     }
 
+    /// Keeps only the first `n` decoder layers (1 ≤ `n` ≤ the model's), the output norm and
+    /// head applied right after them: an early-exit copy of the model, cheaper per token,
+    /// usable as its own draft model for speculative decoding ("self-speculation"). Returns
+    /// false, changing nothing, when `n` is out of range.
+    pub fn truncate_layers(&mut self, n: usize) -> bool {
+        if n == 0 || n > self.layers.len() {
+            return false;
+        }
+        self.layers.truncate(n);
+        self.config.n_layer = n;
+        self.config.layer_window.truncate(n);
+        true
+    }
+
     /// Bytes of the weight matrices as stored.
     pub fn weight_bytes(&self) -> usize {
         self.matrices().map(Matrix::n_bytes).sum()
@@ -359,6 +379,7 @@ impl Model {
             window: None,
             policy: ws.attention,
         };
+        ws.acts.alone = ws.alone_paths;
         // Rows still carried through the layers; the last layer keeps only output rows.
         let mut out_rows = std::mem::take(&mut ws.out_rows);
         out_rows.clear();

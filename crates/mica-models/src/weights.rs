@@ -196,6 +196,8 @@ pub struct ActCache {
     /// Importance statistics, when collecting them ([`ActCache::get`] sees every matmul
     /// input); `None` costs one branch per projection.
     pub stats: Option<ActStats>,
+    /// Products compute every row as a one-row product would ([`QActs::set_alone`]).
+    pub alone: bool,
 }
 
 /// Per weight matrix (by tensor name): the sum over input rows of each input column's
@@ -327,6 +329,7 @@ impl ActCache {
             slot.1.quantize(pool, dt, x, n, w.cols);
             slot.2 = true;
         }
+        slot.1.set_alone(self.alone);
         &self.slots[i].1
     }
 }

@@ -16,7 +16,7 @@ use crate::models::Loaded;
 use crate::state::fired;
 use axum::body::{Body, Bytes};
 use mica::engine::{
-    Event, EventSink, FinishReason, GenerateParams, Lane, Request, TokenLogprob, Usage,
+    Event, EventSink, FinishReason, GenerateParams, Lane, Proposer, Request, TokenLogprob, Usage,
 };
 use std::sync::Arc;
 use std::time::Instant;
@@ -41,6 +41,8 @@ pub struct GenRequest {
     pub lane: Lane,
     pub n: usize,
     pub logprobs: Option<usize>,
+    /// Drafts tokens for speculative decoding ([`crate::spec::proposer`]).
+    pub proposer: Option<Box<dyn Proposer>>,
 }
 
 /// A submitted request: its events, and the model it runs on (held so the model is not
@@ -66,7 +68,7 @@ pub fn start(loaded: Arc<Loaded>, req: GenRequest) -> Result<Running, ServerErro
         logprobs: req.logprobs,
         sink: Box::new(ChannelSink(tx)),
         processors: None,
-        proposer: None,
+        proposer: req.proposer,
     })?;
     Ok(Running {
         rx,
@@ -177,6 +179,7 @@ impl Progress {
                 prompt_tokens,
                 cached_tokens: 0,
                 completion_tokens: self.completion_tokens,
+                ..Usage::default()
             },
         });
         out

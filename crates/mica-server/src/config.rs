@@ -4,6 +4,7 @@
 //! timeouts, the shutdown grace period). The CLI builds one from flags; tests build one
 //! with [`ServerConfig::new`] and struct update syntax.
 
+use mica::engine::spec::SpecConfig;
 use mica::engine::{Lane, SchedulerConfig};
 use mica::models::hf::{is_hf_folder, safetensors_files};
 use std::path::{Path, PathBuf};
@@ -107,6 +108,10 @@ pub struct ServerConfig {
     /// Memory loaded models and their KV caches may take together, bytes (default: what the
     /// system reports available when loading).
     pub mem_limit: Option<u64>,
+    /// Speculative decoding for requests that do not choose (see [`crate::spec`]); a draft
+    /// model applies to every model served, and one whose vocabulary differs is refused at
+    /// load.
+    pub spec: SpecConfig,
 }
 
 impl ServerConfig {
@@ -125,6 +130,7 @@ impl ServerConfig {
             max_loaded: 1,
             repack: true,
             mem_limit: None,
+            spec: SpecConfig::default(),
         }
     }
 

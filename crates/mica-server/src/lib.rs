@@ -25,6 +25,7 @@ pub mod ollama;
 pub mod openai;
 pub mod params;
 pub mod serve;
+pub mod spec;
 pub mod state;
 
 use crate::error::ServerError;

@@ -22,6 +22,7 @@
 use crate::config::{ServerConfig, model_bytes};
 use crate::error::ServerError;
 use crate::state::{AppState, ServerEvent};
+use mica::engine::spec::{NgramCache, SpecConfig, SpecMethod, check_vocab};
 use mica::engine::{EngineConfig, EngineHandle};
 use mica::models::{LoadOptions, LoadedModel};
 use std::path::{Path, PathBuf};
@@ -37,6 +38,9 @@ pub struct Loaded {
     pub loaded_at: SystemTime,
     /// Weight files plus KV cache bytes (the estimate the memory budget uses).
     pub bytes: u64,
+    /// Speculative decoding for requests that do not choose (a draft model checked against
+    /// this model's vocabulary, its context this model's).
+    pub spec: SpecConfig,
 }
 
 /// What `/api/show` and `/api/tags` report about a model, read without loading it.
@@ -159,6 +163,9 @@ fn return_freed_memory() {
     }
 }
 
+/// Tokens of recent outputs each model's n-gram cache keeps.
+const NGRAM_CACHE_TOKENS: usize = 1 << 16;
+
 /// Opens and validates a model, weights left mapped as in the file.
 fn open(path: &Path) -> Result<LoadedModel, String> {
     LoadedModel::open_with(path, LoadOptions::READ_ONLY).map_err(|e| e.to_string())
@@ -188,8 +195,28 @@ fn start(
         max_n: crate::params::MAX_N,
         abandon_every: 0,
     };
+    let mut spec = cfg.spec.clone();
+    match &mut spec.method {
+        SpecMethod::Draft {
+            model: draft,
+            config,
+        } => {
+            check_vocab(&model.tokenizer, &draft.tokenizer)
+                .map_err(|e| format!("the draft model cannot serve {name}: {e}"))?;
+            config.n_ctx = n_ctx;
+        }
+        // Each model's n-gram proposers share a cache of its recent outputs.
+        SpecMethod::Ngram { config, cache } if cache.is_none() => {
+            *cache = Some(Arc::new(NgramCache::new(
+                NGRAM_CACHE_TOKENS,
+                config.max_ngram,
+            )));
+        }
+        _ => {}
+    }
     let engine = EngineHandle::start(model.clone(), ecfg).map_err(|e| e.to_string())?;
     Ok(Loaded {
+        spec,
         bytes: model_bytes(&path) + cfg.kv_mem as u64,
         name,
         path,

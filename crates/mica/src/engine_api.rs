@@ -76,7 +76,7 @@ pub struct Request {
     pub logprobs: Option<usize>,
     /// Logits processors per completion (called with the completion's index).
     pub processors: Option<ProcessorFactory>,
-    /// Drafts tokens to verify several per step (greedy requests only).
+    /// Drafts tokens to verify several per step ([`Engine::proposer`]).
     pub proposer: Option<Box<dyn Proposer>>,
 }
 
@@ -124,6 +124,14 @@ impl Engine {
     /// Counters and gauges (Prometheus text through [`EngineMetrics::render`]).
     pub fn metrics(&self) -> &EngineMetrics {
         self.handle.metrics()
+    }
+
+    /// A proposer for one request as `spec` describes it (a draft model computes on the
+    /// engine's threads, between steps); `None` when speculation is off.
+    pub fn proposer(&self, spec: &crate::spec::SpecConfig) -> Result<Option<Box<dyn Proposer>>> {
+        Ok(spec
+            .proposer(self.model.loaded(), &self.handle.pool())
+            .map_err(mica_engine::EngineError::from)?)
     }
 
     /// Queues a request; its events arrive on the returned stream.

@@ -8,7 +8,8 @@
 //!   every front end builds chat prompts;
 //! - [`Model::session`]: one sequence at a time — [`Session::generate`], [`Session::stream`]
 //!   (text as it becomes final; return `false` to stop), raw [`Session::logits`], and
-//!   logits processors and speculative proposers through [`Session::generate_with`];
+//!   logits processors and speculative proposers ([`spec`]: n-gram lookup, draft models)
+//!   through [`Session::generate_with`];
 //! - [`Model::engine`]: many concurrent requests continuously batched on one engine thread
 //!   ([`Engine::submit`] returns a [`Stream`] of [`Event`]s; dropping it cancels the
 //!   request), as `mica serve` runs them.
@@ -51,6 +52,7 @@ mod engine_api;
 mod error;
 mod model;
 mod session;
+pub mod spec;
 
 pub use engine_api::{Completion, Engine, EngineOptions, Request, Stream};
 pub use error::{Error, Result};

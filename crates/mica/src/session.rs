@@ -69,6 +69,18 @@ impl Session {
         Ok(self.inner.generate_with(prompt, params, hooks, on_text)?)
     }
 
+    /// The proposer of speculative decoding `spec` describes for this session's sequence
+    /// (a draft model computes on the session's threads); `None` when it is off.
+    pub fn proposer(
+        &self,
+        spec: &crate::spec::SpecConfig,
+    ) -> Result<Option<Box<dyn mica_engine::Proposer>>> {
+        let model = self.inner.model.clone();
+        Ok(spec
+            .proposer(&model, &self.inner.shared_pool())
+            .map_err(mica_engine::EngineError::from)?)
+    }
+
     /// The logits (`[n_vocab]`) of the token that would follow `tokens`, evaluated from an
     /// empty cache.
     pub fn logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {

@@ -19,6 +19,7 @@ use mica::engine::Session;
 use mica::models::{LoadOptions, LoadedModel};
 
 use crate::sampling_args::SamplingArgs;
+use crate::spec_args::SpecArgs;
 use crate::store;
 use commands::Settings;
 use input::{Input, Read};
@@ -36,6 +37,8 @@ pub struct ChatArgs {
     pub system: Option<String>,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
     /// Most tokens per answer.
     #[arg(short = 'n', long = "tokens", default_value_t = 1024)]
     pub tokens: usize,
@@ -125,9 +128,22 @@ fn session_loop(
     eprintln!(
         "mica chat: {name} · context {n_ctx} tokens · /help for commands, Ctrl-C stops an answer, Ctrl-D leaves"
     );
+    let session = Session::new(lm, n_ctx, threads);
+    let proposer = match args
+        .spec
+        .resolve(Some(lm), n_ctx, false)
+        .and_then(|spec| Ok(spec.proposer(lm, &session.shared_pool())?))
+    {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: {e:#}; answering without speculative decoding");
+            None
+        }
+    };
     let mut chat = Chat {
         lm,
-        session: Session::new(lm, n_ctx, threads),
+        session,
+        proposer,
         model_name: name,
         model_path: path,
         conv: &mut state.conv,

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use mica::engine::{FinishReason, Session};
+use mica::engine::{FinishReason, Hooks, Proposer, Session};
 use mica::models::LoadedModel;
 use mica::models::chat::ChatMessage;
 
@@ -73,6 +73,8 @@ pub enum Outcome {
 pub struct Chat<'a, 'm> {
     pub lm: &'m LoadedModel,
     pub session: Session<&'m LoadedModel>,
+    /// Drafts tokens for speculative decoding (`--spec`), kept across answers.
+    pub proposer: Option<Box<dyn Proposer>>,
     pub model_name: &'a str,
     pub model_path: &'a std::path::Path,
     pub conv: &'a mut Conversation,
@@ -149,7 +151,11 @@ impl Chat<'_, '_> {
         }
         let params = self.settings.params(mica::engine::random_seed());
         let stdout = std::io::stdout();
-        let result = self.session.generate(&ids, &params, |piece| {
+        let hooks = Hooks {
+            processors: Vec::new(),
+            proposer: self.proposer.as_deref_mut().map(|p| p as &mut dyn Proposer),
+        };
+        let result = self.session.generate_with(&ids, &params, hooks, |piece| {
             let mut out = stdout.lock();
             let written = out.write_all(piece.as_bytes()).and_then(|_| out.flush());
             written.is_ok() && !INTERRUPTED.load(Ordering::SeqCst)

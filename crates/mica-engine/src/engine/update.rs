@@ -8,6 +8,7 @@ use super::{Choice, Core, Group};
 use crate::decoder::SequenceDecoder;
 use crate::generate::{FinishReason, GenerateParams};
 use crate::metrics::RequestStatus;
+use crate::proposer::StepLoad;
 use crate::request::{Event, ProcessorFactory, RequestError, TokenLogprob};
 use crate::sampler::log_softmax;
 use crate::scheduler::{Lane, ReqId, Scheduled};
@@ -32,6 +33,10 @@ impl Core {
         let mut row = 0;
         let mut generated = 0;
         let all_logits = std::mem::take(&mut self.logits);
+        let load = StepLoad {
+            tokens: seqs.iter().map(|s| s.n).sum(),
+            sequences: seqs.iter().filter(|s| s.sample).count(),
+        };
         for s in seqs {
             self.sched.on_computed(s.id, s.n);
             if !s.sample {
@@ -49,7 +54,7 @@ impl Core {
                 ids.extend(self.fork_group(g, s.id));
             }
             for id in ids {
-                generated += self.decode_step(id, &all_logits[rows.clone()]);
+                generated += self.decode_step(id, &all_logits[rows.clone()], load);
             }
         }
         self.logits = all_logits;
@@ -111,6 +116,7 @@ impl Core {
                 index,
                 decoder,
                 last_token_at: None,
+                draft_dists: Vec::new(),
             };
             self.choices.insert(child, c);
             if let Some(group) = self.groups.get_mut(&g) {
@@ -125,7 +131,7 @@ impl Core {
     /// tokens): the drafted tokens the model agrees with, then its own next token. Finishes
     /// the sequence when one of them ends it; otherwise rolls back the rejected part of the
     /// draft, appends the new token and asks for the next draft. Returns the tokens produced.
-    fn decode_step(&mut self, id: ReqId, rows: &[f32]) -> usize {
+    fn decode_step(&mut self, id: ReqId, rows: &[f32], load: StepLoad) -> usize {
         let Some(seq) = self.sched.get(id) else {
             return 0;
         };
@@ -138,7 +144,14 @@ impl Core {
             return 0;
         };
         let mut chosen = std::mem::take(&mut self.chosen);
-        choice.decoder.choose(rows, draft, &mut chosen);
+        // The distributions stored with the draft, if it is the one the step verified.
+        let dists = std::mem::take(&mut choice.draft_dists);
+        let dists = if dists.len() == n_draft {
+            dists
+        } else {
+            Vec::new()
+        };
+        choice.decoder.choose_with(rows, draft, &dists, &mut chosen);
         let n_vocab = rows.len() / (1 + n_draft);
         let mut outcome = Outcome::Continue;
         let mut produced = 0;
@@ -181,6 +194,8 @@ impl Core {
             m.draft_tokens.fetch_add(n_draft as u64, Relaxed);
             m.accepted_draft_tokens
                 .fetch_add(chosen.len() as u64 - 1, Relaxed);
+            group.usage.draft_tokens += n_draft;
+            group.usage.accepted_draft_tokens += chosen.len() - 1;
         }
         let g = choice.group;
         match outcome {
@@ -195,16 +210,17 @@ impl Core {
                 if let Some(&last) = chosen.last() {
                     self.sched.append_token(id, last);
                 }
-                self.propose(id);
+                self.propose(id, load);
             }
         }
         self.chosen = chosen;
         produced
     }
 
-    /// Asks the request's proposer for a draft to follow sequence `id` (greedy only).
-    fn propose(&mut self, id: ReqId) {
-        let Some(choice) = self.choices.get(&id) else {
+    /// Tells the request's proposer the step's load and asks it for a draft to follow
+    /// sequence `id`.
+    fn propose(&mut self, id: ReqId, load: StepLoad) {
+        let Some(choice) = self.choices.get_mut(&id) else {
             return;
         };
         let Some(proposer) = self
@@ -218,10 +234,12 @@ impl Core {
         if max == 0 {
             return;
         }
-        let mut draft = proposer.propose(choice.decoder.history(), max);
+        proposer.step_load(load);
+        let dec = &choice.decoder;
+        let mut draft = proposer.draft(dec.history(), max, dec.sampling());
         draft.truncate(max);
-        if !draft.is_empty() {
-            self.sched.set_draft(id, &draft);
+        if !draft.is_empty() && self.sched.set_draft(id, &draft.tokens) {
+            choice.draft_dists = draft.dists;
         }
     }
 

@@ -56,6 +56,7 @@ async fn run(
         ignore_eos: false,
         ..Default::default()
     };
+    let proposer = crate::spec::proposer(&loaded, &job.spec, "options.")?;
     let running = bridge::start(
         loaded,
         GenRequest {
@@ -64,6 +65,7 @@ async fn run(
             lane,
             n: 1,
             logprobs: None,
+            proposer,
         },
     )?;
     let mut fmt = Ndjson::new(job.model.clone(), chat, load);

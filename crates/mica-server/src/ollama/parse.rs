@@ -8,6 +8,7 @@ use crate::error::{ParamError, ServerError, parse_json};
 use crate::params::{
     OLLAMA_DEFAULTS, OLLAMA_ROLES, Sampling, SamplingFields, validate_role, validate_sampling,
 };
+use crate::spec::{SpecFields, SpecRequest, validate_spec};
 use mica::models::chat::ChatMessage;
 
 /// What both generating routes resolve before the model is involved.
@@ -21,6 +22,7 @@ pub struct OllamaGen {
     pub num_ctx: Option<usize>,
     pub stream: bool,
     pub priority: Option<String>,
+    pub spec: SpecRequest,
 }
 
 /// A checked `/api/generate` request.
@@ -89,6 +91,13 @@ fn job(
         num_ctx,
         stream: stream.unwrap_or(true),
         priority: priority.cloned(),
+        spec: validate_spec(
+            &SpecFields {
+                spec: o.spec.clone(),
+                spec_max: o.spec_max,
+            },
+            "options.",
+        )?,
     })
 }
 

@@ -65,6 +65,8 @@ impl Ndjson {
             prompt_eval_duration: ns(first.duration_since(started)),
             eval_count: u.completion_tokens,
             eval_duration: ns(now.duration_since(first)),
+            draft_count: (u.draft_tokens > 0).then_some(u.draft_tokens),
+            draft_accepted_count: (u.draft_tokens > 0).then_some(u.accepted_draft_tokens),
         });
         c
     }

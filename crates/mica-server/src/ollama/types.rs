@@ -21,6 +21,9 @@ pub struct Options {
     pub repeat_last_n: Option<i64>,
     pub presence_penalty: Option<f64>,
     pub frequency_penalty: Option<f64>,
+    /// Extensions: speculative decoding (`off`, `ngram`, `draft`) and the longest draft.
+    pub spec: Option<String>,
+    pub spec_max: Option<i64>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -74,6 +77,12 @@ pub struct Stats {
     pub prompt_eval_duration: u64,
     pub eval_count: usize,
     pub eval_duration: u64,
+    /// Extensions, present when tokens were drafted (speculative decoding): drafted tokens
+    /// verified, and those accepted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draft_count: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draft_accepted_count: Option<usize>,
 }
 
 /// One object of `/api/generate` (`response`) or `/api/chat` (`message`): a piece of text,

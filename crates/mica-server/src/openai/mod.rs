@@ -56,6 +56,7 @@ fn submit(
             lane,
             n: job.n,
             logprobs,
+            proposer: crate::spec::proposer(loaded, &job.spec, "")?,
         },
     )
 }

@@ -9,6 +9,7 @@ use crate::params::{
     OPENAI_DEFAULTS, OPENAI_ROLES, Sampling, SamplingFields, validate_logprobs,
     validate_max_tokens, validate_n, validate_role, validate_sampling,
 };
+use crate::spec::{SpecFields, SpecRequest, validate_spec};
 use mica::models::chat::ChatMessage;
 
 /// What both OpenAI routes resolve before the model is involved.
@@ -22,6 +23,7 @@ pub struct Generation {
     pub stream: bool,
     pub include_usage: bool,
     pub priority: Option<String>,
+    pub spec: SpecRequest,
 }
 
 /// A checked `/v1/chat/completions` request.
@@ -72,6 +74,13 @@ fn generation(c: &CommonFields) -> Result<Generation, ParamError> {
         stream: c.stream,
         include_usage: c.stream_options.as_ref().is_some_and(|o| o.include_usage),
         priority: c.priority.clone(),
+        spec: validate_spec(
+            &SpecFields {
+                spec: c.spec.clone(),
+                spec_max: c.spec_max,
+            },
+            "",
+        )?,
     })
 }
 
@@ -215,6 +224,8 @@ mod tests {
             "logprobs"
         );
         assert_eq!(param(r#"{"model": "m", "prompt": ""}"#), "prompt");
+        assert_eq!(param(&chat(r#", "spec": "medusa""#)), "spec");
+        assert_eq!(param(&chat(r#", "spec_max": 0"#)), "spec_max");
     }
 
     #[test]

@@ -51,6 +51,9 @@ pub struct CommonFields {
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     pub priority: Option<String>,
+    /// Extensions: speculative decoding (`off`, `ngram`, `draft`) and the longest draft.
+    pub spec: Option<String>,
+    pub spec_max: Option<i64>,
 }
 
 /// Message content: a string, or a list of parts.
@@ -104,12 +107,23 @@ pub struct PromptTokensDetails {
     pub cached_tokens: usize,
 }
 
+/// Speculative decoding's drafted tokens, named as OpenAI names the tokens of a predicted
+/// output: accepted drafts, and rejected ones (verified and thrown away).
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct CompletionTokensDetails {
+    pub accepted_prediction_tokens: usize,
+    pub rejected_prediction_tokens: usize,
+}
+
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
     pub prompt_tokens_details: PromptTokensDetails,
+    /// Present when tokens were drafted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion_tokens_details: Option<CompletionTokensDetails>,
 }
 
 impl From<&mica::engine::Usage> for Usage {
@@ -121,6 +135,10 @@ impl From<&mica::engine::Usage> for Usage {
             prompt_tokens_details: PromptTokensDetails {
                 cached_tokens: u.cached_tokens,
             },
+            completion_tokens_details: (u.draft_tokens > 0).then(|| CompletionTokensDetails {
+                accepted_prediction_tokens: u.accepted_draft_tokens,
+                rejected_prediction_tokens: u.draft_tokens - u.accepted_draft_tokens,
+            }),
         }
     }
 }
