@@ -2,8 +2,9 @@
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use mica_engine::{GenerateParams, Session};
+use mica_engine::{GenerateParams, Hooks, LogitsProcessor, Session};
 
+use crate::constraint_args::{self, ConstraintArgs};
 use crate::sampling_args::SamplingArgs;
 use mica_models::chat::ChatMessage;
 use mica_models::config::Numerics;
@@ -29,6 +30,8 @@ pub struct RunArgs {
     pub n_predict: usize,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub constraint: ConstraintArgs,
     /// Stop before this string (repeatable).
     #[arg(long = "stop")]
     pub stop: Vec<String>,
@@ -70,6 +73,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             .with_context(|| format!("reading the prompt from {}", f.display()))?,
         (None, None) => bail!("no prompt: pass -p TEXT or -f FILE"),
     };
+    let constraint = args.constraint.constraint()?;
     let path = crate::store::resolve_model(args.model.as_deref(), args.json)?;
     let t0 = Instant::now();
     let mut lm = LoadedModel::open_with(
@@ -124,10 +128,24 @@ pub fn run(args: RunArgs) -> Result<()> {
         logit_bias: Vec::new(),
     };
 
+    // Checked before anything is generated: a bad constraint is an error, never
+    // unconstrained output.
+    let grammar = match &constraint {
+        Some(c) => Some(constraint_args::compile(&lm, c)?),
+        None => None,
+    };
+    let hooks = Hooks {
+        processors: grammar
+            .iter()
+            .map(|g| Box::new(g.processor()) as Box<dyn LogitsProcessor>)
+            .collect(),
+        proposer: None,
+    };
+
     let mut session = Session::new(&lm, n_ctx, threads);
     let stdout = std::io::stdout();
     let json = args.json;
-    let gen_result = session.generate(&prompt_ids, &params, |piece| {
+    let gen_result = session.generate_with(&prompt_ids, &params, hooks, |piece| {
         if !json {
             let mut out = stdout.lock();
             // A closed stdout (e.g. piped into `head`) ends generation quietly.

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use mica_engine::{FinishReason, Session};
+use mica_engine::{FinishReason, Hooks, LogitsProcessor, Session};
 use mica_models::LoadedModel;
 use mica_models::chat::ChatMessage;
 
@@ -73,6 +73,8 @@ pub enum Outcome {
 pub struct Chat<'a, 'm> {
     pub lm: &'m LoadedModel,
     pub session: Session<&'m LoadedModel>,
+    /// The constraint every answer is generated under.
+    pub grammar: Option<&'m mica_grammar::CompiledGrammar>,
     pub model_name: &'a str,
     pub model_path: &'a std::path::Path,
     pub conv: &'a mut Conversation,
@@ -144,7 +146,15 @@ impl Chat<'_, '_> {
         }
         let params = self.settings.params(mica_engine::random_seed());
         let stdout = std::io::stdout();
-        let result = self.session.generate(&ids, &params, |piece| {
+        let hooks = Hooks {
+            processors: self
+                .grammar
+                .iter()
+                .map(|g| Box::new(g.processor()) as Box<dyn LogitsProcessor>)
+                .collect(),
+            proposer: None,
+        };
+        let result = self.session.generate_with(&ids, &params, hooks, |piece| {
             let mut out = stdout.lock();
             let written = out.write_all(piece.as_bytes()).and_then(|_| out.flush());
             written.is_ok() && !INTERRUPTED.load(Ordering::SeqCst)
