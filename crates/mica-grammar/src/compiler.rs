@@ -54,6 +54,16 @@ impl GrammarCompiler {
         self.factory.tok_env().tok_trie().vocab_size()
     }
 
+    /// Whether the vocabulary has a control token with this text (a Lark grammar can name
+    /// it as `<text>`).
+    pub fn has_special_token(&self, text: &str) -> bool {
+        self.factory
+            .tok_env()
+            .tok_trie()
+            .get_special_token(text)
+            .is_some()
+    }
+
     /// Compiles `constraint`: an error when it is invalid or uses what llguidance does not
     /// support.
     pub fn compile(&self, constraint: &Constraint) -> Result<CompiledGrammar> {

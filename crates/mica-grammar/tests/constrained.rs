@@ -384,7 +384,7 @@ fn engine_batches_differently_constrained_requests() {
             .submit(Request {
                 prompt: p.clone(),
                 params: greedy(40),
-                lane: Default::default(),
+                lane: mica_engine::Lane::Interactive,
                 n: 1,
                 logprobs: None,
                 sink: Box::new(Sink(tx)),

@@ -2,7 +2,9 @@
 //!
 //! - [`ToolFormat::Hermes`] (Qwen2.5, Hermes 2 Pro and their fine-tunes): each call is
 //!   `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, possibly after some
-//!   text, several in a row for parallel calls.
+//!   text, several in a row for parallel calls. Where the tags are control tokens (Qwen2.5's
+//!   GGUF files), decoding leaves them out of the text, so calls are also read as bare call
+//!   objects, one after another.
 //! - [`ToolFormat::Llama3`] (Llama 3.1 / 3.2 / 3.3 JSON tool calling): the answer is the
 //!   JSON object `{"name": ..., "parameters": {...}}` (after `<|python_tag|>`, a control
 //!   token that decoding leaves out of the text); several calls separated by `;`.
@@ -53,12 +55,24 @@ impl ToolFormat {
     }
 
     /// The grammar of one or more calls to `tools` (at least one) in this format.
-    pub(crate) fn call_grammar(self, tools: &[&Tool]) -> TopLevelGrammar {
+    /// `special_tags`: the Hermes tags are control tokens of the vocabulary, and the grammar
+    /// names those tokens (what the model was trained to emit) rather than spelling the
+    /// tags out as text.
+    pub(crate) fn call_grammar(self, tools: &[&Tool], special_tags: bool) -> TopLevelGrammar {
         let schema = calls_schema(tools, self.arguments_key());
         match self {
             ToolFormat::Hermes => {
-                let open = lark_string(&format!("{HERMES_OPEN}\n"));
-                let close = lark_string(&format!("\n{HERMES_CLOSE}"));
+                let (open, close) = if special_tags {
+                    (
+                        format!("{HERMES_OPEN} \"\\n\""),
+                        format!("\"\\n\" {HERMES_CLOSE}"),
+                    )
+                } else {
+                    (
+                        lark_string(&format!("{HERMES_OPEN}\n")),
+                        lark_string(&format!("\n{HERMES_CLOSE}")),
+                    )
+                };
                 let lark = format!(
                     "start: call (\"\\n\" call)*\ncall: {open} body {close}\nbody: %json {schema}\n"
                 );
@@ -79,8 +93,12 @@ pub fn parse_calls(format: ToolFormat, text: &str) -> ParsedOutput {
 }
 
 /// Calls between `<tool_call>` tags (an unclosed last tag is read to the end: a cut-off
-/// output still yields the calls before it); text outside tags is content.
+/// output still yields the calls before it); text outside tags is content. Without tags,
+/// the text may be bare call objects (the tags were control tokens, left out of the text).
 fn parse_hermes(text: &str) -> ParsedOutput {
+    if !text.contains(HERMES_OPEN) {
+        return parse_bare(text);
+    }
     let mut out = ParsedOutput::default();
     let mut rest = text;
     let mut content = String::new();
@@ -113,6 +131,28 @@ fn parse_hermes(text: &str) -> ParsedOutput {
         content.trim().to_string()
     };
     out
+}
+
+/// The whole text as call objects one after another (whitespace between them), or
+/// content.
+fn parse_bare(text: &str) -> ParsedOutput {
+    let values: Result<Vec<Value>, _> = serde_json::Deserializer::from_str(text)
+        .into_iter::<Value>()
+        .collect();
+    let calls: Option<Vec<ToolCall>> = values
+        .ok()
+        .filter(|v| !v.is_empty())
+        .and_then(|v| v.iter().map(call_of).collect());
+    match calls {
+        Some(calls) => ParsedOutput {
+            content: String::new(),
+            calls,
+        },
+        None => ParsedOutput {
+            content: text.to_string(),
+            calls: Vec::new(),
+        },
+    }
 }
 
 /// The whole (trimmed) text as one call object, a list of them, or `;`-separated objects;
@@ -206,6 +246,13 @@ mod tests {
                 }
             ]
         );
+        // Tags that were control tokens leave bare call objects.
+        let p = parse_calls(
+            ToolFormat::Hermes,
+            "\n{\"name\": \"a\", \"arguments\": {}}\n\n{\"name\": \"b\", \"arguments\": {}}\n",
+        );
+        assert_eq!(p.calls.len(), 2);
+        assert_eq!(parse_calls(ToolFormat::Hermes, "{\"x\": 1}").calls.len(), 0);
         let p = parse_calls(ToolFormat::Hermes, "no calls <tool_call> oops");
         assert!(p.calls.is_empty());
         assert_eq!(p.content, "no calls <tool_call> oops");

@@ -217,7 +217,7 @@ impl ToolSet {
         if tools.is_empty() {
             return Err(GrammarError::NoTools);
         }
-        Ok(Some(self.format.call_grammar(&tools)))
+        Ok(Some(self.format.call_grammar(&tools, false)))
     }
 
     /// [`ToolSet::constraint`], compiled for a model.
@@ -228,6 +228,20 @@ impl ToolSet {
     ) -> Result<Option<CompiledGrammar>> {
         let Some(g) = self.constraint(choice)? else {
             return Ok(None);
+        };
+        let special = self.format == ToolFormat::Hermes
+            && compiler.has_special_token(format::HERMES_OPEN)
+            && compiler.has_special_token(format::HERMES_CLOSE);
+        let g = if special {
+            let tools: Vec<&Tool> = match choice {
+                ToolChoice::Function(name) => {
+                    self.tools.iter().filter(|t| &t.name == name).collect()
+                }
+                _ => self.tools.iter().collect(),
+            };
+            self.format.call_grammar(&tools, true)
+        } else {
+            g
         };
         compiler.compile_grammar(g, ConstraintKind::Tools).map(Some)
     }

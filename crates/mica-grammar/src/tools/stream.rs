@@ -40,6 +40,14 @@ impl ToolStream {
         self.held.push_str(text);
         match self.format {
             ToolFormat::Hermes => {
+                // Bare call objects (tags that were control tokens) open the output.
+                if !self.released_any && self.held.trim_start().starts_with('{') {
+                    self.in_call = true;
+                    return String::new();
+                }
+                if !self.released_any && self.held.trim().is_empty() {
+                    return String::new();
+                }
                 if let Some(at) = self.held.find(HERMES_OPEN) {
                     self.in_call = true;
                     let out: String = self.held.drain(..at).collect();
