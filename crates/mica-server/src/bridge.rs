@@ -41,6 +41,8 @@ pub struct GenRequest {
     pub lane: Lane,
     pub n: usize,
     pub logprobs: Option<usize>,
+    /// Logits processors per completion (an output constraint), if any.
+    pub processors: Option<mica_engine::ProcessorFactory>,
 }
 
 /// A submitted request: its events, and the model it runs on (held so the model is not
@@ -65,7 +67,7 @@ pub fn start(loaded: Arc<Loaded>, req: GenRequest) -> Result<Running, ServerErro
         n: req.n,
         logprobs: req.logprobs,
         sink: Box::new(ChannelSink(tx)),
-        processors: None,
+        processors: req.processors,
         proposer: None,
     })?;
     Ok(Running {
@@ -231,7 +233,8 @@ pub fn stream_body<F: StreamFormat>(
 
 /// The finish reason on the wire (OpenAI's `finish_reason`, Ollama's `done_reason`):
 /// `length` for the token limit or a full context, `abort` for a request the server ended
-/// (shutdown), `stop` otherwise.
+/// (shutdown), `stop` otherwise (the end of text, a stop string, or an output constraint
+/// that allows nothing more).
 pub fn finish_reason(f: Option<FinishReason>) -> &'static str {
     match f {
         Some(FinishReason::Length | FinishReason::Context) => "length",

@@ -26,6 +26,7 @@ pub mod openai;
 pub mod params;
 pub mod serve;
 pub mod state;
+pub mod structured;
 
 use crate::error::ServerError;
 use axum::Router;

@@ -37,6 +37,9 @@ pub struct Loaded {
     pub loaded_at: SystemTime,
     /// Weight files plus KV cache bytes (the estimate the memory budget uses).
     pub bytes: u64,
+    /// The vocabulary indexed for constrained decoding, built on the first request that
+    /// needs it ([`crate::structured`]).
+    pub grammar: std::sync::OnceLock<mica_grammar::GrammarCompiler>,
 }
 
 /// What `/api/show` and `/api/tags` report about a model, read without loading it.
@@ -196,6 +199,7 @@ fn start(
         model,
         engine,
         loaded_at: SystemTime::now(),
+        grammar: std::sync::OnceLock::new(),
     })
 }
 
