@@ -86,7 +86,9 @@ fn tools_of(v: &Value) -> Result<Vec<Tool>, ParamError> {
         .ok_or_else(|| unsupported("tools", "must be a list of tools"))?;
     list.iter()
         .enumerate()
-        .map(|(i, t)| Tool::from_openai(t).map_err(|e| unsupported(format!("tools[{i}]"), e.to_string())))
+        .map(|(i, t)| {
+            Tool::from_openai(t).map_err(|e| unsupported(format!("tools[{i}]"), e.to_string()))
+        })
         .collect()
 }
 
@@ -137,7 +139,10 @@ pub fn openai(v: &Value) -> Result<Structured, ParamError> {
                 .and_then(|f| f.get("name"))
                 .and_then(Value::as_str)
                 .ok_or_else(|| {
-                    unsupported("tool_choice", "a named choice is {\"type\": \"function\", \"function\": {\"name\": ...}}")
+                    unsupported(
+                        "tool_choice",
+                        "a named choice is {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                    )
                 })?;
             ToolChoice::Function(name.to_string())
         }
@@ -158,7 +163,9 @@ pub fn ollama(v: &Value) -> Result<Structured, ParamError> {
         Some(Value::String(s)) if s == "json" => {
             set(&mut constraint, Constraint::JsonObject, "format")?
         }
-        Some(s @ Value::Object(_)) => set(&mut constraint, Constraint::JsonSchema(s.clone()), "format")?,
+        Some(s @ Value::Object(_)) => {
+            set(&mut constraint, Constraint::JsonSchema(s.clone()), "format")?
+        }
         Some(other) => {
             return Err(unsupported(
                 "format",
@@ -185,7 +192,8 @@ fn compiler(loaded: &Loaded, field: &str) -> Result<GrammarCompiler, ParamError>
     if let Some(c) = loaded.grammar.get() {
         return Ok(c.clone());
     }
-    let c = GrammarCompiler::for_model(&loaded.model).map_err(|e| unsupported(field, e.to_string()))?;
+    let c =
+        GrammarCompiler::for_model(&loaded.model).map_err(|e| unsupported(field, e.to_string()))?;
     Ok(loaded.grammar.get_or_init(|| c).clone())
 }
 
@@ -198,9 +206,15 @@ pub fn tool_format(loaded: &Loaded) -> ToolFormat {
 /// a grammar take milliseconds to a second; call it off the async workers). Any error is a
 /// 400 naming the field, and nothing is generated.
 pub fn prepare(loaded: &Loaded, s: &Structured) -> Result<Prepared, ParamError> {
-    let choice_forces = matches!(s.tool_choice, ToolChoice::Required | ToolChoice::Function(_));
+    let choice_forces = matches!(
+        s.tool_choice,
+        ToolChoice::Required | ToolChoice::Function(_)
+    );
     if choice_forces && s.tools.is_empty() {
-        return Err(unsupported("tool_choice", GrammarError::NoTools.to_string()));
+        return Err(unsupported(
+            "tool_choice",
+            GrammarError::NoTools.to_string(),
+        ));
     }
     let tools = if s.tools.is_empty() || s.tool_choice == ToolChoice::None {
         None
@@ -220,12 +234,10 @@ pub fn prepare(loaded: &Loaded, s: &Structured) -> Result<Prepared, ParamError> 
             ));
         }
         let c = compiler(loaded, "tools")?;
-        let g = set
-            .compile(&c, &s.tool_choice)
-            .map_err(|e| match e {
-                GrammarError::UnknownTool(_) => unsupported("tool_choice", e.to_string()),
-                e => unsupported("tools", e.to_string()),
-            })?;
+        let g = set.compile(&c, &s.tool_choice).map_err(|e| match e {
+            GrammarError::UnknownTool(_) => unsupported("tool_choice", e.to_string()),
+            e => unsupported("tools", e.to_string()),
+        })?;
         processors = g.map(|g| g.factory());
     } else if let Some((constraint, field)) = &s.constraint {
         let c = compiler(loaded, field)?;
@@ -238,7 +250,10 @@ pub fn prepare(loaded: &Loaded, s: &Structured) -> Result<Prepared, ParamError> 
 }
 
 /// [`prepare`] on a blocking thread.
-pub async fn prepare_async(loaded: Arc<Loaded>, s: Structured) -> Result<Prepared, crate::error::ServerError> {
+pub async fn prepare_async(
+    loaded: Arc<Loaded>,
+    s: Structured,
+) -> Result<Prepared, crate::error::ServerError> {
     if s.constraint.is_none() && s.tools.is_empty() && s.tool_choice == ToolChoice::Auto {
         return Ok(Prepared {
             processors: None,
@@ -276,8 +291,12 @@ pub fn history_call(v: &Value, field: &str) -> Result<ToolCall, ParamError> {
         })?;
     let arguments = match f.get("arguments") {
         None | Some(Value::Null) => Value::Object(Default::default()),
-        Some(Value::String(s)) => serde_json::from_str(s)
-            .map_err(|e| unsupported(format!("{field}.function.arguments"), format!("not JSON: {e}")))?,
+        Some(Value::String(s)) => serde_json::from_str(s).map_err(|e| {
+            unsupported(
+                format!("{field}.function.arguments"),
+                format!("not JSON: {e}"),
+            )
+        })?,
         Some(v) => v.clone(),
     };
     Ok(ToolCall {
@@ -314,37 +333,85 @@ mod tests {
         .unwrap();
         assert_eq!(
             s.constraint,
-            Some((Constraint::JsonSchema(json!({"type": "object"})), "response_format"))
+            Some((
+                Constraint::JsonSchema(json!({"type": "object"})),
+                "response_format"
+            ))
         );
         let s = openai(&json!({"response_format": {"type": "json_object"}})).unwrap();
-        assert_eq!(s.constraint, Some((Constraint::JsonObject, "response_format")));
-        assert_eq!(openai(&json!({"response_format": {"type": "text"}})).unwrap().constraint, None);
+        assert_eq!(
+            s.constraint,
+            Some((Constraint::JsonObject, "response_format"))
+        );
+        assert_eq!(
+            openai(&json!({"response_format": {"type": "text"}}))
+                .unwrap()
+                .constraint,
+            None
+        );
         let s = openai(&json!({"choice": ["yes", "no"]})).unwrap();
         assert_eq!(s.constraint.unwrap().1, "choice");
         let s = openai(&json!({"grammar": "root ::= \"a\""})).unwrap();
-        assert!(matches!(s.constraint, Some((Constraint::Gbnf(_), "grammar"))));
-        let s = openai(&json!({"tools": [{"type": "function", "function": {"name": "f"}}],
-            "tool_choice": {"type": "function", "function": {"name": "f"}}}))
+        assert!(matches!(
+            s.constraint,
+            Some((Constraint::Gbnf(_), "grammar"))
+        ));
+        let s = openai(
+            &json!({"tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": {"type": "function", "function": {"name": "f"}}}),
+        )
         .unwrap();
         assert_eq!(s.tool_choice, ToolChoice::Function("f".into()));
-        assert_eq!(openai(&json!({"tool_choice": "required"})).unwrap().tool_choice, ToolChoice::Required);
+        assert_eq!(
+            openai(&json!({"tool_choice": "required"}))
+                .unwrap()
+                .tool_choice,
+            ToolChoice::Required
+        );
         // Errors name the field.
-        assert_eq!(field(openai(&json!({"response_format": {"type": "xml"}})).unwrap_err()), "response_format.type");
-        assert_eq!(field(openai(&json!({"response_format": {"type": "json_schema"}})).unwrap_err()), "response_format.json_schema");
-        assert_eq!(field(openai(&json!({"regex": "a", "choice": ["a"]})).unwrap_err()), "choice");
+        assert_eq!(
+            field(openai(&json!({"response_format": {"type": "xml"}})).unwrap_err()),
+            "response_format.type"
+        );
+        assert_eq!(
+            field(openai(&json!({"response_format": {"type": "json_schema"}})).unwrap_err()),
+            "response_format.json_schema"
+        );
+        assert_eq!(
+            field(openai(&json!({"regex": "a", "choice": ["a"]})).unwrap_err()),
+            "choice"
+        );
         assert_eq!(field(openai(&json!({"regex": 3})).unwrap_err()), "regex");
-        assert_eq!(field(openai(&json!({"tools": [{"type": "function", "function": {}}]})).unwrap_err()), "tools[0]");
-        assert_eq!(field(openai(&json!({"tool_choice": "always"})).unwrap_err()), "tool_choice");
+        assert_eq!(
+            field(openai(&json!({"tools": [{"type": "function", "function": {}}]})).unwrap_err()),
+            "tools[0]"
+        );
+        assert_eq!(
+            field(openai(&json!({"tool_choice": "always"})).unwrap_err()),
+            "tool_choice"
+        );
     }
 
     #[test]
     fn ollama_fields() {
-        assert_eq!(ollama(&json!({"format": "json"})).unwrap().constraint, Some((Constraint::JsonObject, "format")));
+        assert_eq!(
+            ollama(&json!({"format": "json"})).unwrap().constraint,
+            Some((Constraint::JsonObject, "format"))
+        );
         let s = ollama(&json!({"format": {"type": "object"}})).unwrap();
-        assert!(matches!(s.constraint, Some((Constraint::JsonSchema(_), "format"))));
+        assert!(matches!(
+            s.constraint,
+            Some((Constraint::JsonSchema(_), "format"))
+        ));
         assert_eq!(ollama(&json!({"format": ""})).unwrap().constraint, None);
-        assert_eq!(field(ollama(&json!({"format": "yaml"})).unwrap_err()), "format");
-        assert_eq!(field(ollama(&json!({"format": "json", "regex": "a"})).unwrap_err()), "regex");
+        assert_eq!(
+            field(ollama(&json!({"format": "yaml"})).unwrap_err()),
+            "format"
+        );
+        assert_eq!(
+            field(ollama(&json!({"format": "json", "regex": "a"})).unwrap_err()),
+            "regex"
+        );
     }
 
     #[test]
@@ -352,7 +419,11 @@ mod tests {
         let c = history_call(&json!({"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}), "m").unwrap();
         assert_eq!(c.function.arguments, json!({"a": 1}));
         assert_eq!(c.id.as_deref(), Some("c1"));
-        let c = history_call(&json!({"function": {"name": "f", "arguments": {"a": 1}}}), "m").unwrap();
+        let c = history_call(
+            &json!({"function": {"name": "f", "arguments": {"a": 1}}}),
+            "m",
+        )
+        .unwrap();
         assert_eq!(c.function.arguments, json!({"a": 1}));
         assert!(history_call(&json!({"function": {"name": "f", "arguments": "{"}}), "m").is_err());
         assert!(call_id().starts_with("call_"));

@@ -75,8 +75,10 @@ fn constraints_hold_on_both_apis() {
     }
 
     // Streamed: the deltas join into the same constrained text.
-    let body = chat(json!({"stream": true, "response_format": {"type": "json_schema",
-        "json_schema": {"name": "person", "schema": person_schema()}}}));
+    let body = chat(
+        json!({"stream": true, "response_format": {"type": "json_schema",
+        "json_schema": {"name": "person", "schema": person_schema()}}}),
+    );
     let r = post(a, "/v1/chat/completions", &body);
     let joined: String = r
         .body
@@ -91,7 +93,11 @@ fn constraints_hold_on_both_apis() {
         .collect();
     assert_eq!(joined, text_of_schema_answer(a));
 
-    let r = post(a, "/v1/chat/completions", &chat(json!({"choice": ["yes", "no"]})));
+    let r = post(
+        a,
+        "/v1/chat/completions",
+        &chat(json!({"choice": ["yes", "no"]})),
+    );
     let c = r.json()["choices"][0]["message"]["content"].clone();
     assert!(c == "yes" || c == "no", "{c}");
     let r = post(
@@ -136,7 +142,10 @@ fn constraints_hold_on_both_apis() {
     );
     let text = r.json()["response"].as_str().unwrap().to_string();
     if r.json()["done_reason"] == "stop" {
-        assert!(serde_json::from_str::<Value>(&text).unwrap().is_object(), "{text}");
+        assert!(
+            serde_json::from_str::<Value>(&text).unwrap().is_object(),
+            "{text}"
+        );
     } else {
         assert_eq!(r.json()["done_reason"], "length");
         assert!(text.starts_with('{'), "{text}");
@@ -213,7 +222,9 @@ fn invalid_constraints_fail_closed() {
         ),
         (
             "/v1/chat/completions",
-            chat(json!({"tools": weather, "tool_choice": {"type": "function", "function": {"name": "nope"}}})),
+            chat(
+                json!({"tools": weather, "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+            ),
             "tool_choice",
             "nope",
         ),
@@ -225,8 +236,10 @@ fn invalid_constraints_fail_closed() {
         ),
         (
             "/v1/chat/completions",
-            chat(json!({"tools": [{"type": "function", "function": {"name": "f",
-                "parameters": {"type": 12}}}], "tool_choice": "required"})),
+            chat(
+                json!({"tools": [{"type": "function", "function": {"name": "f",
+                "parameters": {"type": 12}}}], "tool_choice": "required"}),
+            ),
             "tools",
             "f",
         ),
@@ -266,7 +279,10 @@ fn invalid_constraints_fail_closed() {
                 e["error"]["param"].as_str().unwrap_or("").to_string(),
             )
         } else {
-            (e["error"].as_str().unwrap_or("").to_string(), field.to_string())
+            (
+                e["error"].as_str().unwrap_or("").to_string(),
+                field.to_string(),
+            )
         };
         assert_eq!(param, field, "{body}: {}", r.body);
         assert!(message.contains(needle), "{body}: {message}");
@@ -299,7 +315,11 @@ fn forced_tool_calls_on_both_apis() {
         json!("required"),
         json!({"type": "function", "function": {"name": "get_time"}}),
     ] {
-        let r = post(a, "/v1/chat/completions", &ask(json!({"tool_choice": choice})));
+        let r = post(
+            a,
+            "/v1/chat/completions",
+            &ask(json!({"tool_choice": choice})),
+        );
         assert_eq!(r.status, 200, "{}", r.body);
         let ch = &r.json()["choices"][0];
         assert_eq!(ch["finish_reason"], "tool_calls", "{ch}");
@@ -312,7 +332,10 @@ fn forced_tool_calls_on_both_apis() {
             assert_eq!(call["function"]["name"], "get_time");
             assert!(args["zone"].is_string(), "{args}");
         } else if call["function"]["name"] == "get_weather" {
-            assert!(args["city"].is_string() && args["unit"].is_string(), "{args}");
+            assert!(
+                args["city"].is_string() && args["unit"].is_string(),
+                "{args}"
+            );
         }
 
         // Streaming: content-free deltas, one call delta, the finish reason.
@@ -361,8 +384,16 @@ fn forced_tool_calls_on_both_apis() {
     assert_eq!(r.status, 200, "{}", r.body);
 
     // `none` shows the model no tools and forces nothing.
-    let r = post(a, "/v1/chat/completions", &ask(json!({"tool_choice": "none"})));
-    assert!(r.json()["choices"][0]["message"].get("tool_calls").is_none());
+    let r = post(
+        a,
+        "/v1/chat/completions",
+        &ask(json!({"tool_choice": "none"})),
+    );
+    assert!(
+        r.json()["choices"][0]["message"]
+            .get("tool_calls")
+            .is_none()
+    );
 
     // Ollama /api/chat with tools: a call parsed from the output when the model makes one.
     let r = post(

@@ -11,6 +11,9 @@
 //! - [`ToolFormat::Json`] (any other template): the answer is a call object
 //!   `{"name": ..., "arguments": {...}}` (or `"parameters"`), or a JSON list of them.
 //!
+//! In every format, an output that is one Markdown code block holding calls is read as
+//! those calls (small models wrap calls in ```` ```json ```` when free to choose).
+//!
 //! The format is chosen from the chat template's source ([`ToolFormat::detect`]), as
 //! llama.cpp's `common/chat.cpp` and vLLM's tool parsers choose theirs.
 
@@ -86,10 +89,32 @@ impl ToolFormat {
 /// Splits `text` into content and the calls it contains in `format` (calls are not
 /// validated here; see [`ToolSet::parse`](super::ToolSet::parse)).
 pub fn parse_calls(format: ToolFormat, text: &str) -> ParsedOutput {
-    match format {
-        ToolFormat::Hermes => parse_hermes(text),
-        ToolFormat::Llama3 | ToolFormat::Json => parse_json(text, format),
+    let parse = |t: &str| match format {
+        ToolFormat::Hermes => parse_hermes(t),
+        ToolFormat::Llama3 | ToolFormat::Json => parse_json(t, format),
+    };
+    let parsed = parse(text);
+    if parsed.calls.is_empty()
+        && let Some(inner) = unfence(text)
+    {
+        let fenced = parse(inner);
+        if !fenced.calls.is_empty() {
+            return fenced;
+        }
     }
+    parsed
+}
+
+/// The inside of an output that is one Markdown code block (```` ```json ... ``` ````):
+/// small models often wrap a call in one when they are free to choose.
+fn unfence(text: &str) -> Option<&str> {
+    let t = text.trim().strip_prefix("```")?.strip_suffix("```")?;
+    let body_at = t.find('\n')?;
+    let lang = &t[..body_at];
+    if !lang.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return None;
+    }
+    Some(&t[body_at + 1..])
 }
 
 /// Calls between `<tool_call>` tags (an unclosed last tag is read to the end: a cut-off
@@ -253,6 +278,24 @@ mod tests {
         );
         assert_eq!(p.calls.len(), 2);
         assert_eq!(parse_calls(ToolFormat::Hermes, "{\"x\": 1}").calls.len(), 0);
+        // A call in a Markdown code block.
+        let p = parse_calls(
+            ToolFormat::Hermes,
+            "```json\n{\"name\": \"a\", \"arguments\": {\"k\": 1}}\n```",
+        );
+        assert_eq!(p.calls.len(), 1);
+        assert_eq!(p.calls[0].arguments, json!({"k": 1}));
+        assert_eq!(
+            parse_calls(ToolFormat::Json, "```\n[{\"name\": \"a\"}]\n```")
+                .calls
+                .len(),
+            1
+        );
+        assert!(
+            parse_calls(ToolFormat::Json, "```py\nx = {}\n```")
+                .calls
+                .is_empty()
+        );
         let p = parse_calls(ToolFormat::Hermes, "no calls <tool_call> oops");
         assert!(p.calls.is_empty());
         assert_eq!(p.content, "no calls <tool_call> oops");

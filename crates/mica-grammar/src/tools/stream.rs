@@ -18,6 +18,28 @@ pub struct ToolStream {
     in_call: bool,
     /// Text was released already (JSON formats: only output that opens a call counts).
     released_any: bool,
+    /// Bytes of `all` released so far (a prefix of it).
+    released: usize,
+}
+
+/// What the start of an output (nothing released yet) says about a call.
+enum Opening {
+    /// Whitespace, or a prefix of a code fence: wait for more.
+    Undecided,
+    /// A JSON object or list, or a code fence: may be calls, held to the end.
+    Call,
+    Text,
+}
+
+fn opening(held: &str) -> Opening {
+    let t = held.trim_start();
+    if t.is_empty() || (t.len() < 3 && "```".starts_with(t)) {
+        Opening::Undecided
+    } else if t.starts_with('{') || t.starts_with('[') || t.starts_with("```") {
+        Opening::Call
+    } else {
+        Opening::Text
+    }
 }
 
 impl ToolStream {
@@ -28,6 +50,7 @@ impl ToolStream {
             all: String::new(),
             in_call: false,
             released_any: false,
+            released: 0,
         }
     }
 
@@ -40,13 +63,17 @@ impl ToolStream {
         self.held.push_str(text);
         match self.format {
             ToolFormat::Hermes => {
-                // Bare call objects (tags that were control tokens) open the output.
-                if !self.released_any && self.held.trim_start().starts_with('{') {
-                    self.in_call = true;
-                    return String::new();
-                }
-                if !self.released_any && self.held.trim().is_empty() {
-                    return String::new();
+                // Bare call objects (tags that were control tokens) or a fenced block
+                // may open the output.
+                if !self.released_any {
+                    match opening(&self.held) {
+                        Opening::Call => {
+                            self.in_call = true;
+                            return String::new();
+                        }
+                        Opening::Undecided => return String::new(),
+                        Opening::Text => {}
+                    }
                 }
                 if let Some(at) = self.held.find(HERMES_OPEN) {
                     self.in_call = true;
@@ -67,16 +94,16 @@ impl ToolStream {
             }
             ToolFormat::Llama3 | ToolFormat::Json => {
                 if self.released_any {
-                    return std::mem::take(&mut self.held);
+                    let out = std::mem::take(&mut self.held);
+                    return self.release(out);
                 }
-                let t = self.held.trim_start();
-                match t.chars().next() {
-                    None => String::new(),
-                    Some('{' | '[') => {
+                match opening(&self.held) {
+                    Opening::Undecided => String::new(),
+                    Opening::Call => {
                         self.in_call = true;
                         String::new()
                     }
-                    Some(_) => {
+                    Opening::Text => {
                         let out = std::mem::take(&mut self.held);
                         self.release(out)
                     }
@@ -88,6 +115,7 @@ impl ToolStream {
     fn release(&mut self, out: String) -> String {
         if !out.is_empty() {
             self.released_any = true;
+            self.released += out.len();
         }
         out
     }
@@ -104,9 +132,9 @@ impl ToolStream {
         }
         let parsed = tools.parse(&self.all);
         if parsed.calls.is_empty() {
-            // Not calls: release what was held back.
+            // Not calls: release everything not shown yet.
             return ParsedOutput {
-                content: self.held,
+                content: self.all[self.released..].to_string(),
                 calls: Vec::new(),
             };
         }
@@ -185,5 +213,37 @@ mod tests {
         let end = s.finish(&tools);
         assert!(end.calls.is_empty());
         assert!(end.content.contains("\"no\""));
+
+        // Held over several pieces, then not a call: all of it comes back.
+        let mut s = tools.stream();
+        assert_eq!(s.push("{\"name\": "), "");
+        assert_eq!(s.push("\"zzz\"} and more"), "");
+        assert_eq!(s.finish(&tools).content, "{\"name\": \"zzz\"} and more");
+    }
+
+    #[test]
+    fn fenced_calls_are_held_and_parsed() {
+        for format in [ToolFormat::Hermes, ToolFormat::Json] {
+            let tools = set(format);
+            let mut s = tools.stream();
+            let mut shown = String::new();
+            for piece in [
+                "`",
+                "``json\n{\"name\": \"f\", ",
+                "\"arguments\": {\"x\": 2}}\n",
+                "```",
+            ] {
+                shown.push_str(&s.push(piece));
+            }
+            assert_eq!(shown, "", "{format:?}");
+            let end = s.finish(&tools);
+            assert_eq!(end.calls.len(), 1, "{format:?}");
+            assert_eq!(end.calls[0].arguments, json!({"x": 2}));
+            // A fence holding code, not a call, is content.
+            let mut s = tools.stream();
+            assert_eq!(s.push("```py"), "");
+            assert_eq!(s.push("\nprint(1)\n```"), "");
+            assert_eq!(s.finish(&tools).content, "```py\nprint(1)\n```");
+        }
     }
 }

@@ -5,10 +5,10 @@
 
 use super::types::{ChatBody, GenerateBody, Options};
 use crate::error::{ParamError, ServerError, from_value, parse_body};
-use crate::structured::{self, Structured};
 use crate::params::{
     OLLAMA_DEFAULTS, OLLAMA_ROLES, Sampling, SamplingFields, validate_role, validate_sampling,
 };
+use crate::structured::{self, Structured};
 use mica_models::chat::ChatMessage;
 
 /// What both generating routes resolve before the model is involved.
@@ -128,8 +128,10 @@ pub fn parse_chat(body: &[u8]) -> Result<ChatRequest, ServerError> {
         let role = validate_role(&m.role, format!("messages[{i}].role"), OLLAMA_ROLES)?;
         let mut msg = ChatMessage::new(role, m.content.clone());
         for (j, c) in m.tool_calls.iter().flatten().enumerate() {
-            msg.tool_calls
-                .push(structured::history_call(c, &format!("messages[{i}].tool_calls[{j}]"))?);
+            msg.tool_calls.push(structured::history_call(
+                c,
+                &format!("messages[{i}].tool_calls[{j}]"),
+            )?);
         }
         msg.name = m.tool_name.clone();
         messages.push(msg);

@@ -3,10 +3,10 @@
 //! a non-streaming request.
 
 use super::types::{Chunk, FunctionOut, MessageOut, Stats, StreamError, ToolCallOut};
-use mica_grammar::tools::{ToolSet, ToolStream};
-use std::sync::Arc;
 use crate::bridge::{Running, StreamFormat, finish_reason, rfc3339};
 use mica_engine::{Event, FinishReason, Usage};
+use mica_grammar::tools::{ToolSet, ToolStream};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 pub struct Ndjson {
@@ -138,7 +138,10 @@ impl StreamFormat for Ndjson {
                     if let Some(m) = &mut c.message {
                         m.tool_calls = calls_out(&end.calls);
                     }
-                    let empty = c.message.as_ref().is_some_and(|m| m.content.is_empty() && m.tool_calls.is_empty());
+                    let empty = c
+                        .message
+                        .as_ref()
+                        .is_some_and(|m| m.content.is_empty() && m.tool_calls.is_empty());
                     return if empty { String::new() } else { line(&c) };
                 }
                 if text.is_empty() {

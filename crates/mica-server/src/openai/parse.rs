@@ -121,8 +121,10 @@ pub fn parse_chat(body: &[u8]) -> Result<ChatRequest, ServerError> {
         };
         let mut msg = ChatMessage::new(role, text);
         for (j, c) in m.tool_calls.iter().flatten().enumerate() {
-            msg.tool_calls
-                .push(structured::history_call(c, &format!("messages[{i}].tool_calls[{j}]"))?);
+            msg.tool_calls.push(structured::history_call(
+                c,
+                &format!("messages[{i}].tool_calls[{j}]"),
+            )?);
         }
         msg.tool_call_id = m.tool_call_id.clone();
         msg.name = m.name.clone();

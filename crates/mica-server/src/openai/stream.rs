@@ -7,9 +7,9 @@ use super::types::{
     FunctionOut, LegacyLogprobs, StreamError, StreamErrorDetail, TokenLogprob, ToolCallDelta,
     ToolCallOut, TopLogprob, TopMap, Usage,
 };
-use mica_grammar::tools::{ToolCall, ToolSet, ToolStream};
 use crate::bridge::{Running, StreamFormat, finish_reason};
 use mica_engine::Event;
+use mica_grammar::tools::{ToolCall, ToolSet, ToolStream};
 use mica_models::LoadedModel;
 use mica_models::tokenizer::{DecodeOptions, Tokenizer};
 use serde::Serialize;
@@ -146,7 +146,12 @@ impl ChatStream {
 
     /// The end of completion `index` with tools: held content, then the calls, then the
     /// finish reason (`tool_calls` when there are calls).
-    fn finish_tools(&mut self, index: usize, text: &str, finish: mica_engine::FinishReason) -> String {
+    fn finish_tools(
+        &mut self,
+        index: usize,
+        text: &str,
+        finish: mica_engine::FinishReason,
+    ) -> String {
         let (Some(set), Some(ts)) = (self.tools.clone(), self.tool_streams.get_mut(index)) else {
             return String::new();
         };
