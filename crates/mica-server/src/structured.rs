@@ -8,7 +8,9 @@
 //!   it says `strict`: mica has no best-effort mode.
 //! - **Tools**: `tools` and OpenAI's `tool_choice` (`auto`, `none`, `required`, or
 //!   `{"type": "function", "function": {"name": ...}}`). Tools reach the model through its
-//!   chat template; `required` and a named function constrain the output to valid calls.
+//!   chat template; `required` and a named function constrain the output to valid calls
+//!   — one call, or several with `parallel_tool_calls: true` (OpenAI's default is true;
+//!   mica's is one, as llama.cpp's server, since small models repeat a forced call).
 //!
 //! Everything fails closed: a constraint or tool schema that does not compile is a 400
 //! naming the field, before the request reaches the engine ([`prepare`]).
@@ -29,6 +31,8 @@ pub struct Structured {
     pub constraint: Option<(Constraint, &'static str)>,
     pub tools: Vec<Tool>,
     pub tool_choice: ToolChoice,
+    /// `parallel_tool_calls: true`: a forced call may be followed by more (by default one).
+    pub parallel_calls: bool,
 }
 
 fn unsupported(field: impl Into<String>, message: impl Into<String>) -> ParamError {
@@ -151,6 +155,10 @@ pub fn openai(v: &Value) -> Result<Structured, ParamError> {
         constraint,
         tools,
         tool_choice,
+        parallel_calls: v
+            .get("parallel_tool_calls")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
     })
 }
 
@@ -178,6 +186,7 @@ pub fn ollama(v: &Value) -> Result<Structured, ParamError> {
         constraint,
         tools: tools_of(v)?,
         tool_choice: ToolChoice::Auto,
+        parallel_calls: false,
     })
 }
 
@@ -220,7 +229,8 @@ pub fn prepare(loaded: &Loaded, s: &Structured) -> Result<Prepared, ParamError> 
         None
     } else {
         let set = ToolSet::new(s.tools.clone(), tool_format(loaded))
-            .map_err(|e| unsupported("tools", e.to_string()))?;
+            .map_err(|e| unsupported("tools", e.to_string()))?
+            .with_parallel_calls(s.parallel_calls);
         Some(Arc::new(set))
     };
     let mut processors = None;

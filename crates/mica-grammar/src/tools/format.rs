@@ -57,11 +57,17 @@ impl ToolFormat {
         }
     }
 
-    /// The grammar of one or more calls to `tools` (at least one) in this format.
+    /// The grammar of a call to one of `tools` in this format — several in a row when
+    /// `parallel` (Hermes; the JSON formats' grammar is one call object).
     /// `special_tags`: the Hermes tags are control tokens of the vocabulary, and the grammar
     /// names those tokens (what the model was trained to emit) rather than spelling the
     /// tags out as text.
-    pub(crate) fn call_grammar(self, tools: &[&Tool], special_tags: bool) -> TopLevelGrammar {
+    pub(crate) fn call_grammar(
+        self,
+        tools: &[&Tool],
+        special_tags: bool,
+        parallel: bool,
+    ) -> TopLevelGrammar {
         let schema = calls_schema(tools, self.arguments_key());
         match self {
             ToolFormat::Hermes => {
@@ -76,9 +82,13 @@ impl ToolFormat {
                         lark_string(&format!("\n{HERMES_CLOSE}")),
                     )
                 };
-                let lark = format!(
-                    "start: call (\"\\n\" call)*\ncall: {open} body {close}\nbody: %json {schema}\n"
-                );
+                let start = if parallel {
+                    "call (\"\\n\" call)*"
+                } else {
+                    "call"
+                };
+                let lark =
+                    format!("start: {start}\ncall: {open} body {close}\nbody: %json {schema}\n");
                 TopLevelGrammar::from_lark(lark)
             }
             ToolFormat::Llama3 | ToolFormat::Json => TopLevelGrammar::from_json_schema(schema),

@@ -116,6 +116,8 @@ pub struct ToolSet {
     tools: Vec<Tool>,
     validators: Vec<jsonschema::Validator>,
     format: ToolFormat,
+    /// Forced calls may be several in a row (OpenAI's `parallel_tool_calls`).
+    parallel: bool,
 }
 
 impl std::fmt::Debug for ToolSet {
@@ -149,7 +151,16 @@ impl ToolSet {
             tools,
             validators,
             format,
+            parallel: false,
         })
+    }
+
+    /// Whether a forced call may be followed by more (default: exactly one call, as
+    /// llama.cpp's server does unless asked; OpenAI's `parallel_tool_calls: true` allows
+    /// several).
+    pub fn with_parallel_calls(mut self, parallel: bool) -> ToolSet {
+        self.parallel = parallel;
+        self
     }
 
     pub fn tools(&self) -> &[Tool] {
@@ -217,7 +228,7 @@ impl ToolSet {
         if tools.is_empty() {
             return Err(GrammarError::NoTools);
         }
-        Ok(Some(self.format.call_grammar(&tools, false)))
+        Ok(Some(self.format.call_grammar(&tools, false, self.parallel)))
     }
 
     /// [`ToolSet::constraint`], compiled for a model.
@@ -239,7 +250,7 @@ impl ToolSet {
                 }
                 _ => self.tools.iter().collect(),
             };
-            self.format.call_grammar(&tools, true)
+            self.format.call_grammar(&tools, true, self.parallel)
         } else {
             g
         };
