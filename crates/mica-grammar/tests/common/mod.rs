@@ -24,10 +24,12 @@ pub fn model_path(name: &str) -> PathBuf {
     path
 }
 
+/// Loaded test models by name, with their grammar compilers.
+type Cache = std::sync::Mutex<Vec<(String, Arc<LoadedModel>, GrammarCompiler)>>;
+
 /// A test model and its grammar compiler, loaded once.
 pub fn model(name: &str) -> (Arc<LoadedModel>, GrammarCompiler) {
-    static CACHE: OnceLock<std::sync::Mutex<Vec<(String, Arc<LoadedModel>, GrammarCompiler)>>> =
-        OnceLock::new();
+    static CACHE: OnceLock<Cache> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
     let mut c = cache.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((_, m, g)) = c.iter().find(|(n, ..)| n == name) {
