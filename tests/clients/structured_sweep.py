@@ -5,7 +5,8 @@ min/max items, enums, bounded numbers, optional fields, anyOf, literals, $ref'd 
 against `mica serve`. Every constrained answer must parse and validate (100%); the same
 requests without `response_format` (the schema only in the prompt) give the contrast rate.
 
-usage: structured_sweep.py URL MODEL KEY [--limit N] [--no-contrast]
+usage: structured_sweep.py URL MODEL KEY [--limit N] [--only I] [--no-contrast]
+Every string is bounded (maxLength), so an answer always fits in max_tokens.
 Exits non-zero when a constrained answer fails to parse or validate. Prints one line per
 schema and a summary `constrained: X/N valid; unconstrained: Y/N valid`.
 """
@@ -13,7 +14,7 @@ schema and a summary `constrained: X/N valid; unconstrained: Y/N valid`.
 import json
 import sys
 from enum import Enum
-from typing import List, Literal, Optional, Union
+from typing import Annotated, List, Literal, Optional, Union
 
 import openai
 from pydantic import BaseModel, Field, ValidationError
@@ -44,7 +45,7 @@ class PersonWithAddress(BaseModel):
 
 
 class Shopping(BaseModel):
-    items: List[str] = Field(min_length=2, max_length=4)
+    items: List[Annotated[str, Field(max_length=24)]] = Field(min_length=2, max_length=4)
 
 
 class Paint(BaseModel):
@@ -107,7 +108,8 @@ class Event(BaseModel):
     title: str = Field(max_length=30)
     day: Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
     hour: int = Field(ge=0, le=23)
-    attendees: Optional[List[str]] = Field(default=None, max_length=3)
+    attendees: Optional[List[Annotated[str, Field(max_length=20)]]] = Field(default=None,
+                                                                         max_length=3)
 
 
 class Flags(BaseModel):
@@ -124,7 +126,7 @@ class Rating(BaseModel):
 class Recipe(BaseModel):
     dish: str = Name
     servings: int = Field(ge=1, le=12)
-    ingredients: List[str] = Field(min_length=2, max_length=5)
+    ingredients: List[Annotated[str, Field(max_length=30)]] = Field(min_length=2, max_length=5)
     vegetarian: bool
 
 
@@ -190,8 +192,11 @@ def main():
     contrast = "--no-contrast" not in args
     client = openai.OpenAI(base_url=f"{url}/v1", api_key=key)
     ok = free_ok = 0
-    cases = CASES[:limit]
-    for i, (schema, ask) in enumerate(cases):
+    picked = list(enumerate(CASES))[:limit]
+    if "--only" in args:
+        picked = [picked[int(args[args.index("--only") + 1])]]
+    cases = picked
+    for i, (schema, ask) in picked:
         messages = [
             {"role": "system", "content": "Answer with JSON only, following this JSON schema: "
              + json.dumps(schema.model_json_schema())},
