@@ -136,6 +136,10 @@ typedef enum {
      * The callback asked to stop.
      */
     MICA_FINISH_REASON_CANCELLED = 4,
+    /**
+     * The output constraint (a grammar) allows no further token.
+     */
+    MICA_FINISH_REASON_CONSTRAINT = 5,
 } mica_finish_reason;
 
 /**

@@ -122,6 +122,8 @@ fn status_of(e: &Error) -> MicaStatus {
         // The C API converts nothing; a conversion error can only be a model that failed
         // to load through the converter's reader.
         Error::Quant(_) => S::ModelLoad,
+        // The C API takes no constraints; a grammar error can only be an invalid argument.
+        Error::Grammar(_) => S::InvalidArgument,
     }
 }
 

@@ -171,6 +171,8 @@ pub enum MicaFinishReason {
     Context = 3,
     /// The callback asked to stop.
     Cancelled = 4,
+    /// The output constraint (a grammar) allows no further token.
+    Constraint = 5,
 }
 
 impl From<FinishReason> for MicaFinishReason {
@@ -181,6 +183,7 @@ impl From<FinishReason> for MicaFinishReason {
             FinishReason::Length => MicaFinishReason::Length,
             FinishReason::Context => MicaFinishReason::Context,
             FinishReason::Cancelled => MicaFinishReason::Cancelled,
+            FinishReason::Constraint => MicaFinishReason::Constraint,
         }
     }
 }

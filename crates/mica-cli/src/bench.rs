@@ -82,7 +82,7 @@ impl TestSpec {
         }
     }
 
-    /// The prompt or generation test `mica_engine::bench` times.
+    /// The prompt or generation test `mica::engine::bench` times.
     fn timed(self) -> BenchTest {
         BenchTest {
             n_prompt: self.n_prompt,

@@ -3,6 +3,7 @@
 
 mod bench;
 mod chat;
+mod constraint_args;
 mod convert;
 mod imatrix;
 mod inspect;

@@ -2,8 +2,9 @@
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use mica::engine::{GenerateParams, Hooks, Proposer, Session};
+use mica::engine::{GenerateParams, Hooks, LogitsProcessor, Proposer, Session};
 
+use crate::constraint_args::{self, ConstraintArgs};
 use crate::sampling_args::SamplingArgs;
 use crate::spec_args::SpecArgs;
 use mica::models::chat::ChatMessage;
@@ -32,6 +33,8 @@ pub struct RunArgs {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub spec: SpecArgs,
+    #[command(flatten)]
+    pub constraint: ConstraintArgs,
     /// Stop before this string (repeatable).
     #[arg(long = "stop")]
     pub stop: Vec<String>,
@@ -73,6 +76,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             .with_context(|| format!("reading the prompt from {}", f.display()))?,
         (None, None) => bail!("no prompt: pass -p TEXT or -f FILE"),
     };
+    let constraint = args.constraint.constraint()?;
     let path = crate::store::resolve_model(args.model.as_deref(), args.json)?;
     let t0 = Instant::now();
     let mut lm = LoadedModel::open_with(
@@ -128,10 +132,19 @@ pub fn run(args: RunArgs) -> Result<()> {
     };
 
     let spec = args.spec.resolve(Some(&lm), n_ctx, args.json)?;
+    // Checked before anything is generated: a bad constraint is an error, never
+    // unconstrained output.
+    let grammar = match &constraint {
+        Some(c) => Some(constraint_args::compile(&lm, c)?),
+        None => None,
+    };
     let mut session = Session::new(&lm, n_ctx, threads);
     let mut proposer = spec.proposer(&lm, &session.shared_pool())?;
     let hooks = Hooks {
-        processors: Vec::new(),
+        processors: grammar
+            .iter()
+            .map(|g| Box::new(g.processor()) as Box<dyn LogitsProcessor>)
+            .collect(),
         proposer: proposer.as_deref_mut().map(|p| p as &mut dyn Proposer),
     };
     let stdout = std::io::stdout();

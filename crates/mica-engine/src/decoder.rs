@@ -7,8 +7,9 @@
 //! [`commit`](SequenceDecoder::commit)s them one at a time, streaming each one's text and
 //! stopping at the first that finishes the sequence. Per committed token the finish rules
 //! run in this order: end-of-generation token ([`FinishReason::Eos`], no text) → decode to
-//! text → stop strings ([`FinishReason::Stop`]) → `max_tokens` ([`FinishReason::Length`])
-//! → context limit ([`FinishReason::Context`]).
+//! text → stop strings ([`FinishReason::Stop`]) → a logits processor that allows nothing
+//! more ([`FinishReason::Constraint`]) → `max_tokens` ([`FinishReason::Length`]) → context
+//! limit ([`FinishReason::Context`]).
 //!
 //! **Several tokens per step.** When a step computed the sequence's last token followed by
 //! `k` drafted tokens (from a [`Proposer`](crate::proposer::Proposer)), the model's logits
@@ -249,6 +250,8 @@ impl SequenceDecoder {
         out.text = ready;
         out.finish = if hit {
             Some(FinishReason::Stop)
+        } else if self.processors.iter().any(|p| p.is_complete()) {
+            Some(FinishReason::Constraint)
         } else if self.generated().len() >= self.max_tokens {
             Some(FinishReason::Length)
         } else if self.history.len() >= self.context_limit {

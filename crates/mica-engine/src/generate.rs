@@ -105,6 +105,9 @@ pub enum FinishReason {
     Context,
     /// The caller asked to stop.
     Cancelled,
+    /// A logits processor allows no further token: the output of a grammar constraint is
+    /// complete (OpenAI-style APIs report it as `stop`).
+    Constraint,
 }
 
 impl FinishReason {
@@ -115,6 +118,7 @@ impl FinishReason {
             FinishReason::Length => "length",
             FinishReason::Context => "context",
             FinishReason::Cancelled => "cancelled",
+            FinishReason::Constraint => "constraint",
         }
     }
 }

@@ -11,8 +11,9 @@
 //! decoder runs the processors over every position as if each draft were right, accepting
 //! the drafts one by one, then rolls all of them back and accepts the tokens the model
 //! actually kept; so a grammar matcher always sees a consistent sequence, and the masks of
-//! every position of a step are computed in one pass. Stateless processors (the built-ins
-//! here) read `history` and ignore the rest.
+//! every position of a step are computed in one pass. A processor that allows nothing more
+//! says so ([`LogitsProcessor::is_complete`]) and the sequence ends. Stateless processors
+//! (the built-ins here) read `history` and ignore the rest.
 
 use crate::sampler::SamplingParams;
 use std::collections::HashMap;
@@ -35,6 +36,14 @@ pub trait LogitsProcessor: Send {
     /// Takes back the last `n` accepted tokens (drafted tokens the model did not confirm).
     fn rollback(&mut self, n: usize) {
         let _ = n;
+    }
+
+    /// Whether no token may follow the tokens accepted so far (a grammar whose output is
+    /// complete): the decoder then ends the sequence after the token just committed, with
+    /// [`FinishReason::Constraint`](crate::generate::FinishReason::Constraint), rather than
+    /// spend a forward pass on an end-of-generation token.
+    fn is_complete(&self) -> bool {
+        false
     }
 }
 

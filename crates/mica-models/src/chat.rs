@@ -4,7 +4,12 @@
 //! The environment mirrors what Hugging Face `transformers` (`apply_chat_template`) and
 //! llama.cpp (`common/chat.cpp`) give templates:
 //! - `trim_blocks` and `lstrip_blocks` on, trailing newline dropped;
-//! - variables `messages`, `add_generation_prompt`, `bos_token`, `eos_token`, `tools` (none);
+//! - variables `messages`, `add_generation_prompt`, `bos_token`, `eos_token`, and `tools`
+//!   (the OpenAI-style tool definitions, `{"type": "function", "function": {...}}`, or
+//!   none);
+//! - messages as `{role, content}`, plus `tool_calls` on an assistant turn that called
+//!   tools and `tool_call_id` / `name` on a `tool` turn (a tool's result), as Qwen2.5's,
+//!   Llama 3.x's and Hermes' templates read them;
 //! - Python string/dict methods (`.strip()`, `.startswith()`, `.items()`...) through
 //!   `minijinja_contrib::pycompat`;
 //! - `raise_exception(msg)`, `strftime_now(fmt)` (UTC: a library has no business reading the
@@ -15,8 +20,9 @@
 //! BOS itself (and a trailing EOS text when it adds EOS), so the prompt never starts with two.
 //! A model without a template gets llama.cpp's ChatML fallback, and the caller is told.
 //!
-//! Not done: llama.cpp's polyfills for templates that lack a system role or tool support, and
-//! insertion-ordered JSON objects (maps in tool arguments serialize with sorted keys).
+//! JSON objects (tool definitions, call arguments) keep their key order, so `tojson` prints
+//! them as Python does. Not done: llama.cpp's polyfills for templates that lack a system
+//! role or tool support.
 
 use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, ErrorKind};
@@ -38,6 +44,12 @@ pub struct ChatMessage {
     /// Calls the assistant made in this turn (absent from the template's view when empty).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
+    /// On a `tool` turn: the id of the call this is the result of.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// On a `tool` turn: the function whose result this is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -46,6 +58,8 @@ impl ChatMessage {
             role: role.into(),
             content: content.into(),
             tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
         }
     }
 }
@@ -188,6 +202,18 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ChatTemplateError> {
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::render`] with tool definitions (OpenAI's `tools` list:
+    /// `{"type": "function", "function": {"name", "description", "parameters"}}`) in the
+    /// template's `tools` variable; `None` (or an empty list) renders no tools.
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatTemplateError> {
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
@@ -197,7 +223,10 @@ impl ChatTemplate {
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.as_str(),
             eos_token => self.eos_token.as_str(),
-            tools => Value::from(()),
+            tools => match tools {
+                Some(t) if !t.is_empty() => t.iter().map(json_value).collect::<Vec<Value>>().into(),
+                _ => Value::from(()),
+            },
         };
         let mut out = template
             .render(ctx)
@@ -212,7 +241,8 @@ impl ChatTemplate {
     }
 }
 
-/// A message as templates see it: `role`, `content`, and `tool_calls` when there are any.
+/// A message as templates see it: `role`, `content`, `tool_calls` when there are any, and
+/// `tool_call_id` / `name` when set.
 fn message_value(m: &ChatMessage) -> Value {
     let mut map = std::collections::BTreeMap::new();
     map.insert("role", Value::from(m.role.as_str()));
@@ -232,10 +262,16 @@ fn message_value(m: &ChatMessage) -> Value {
         });
         map.insert("tool_calls", calls.collect::<Vec<Value>>().into());
     }
+    if let Some(id) = &m.tool_call_id {
+        map.insert("tool_call_id", Value::from(id.as_str()));
+    }
+    if let Some(name) = &m.name {
+        map.insert("name", Value::from(name.as_str()));
+    }
     Value::from(map)
 }
 
-/// JSON to a template value (objects become maps with sorted keys).
+/// JSON to a template value (objects keep their key order).
 fn json_value(v: &serde_json::Value) -> Value {
     match v {
         serde_json::Value::Null => Value::from(()),
@@ -247,11 +283,9 @@ fn json_value(v: &serde_json::Value) -> Value {
         },
         serde_json::Value::String(s) => Value::from(s.as_str()),
         serde_json::Value::Array(a) => a.iter().map(json_value).collect::<Vec<Value>>().into(),
-        serde_json::Value::Object(o) => Value::from(
-            o.iter()
-                .map(|(k, v)| (k.as_str(), json_value(v)))
-                .collect::<std::collections::BTreeMap<_, _>>(),
-        ),
+        serde_json::Value::Object(o) => {
+            Value::from_pairs(o.iter().map(|(k, v)| (k.as_str(), json_value(v))))
+        }
     }
 }
 

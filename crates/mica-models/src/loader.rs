@@ -61,7 +61,17 @@ impl LoadedModel {
     /// special tokens written in the text parsed as special). Every front end — `mica run
     /// --chat`, `mica chat`, the server's chat routes — builds its prompts here.
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, ChatPromptError> {
-        let text = self.template.render(messages, true)?;
+        self.chat_prompt_with_tools(messages, None)
+    }
+
+    /// [`LoadedModel::chat_prompt`] with tool definitions rendered through the template's
+    /// `tools` variable (see [`ChatTemplate::render_with_tools`]).
+    pub fn chat_prompt_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[serde_json::Value]>,
+    ) -> Result<Vec<u32>, ChatPromptError> {
+        let text = self.template.render_with_tools(messages, tools, true)?;
         Ok(self.tokenizer.encode(&text, true, true)?)
     }
 

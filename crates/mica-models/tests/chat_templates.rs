@@ -169,3 +169,69 @@ fn leading_bos_text_is_stripped_when_tokenizer_adds_bos() {
         tok.bos().unwrap()
     );
 }
+
+/// Conversations with tools (the `tools` variable, an assistant turn that called a tool,
+/// the tool's result with its call id) against Python Jinja2 configured as transformers
+/// configures it (`fixtures/tokenizer/chat_tools_reference.json`, from
+/// `gen_chat_tools_reference.py`): Qwen2.5's Hermes-style template and Llama 3.1's JSON one.
+/// Tool definitions and arguments keep their key order, as Python's `json.dumps` prints
+/// them. The date line of the Llama template is masked (the reference has no clock).
+#[test]
+fn templates_with_tools_match_python_jinja2() {
+    let reference = fixture("chat_tools_reference.json");
+    let renders = reference["renders"].as_array().unwrap();
+    let mask = |s: &str| -> String {
+        s.lines()
+            .map(|l| {
+                if l.starts_with("Today Date: ") {
+                    "Today Date: X"
+                } else {
+                    l
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let mut checked = 0;
+    for r in renders {
+        let name = r["template"].as_str().unwrap();
+        let template = if name.starts_with("llama31") {
+            let path = workspace().join("fixtures/tokenizer/llama31-json-tools.jinja");
+            ChatTemplate::new(
+                &std::fs::read_to_string(path).unwrap(),
+                "<|begin_of_text|>",
+                "",
+            )
+            .unwrap()
+        } else {
+            ChatTemplate::for_tokenizer(&load(name)).unwrap()
+        };
+        let mut msgs = messages(&r["messages"]);
+        for (m, v) in msgs.iter_mut().zip(r["messages"].as_array().unwrap()) {
+            m.tool_call_id = v
+                .get("tool_call_id")
+                .and_then(Value::as_str)
+                .map(str::to_string);
+            m.name = v.get("name").and_then(Value::as_str).map(str::to_string);
+            for (c, cv) in m
+                .tool_calls
+                .iter_mut()
+                .zip(v["tool_calls"].as_array().into_iter().flatten())
+            {
+                c.id = cv.get("id").and_then(Value::as_str).map(str::to_string);
+            }
+        }
+        let tools = r["tools"].as_array().unwrap();
+        let got = template
+            .render_with_tools(&msgs, Some(tools), true)
+            .unwrap();
+        assert_eq!(
+            mask(&got),
+            mask(r["text"].as_str().unwrap()),
+            "{name} / {}",
+            r["conversation"]
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 4);
+}

@@ -43,6 +43,8 @@ pub struct GenRequest {
     pub logprobs: Option<usize>,
     /// Drafts tokens for speculative decoding ([`crate::spec::proposer`]).
     pub proposer: Option<Box<dyn Proposer>>,
+    /// Logits processors per completion (an output constraint), if any.
+    pub processors: Option<mica::engine::ProcessorFactory>,
 }
 
 /// A submitted request: its events, and the model it runs on (held so the model is not
@@ -67,7 +69,7 @@ pub fn start(loaded: Arc<Loaded>, req: GenRequest) -> Result<Running, ServerErro
         n: req.n,
         logprobs: req.logprobs,
         sink: Box::new(ChannelSink(tx)),
-        processors: None,
+        processors: req.processors,
         proposer: req.proposer,
     })?;
     Ok(Running {
@@ -234,7 +236,8 @@ pub fn stream_body<F: StreamFormat>(
 
 /// The finish reason on the wire (OpenAI's `finish_reason`, Ollama's `done_reason`):
 /// `length` for the token limit or a full context, `abort` for a request the server ended
-/// (shutdown), `stop` otherwise.
+/// (shutdown), `stop` otherwise (the end of text, a stop string, or an output constraint
+/// that allows nothing more).
 pub fn finish_reason(f: Option<FinishReason>) -> &'static str {
     match f {
         Some(FinishReason::Length | FinishReason::Context) => "length",

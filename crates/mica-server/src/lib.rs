@@ -27,6 +27,7 @@ pub mod params;
 pub mod serve;
 pub mod spec;
 pub mod state;
+pub mod structured;
 
 use crate::error::ServerError;
 use axum::Router;

@@ -41,6 +41,9 @@ pub struct Loaded {
     /// Speculative decoding for requests that do not choose (a draft model checked against
     /// this model's vocabulary, its context this model's).
     pub spec: SpecConfig,
+    /// The vocabulary indexed for constrained decoding, built on the first request that
+    /// needs it ([`crate::structured`]).
+    pub grammar: std::sync::OnceLock<mica::grammar::GrammarCompiler>,
 }
 
 /// What `/api/show` and `/api/tags` report about a model, read without loading it.
@@ -223,6 +226,7 @@ fn start(
         model,
         engine,
         loaded_at: SystemTime::now(),
+        grammar: std::sync::OnceLock::new(),
     })
 }
 

@@ -93,6 +93,13 @@ impl Request {
             proposer: None,
         }
     }
+
+    /// Constrains every completion of the request to `grammar` (replacing other
+    /// processors).
+    pub fn constrained(mut self, grammar: &mica_grammar::CompiledGrammar) -> Request {
+        self.processors = Some(grammar.factory());
+        self
+    }
 }
 
 /// A running serving engine. Dropping it stops the engine thread (requests in flight end

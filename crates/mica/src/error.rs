@@ -38,6 +38,10 @@ pub enum Error {
     /// Converting or quantizing.
     #[error(transparent)]
     Quant(#[from] mica_quant::QuantError),
+    /// A constraint (JSON Schema, grammar, regular expression, choices) or tool definition
+    /// that cannot be used: found before anything is generated.
+    #[error(transparent)]
+    Grammar(#[from] mica_grammar::GrammarError),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

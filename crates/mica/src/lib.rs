@@ -14,6 +14,13 @@
 //!   ([`Engine::submit`] returns a [`Stream`] of [`Event`]s; dropping it cancels the
 //!   request), as `mica serve` runs them.
 //!
+//! Structured output: [`Model::compile`] checks a [`Constraint`] (JSON Schema, JSON object,
+//! regular expression, Lark or GBNF grammar, choice list) before anything is generated;
+//! the [`CompiledGrammar`] then constrains a session (its processor in [`Hooks`]) or engine
+//! requests ([`Request::constrained`]). Tool calling lives in [`grammar::tools`]:
+//! [`Model::chat_prompt_with_tools`] renders tools through the model's template, and a
+//! [`ToolSet`](grammar::tools::ToolSet) parses, validates and forces calls.
+//!
 //! [`convert`] writes GGUF or `.mica` files (optionally quantized), [`Store::pull`] fetches
 //! models. Errors from every layer arrive as one [`Error`]. The crates beneath are
 //! re-exported ([`engine`], [`models`], [`kernels`], [`formats`], [`quant`], [`hub`]) for
@@ -63,6 +70,7 @@ pub use mica_engine::{
     Event, FinishReason, GenerateParams, Generation, Hooks, Lane, LogitsProcessor, ParamError,
     Proposer, RequestError, SamplingParams, SubmitError, Timings, TokenLogprob, Usage,
 };
+pub use mica_grammar::{CompiledGrammar, Constraint, GrammarError};
 pub use mica_hub::{Hub, HubConfig, Installed, Store};
 pub use mica_models::chat::ChatMessage;
 pub use mica_models::{Conversation, ConversationError};
@@ -71,6 +79,7 @@ pub use mica_quant::{ConvertOptions, ConvertReport, FileType};
 /// The layers beneath the facade, for what it does not cover.
 pub use mica_engine as engine;
 pub use mica_formats as formats;
+pub use mica_grammar as grammar;
 pub use mica_hub as hub;
 pub use mica_kernels as kernels;
 pub use mica_models as models;

@@ -4,11 +4,13 @@
 use crate::engine_api::{Engine, EngineOptions};
 use crate::error::Result;
 use crate::session::{Session, SessionOptions};
+use mica_grammar::tools::ToolFormat;
+use mica_grammar::{CompiledGrammar, Constraint, GrammarCompiler};
 use mica_hub::{Hub, Progress, Store};
 use mica_models::chat::ChatMessage;
 use mica_models::{LoadOptions, LoadedModel};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// The context a session or engine gets when none is asked for: the model's training
 /// context, at most this many positions (llama.cpp's default is 4096 as well).
@@ -34,6 +36,8 @@ impl Default for ModelOptions {
 pub struct Model {
     lm: Arc<LoadedModel>,
     path: PathBuf,
+    /// Built on first use (indexing the vocabulary takes a moment) and shared by clones.
+    grammar: Arc<OnceLock<GrammarCompiler>>,
 }
 
 impl Model {
@@ -55,6 +59,7 @@ impl Model {
         Ok(Model {
             lm: Arc::new(lm),
             path: path.to_path_buf(),
+            grammar: Arc::default(),
         })
     }
 
@@ -77,6 +82,7 @@ impl Model {
         Model {
             lm,
             path: path.into(),
+            grammar: Arc::default(),
         }
     }
 
@@ -133,6 +139,41 @@ impl Model {
     /// tokenized.
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
         Ok(self.lm.chat_prompt(messages)?)
+    }
+
+    /// [`Model::chat_prompt`] with tool definitions (OpenAI's `{"type": "function",
+    /// "function": {...}}` objects, e.g. from
+    /// [`ToolSet::template_tools`](mica_grammar::tools::ToolSet::template_tools)) given to
+    /// the chat template's `tools` variable.
+    pub fn chat_prompt_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+    ) -> Result<Vec<u32>> {
+        Ok(self.lm.chat_prompt_with_tools(messages, Some(tools))?)
+    }
+
+    /// How this model writes tool calls (from its chat template).
+    pub fn tool_format(&self) -> ToolFormat {
+        ToolFormat::detect(self.lm.tokenizer.chat_template().unwrap_or_default())
+    }
+
+    /// The model's grammar compiler (its vocabulary indexed for constrained decoding; built
+    /// on first use and kept).
+    pub fn grammar_compiler(&self) -> Result<GrammarCompiler> {
+        if let Some(c) = self.grammar.get() {
+            return Ok(c.clone());
+        }
+        let c = GrammarCompiler::for_model(&self.lm)?;
+        Ok(self.grammar.get_or_init(|| c).clone())
+    }
+
+    /// Checks and compiles an output constraint for this model: an invalid or unsupported
+    /// one is an error here, before anything is generated. Use it through
+    /// [`CompiledGrammar::processor`] (a [`Session`]'s hooks) or
+    /// [`Request::constrained`](crate::Request::constrained) (an [`Engine`]).
+    pub fn compile(&self, constraint: &Constraint) -> Result<CompiledGrammar> {
+        Ok(self.grammar_compiler()?.compile(constraint)?)
     }
 
     /// A single-sequence session (its own threads and KV cache).

@@ -18,6 +18,7 @@ use clap::Args;
 use mica::engine::Session;
 use mica::models::{LoadOptions, LoadedModel};
 
+use crate::constraint_args::{self, ConstraintArgs};
 use crate::sampling_args::SamplingArgs;
 use crate::spec_args::SpecArgs;
 use crate::store;
@@ -39,6 +40,9 @@ pub struct ChatArgs {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub spec: SpecArgs,
+    /// Every answer is constrained (checked when the model loads, before any answer).
+    #[command(flatten)]
+    pub constraint: ConstraintArgs,
     /// Most tokens per answer.
     #[arg(short = 'n', long = "tokens", default_value_t = 1024)]
     pub tokens: usize,
@@ -67,6 +71,7 @@ pub fn chat(args: ChatArgs) -> Result<()> {
     if args.tokens == 0 || args.ctx_size == Some(0) || args.threads == Some(0) {
         bail!("--tokens, --ctx-size and --threads must be positive");
     }
+    let constraint = args.constraint.constraint()?;
     repl::install_ctrl_c();
     let history = store::env::home_dir().ok().map(|h| h.join("chat_history"));
     let mut input = Input::new(history);
@@ -85,18 +90,33 @@ pub fn chat(args: ChatArgs) -> Result<()> {
     let opts = LoadOptions {
         repack: !args.no_repack,
     };
-    let mut current = (load(&path, opts)?, path, name);
+    let constrained = |lm: LoadedModel| -> Result<Loaded> {
+        let grammar = match &constraint {
+            Some(c) => Some(constraint_args::compile(&lm, c)?),
+            None => None,
+        };
+        Ok(Loaded { lm, grammar })
+    };
+    let mut current = (constrained(load(&path, opts)?)?, path, name);
     loop {
-        let (lm, path, name) = &current;
-        let outcome = session_loop(lm, path, name, &args, &mut state, &mut input);
+        let (loaded, path, name) = &current;
+        let outcome = session_loop(loaded, path, name, &args, &mut state, &mut input);
         match outcome {
             Outcome::Quit => return Ok(()),
-            Outcome::Switch(new_path, new_name) => match load(&new_path, opts) {
-                Ok(lm) => current = (lm, new_path, new_name),
-                Err(e) => eprintln!("error: {e:#}; staying with {name}"),
-            },
+            Outcome::Switch(new_path, new_name) => {
+                match load(&new_path, opts).and_then(constrained) {
+                    Ok(l) => current = (l, new_path, new_name),
+                    Err(e) => eprintln!("error: {e:#}; staying with {name}"),
+                }
+            }
         }
     }
+}
+
+/// A loaded model with the constraint compiled for its vocabulary.
+struct Loaded {
+    lm: LoadedModel,
+    grammar: Option<mica::grammar::CompiledGrammar>,
 }
 
 /// What survives a model switch.
@@ -108,13 +128,14 @@ struct State {
 
 /// One model's chat: prints the banner and runs the loop with a fresh session.
 fn session_loop(
-    lm: &LoadedModel,
+    loaded: &Loaded,
     path: &Path,
     name: &str,
     args: &ChatArgs,
     state: &mut State,
     input: &mut Input,
 ) -> Outcome {
+    let lm = &loaded.lm;
     let n_ctx = args
         .ctx_size
         .unwrap_or(lm.model.config.n_ctx_train.min(4096))
@@ -144,6 +165,7 @@ fn session_loop(
         lm,
         session,
         proposer,
+        grammar: loaded.grammar.as_ref(),
         model_name: name,
         model_path: path,
         conv: &mut state.conv,

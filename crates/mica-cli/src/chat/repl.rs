@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use mica::engine::{FinishReason, Hooks, Proposer, Session};
+use mica::engine::{FinishReason, Hooks, LogitsProcessor, Proposer, Session};
 use mica::models::LoadedModel;
 use mica::models::chat::ChatMessage;
 
@@ -75,6 +75,8 @@ pub struct Chat<'a, 'm> {
     pub session: Session<&'m LoadedModel>,
     /// Drafts tokens for speculative decoding (`--spec`), kept across answers.
     pub proposer: Option<Box<dyn Proposer>>,
+    /// The constraint every answer is generated under.
+    pub grammar: Option<&'m mica::grammar::CompiledGrammar>,
     pub model_name: &'a str,
     pub model_path: &'a std::path::Path,
     pub conv: &'a mut Conversation,
@@ -152,7 +154,11 @@ impl Chat<'_, '_> {
         let params = self.settings.params(mica::engine::random_seed());
         let stdout = std::io::stdout();
         let hooks = Hooks {
-            processors: Vec::new(),
+            processors: self
+                .grammar
+                .iter()
+                .map(|g| Box::new(g.processor()) as Box<dyn LogitsProcessor>)
+                .collect(),
             proposer: self.proposer.as_deref_mut().map(|p| p as &mut dyn Proposer),
         };
         let result = self.session.generate_with(&ids, &params, hooks, |piece| {

@@ -19,6 +19,7 @@ use crate::error::{ParamError, ServerError, parse_json};
 use crate::models::{Loaded, ModelMeta};
 use crate::params::completion_budget;
 use crate::state::AppState;
+use crate::structured::{self, Prepared};
 use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
@@ -43,6 +44,7 @@ async fn run(
     lane: Lane,
     chat: bool,
     load: Duration,
+    prepared: Prepared,
 ) -> Result<Response, ServerError> {
     let n_ctx = job
         .num_ctx
@@ -66,9 +68,10 @@ async fn run(
             n: 1,
             logprobs: None,
             proposer,
+            processors: prepared.processors,
         },
     )?;
-    let mut fmt = Ndjson::new(job.model.clone(), chat, load);
+    let mut fmt = Ndjson::new(job.model.clone(), chat, load).with_tools(prepared.tools);
     if job.stream {
         let body = bridge::stream_body(running, fmt, st.life.abort_signal());
         return Ok((
@@ -83,7 +86,12 @@ async fn run(
     let ch = &out.choices[0];
     fmt.first = out.first_token;
     fmt.finish = ch.finish;
-    Ok(Json(fmt.final_chunk(ch.text.clone(), &out.usage, started)).into_response())
+    let (content, calls) = fmt.split(ch.text.clone());
+    let mut last = fmt.final_chunk(content, &out.usage, started);
+    if let Some(m) = &mut last.message {
+        m.tool_calls = calls;
+    }
+    Ok(Json(last).into_response())
 }
 
 /// Ollama answers a request with nothing to generate by loading the model.
@@ -124,7 +132,11 @@ pub async fn generate(
         field: "prompt".into(),
         message,
     })?;
-    run(&st, loaded, &req.job, prompt, "prompt", lane, false, load).await
+    let prepared = structured::prepare_async(loaded.clone(), req.structured.clone()).await?;
+    run(
+        &st, loaded, &req.job, prompt, "prompt", lane, false, load, prepared,
+    )
+    .await
 }
 
 pub async fn chat(
@@ -140,14 +152,12 @@ pub async fn chat(
     if req.messages.is_empty() {
         return Ok(loaded_reply(&req.job.model, true));
     }
-    let prompt = loaded
-        .model
-        .chat_prompt(&req.messages)
-        .map_err(|e| ParamError::Unsupported {
-            field: "messages".into(),
-            message: e.to_string(),
-        })?;
-    run(&st, loaded, &req.job, prompt, "messages", lane, true, load).await
+    let prepared = structured::prepare_async(loaded.clone(), req.structured.clone()).await?;
+    let prompt = structured::chat_prompt(&loaded, &req.messages, prepared.tools.as_deref())?;
+    run(
+        &st, loaded, &req.job, prompt, "messages", lane, true, load, prepared,
+    )
+    .await
 }
 
 fn details(meta: &ModelMeta) -> Details {

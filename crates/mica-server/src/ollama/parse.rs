@@ -4,11 +4,12 @@
 //! routes' ([`crate::params::validate_sampling`]); only the defaults differ.
 
 use super::types::{ChatBody, GenerateBody, Options};
-use crate::error::{ParamError, ServerError, parse_json};
+use crate::error::{ParamError, ServerError, from_value, parse_body};
 use crate::params::{
     OLLAMA_DEFAULTS, OLLAMA_ROLES, Sampling, SamplingFields, validate_role, validate_sampling,
 };
 use crate::spec::{SpecFields, SpecRequest, validate_spec};
+use crate::structured::{self, Structured};
 use mica::models::chat::ChatMessage;
 
 /// What both generating routes resolve before the model is involved.
@@ -32,6 +33,8 @@ pub struct GenerateRequest {
     pub prompt: String,
     pub system: Option<String>,
     pub raw: bool,
+    /// `format` and the constraint extensions.
+    pub structured: Structured,
 }
 
 /// A checked `/api/chat` request.
@@ -39,6 +42,8 @@ pub struct GenerateRequest {
 pub struct ChatRequest {
     pub job: OllamaGen,
     pub messages: Vec<ChatMessage>,
+    /// `format`, the constraint extensions and `tools`.
+    pub structured: Structured,
 }
 
 fn job(
@@ -103,25 +108,48 @@ fn job(
 
 /// Reads and checks an `/api/generate` body.
 pub fn parse_generate(body: &[u8]) -> Result<GenerateRequest, ServerError> {
-    let b: GenerateBody = parse_json(body)?;
+    let v = parse_body(body)?;
+    let b: GenerateBody = from_value(&v)?;
+    let structured = structured::ollama(&v)?;
+    if !structured.tools.is_empty() {
+        return Err(ParamError::Unsupported {
+            field: "tools".into(),
+            message: "tools are for /api/chat".into(),
+        }
+        .into());
+    }
     Ok(GenerateRequest {
         job: job(&b.model, b.options.as_ref(), b.stream, b.priority.as_ref())?,
         prompt: b.prompt,
         system: b.system,
         raw: b.raw,
+        structured,
     })
 }
 
 /// Reads and checks an `/api/chat` body.
 pub fn parse_chat(body: &[u8]) -> Result<ChatRequest, ServerError> {
-    let b: ChatBody = parse_json(body)?;
+    let v = parse_body(body)?;
+    let b: ChatBody = from_value(&v)?;
     let job = job(&b.model, b.options.as_ref(), b.stream, b.priority.as_ref())?;
     let mut messages = Vec::with_capacity(b.messages.len());
     for (i, m) in b.messages.iter().enumerate() {
         let role = validate_role(&m.role, format!("messages[{i}].role"), OLLAMA_ROLES)?;
-        messages.push(ChatMessage::new(role, m.content.clone()));
+        let mut msg = ChatMessage::new(role, m.content.clone());
+        for (j, c) in m.tool_calls.iter().flatten().enumerate() {
+            msg.tool_calls.push(structured::history_call(
+                c,
+                &format!("messages[{i}].tool_calls[{j}]"),
+            )?);
+        }
+        msg.name = m.tool_name.clone();
+        messages.push(msg);
     }
-    Ok(ChatRequest { job, messages })
+    Ok(ChatRequest {
+        job,
+        messages,
+        structured: structured::ollama(&v)?,
+    })
 }
 
 #[cfg(test)]

@@ -2,9 +2,11 @@
 //! with the finish reason, counts and durations ([`Ndjson`]); the same final object answers
 //! a non-streaming request.
 
-use super::types::{Chunk, MessageOut, Stats, StreamError};
+use super::types::{Chunk, FunctionOut, MessageOut, Stats, StreamError, ToolCallOut};
 use crate::bridge::{Running, StreamFormat, finish_reason, rfc3339};
 use mica::engine::{Event, FinishReason, Usage};
+use mica::grammar::tools::{ToolSet, ToolStream};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 pub struct Ndjson {
@@ -14,6 +16,9 @@ pub struct Ndjson {
     pub finish: Option<FinishReason>,
     pub first: Option<Instant>,
     pub load: Duration,
+    /// The request's tools (`/api/chat`): content streams as it comes, calls are sent whole
+    /// in the message's `tool_calls` once the completion ends.
+    pub tools: Option<(Arc<ToolSet>, ToolStream)>,
 }
 
 impl Ndjson {
@@ -24,6 +29,27 @@ impl Ndjson {
             finish: None,
             first: None,
             load,
+            tools: None,
+        }
+    }
+
+    /// With tools: calls are parsed out of the output.
+    pub fn with_tools(mut self, tools: Option<Arc<ToolSet>>) -> Ndjson {
+        self.tools = tools.map(|t| {
+            let s = t.stream();
+            (t, s)
+        });
+        self
+    }
+
+    /// A whole output split into content and calls (non-streaming answers).
+    pub fn split(&self, text: String) -> (String, Vec<ToolCallOut>) {
+        match &self.tools {
+            Some((set, _)) => {
+                let p = set.parse(&text);
+                (p.content, calls_out(&p.calls))
+            }
+            None => (text, Vec::new()),
         }
     }
 
@@ -35,6 +61,7 @@ impl Ndjson {
                 Some(MessageOut {
                     role: "assistant",
                     content: text,
+                    tool_calls: Vec::new(),
                 }),
             )
         } else {
@@ -72,6 +99,18 @@ impl Ndjson {
     }
 }
 
+fn calls_out(calls: &[mica::grammar::tools::ToolCall]) -> Vec<ToolCallOut> {
+    calls
+        .iter()
+        .map(|c| ToolCallOut {
+            function: FunctionOut {
+                name: c.name.clone(),
+                arguments: c.arguments.clone(),
+            },
+        })
+        .collect()
+}
+
 fn line(v: &impl serde::Serialize) -> String {
     format!("{}\n", serde_json::to_string(v).unwrap_or_default())
 }
@@ -81,6 +120,10 @@ impl StreamFormat for Ndjson {
         match ev {
             Event::Token { text, .. } => {
                 self.first.get_or_insert_with(Instant::now);
+                let text = match &mut self.tools {
+                    Some((_, ts)) => ts.push(&text),
+                    None => text,
+                };
                 if text.is_empty() {
                     return String::new();
                 }
@@ -88,6 +131,21 @@ impl StreamFormat for Ndjson {
             }
             Event::Done { text, finish, .. } => {
                 self.finish = Some(finish);
+                if let Some((set, ts)) = self.tools.take() {
+                    let mut ts = ts;
+                    let mut content = ts.push(&text);
+                    let end = ts.finish(&set);
+                    content.push_str(&end.content);
+                    let mut c = self.chunk(content, false);
+                    if let Some(m) = &mut c.message {
+                        m.tool_calls = calls_out(&end.calls);
+                    }
+                    let empty = c
+                        .message
+                        .as_ref()
+                        .is_some_and(|m| m.content.is_empty() && m.tool_calls.is_empty());
+                    return if empty { String::new() } else { line(&c) };
+                }
                 if text.is_empty() {
                     String::new()
                 } else {

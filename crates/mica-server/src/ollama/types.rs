@@ -44,6 +44,10 @@ pub struct ChatMsg {
     pub role: String,
     #[serde(default)]
     pub content: String,
+    /// An assistant turn's calls (`{"function": {"name", "arguments": {...}}}`).
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A `tool` turn: the function whose result this is.
+    pub tool_name: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -66,6 +70,20 @@ pub struct ShowBody {
 pub struct MessageOut {
     pub role: &'static str,
     pub content: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallOut>,
+}
+
+/// A call the model made (Ollama's shape: the arguments as an object).
+#[derive(Clone, Debug, Serialize)]
+pub struct ToolCallOut {
+    pub function: FunctionOut,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct FunctionOut {
+    pub name: String,
+    pub arguments: serde_json::Value,
 }
 
 /// Counts and durations (nanoseconds) of a finished request.

@@ -17,6 +17,7 @@ use crate::error::{ParamError, ServerError};
 use crate::models::Loaded;
 use crate::params::completion_budget;
 use crate::state::AppState;
+use crate::structured;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -39,6 +40,7 @@ fn submit(
     field: &str,
     lane: Lane,
     logprobs: Option<usize>,
+    processors: Option<mica::engine::ProcessorFactory>,
 ) -> Result<Running, ServerError> {
     let max_tokens = completion_budget(prompt.len(), loaded.engine.n_ctx(), job.max_tokens, field)?;
     let params = GenerateParams {
@@ -57,6 +59,7 @@ fn submit(
             n: job.n,
             logprobs,
             proposer: crate::spec::proposer(loaded, &job.spec, "")?,
+            processors,
         },
     )
 }
@@ -86,14 +89,18 @@ pub async fn chat(
     let req = parse_chat(&body)?;
     let lane = st.lane(&headers, req.job.priority.as_deref())?;
     let loaded = st.get(&req.job.model).await?;
-    let prompt = loaded
-        .model
-        .chat_prompt(&req.messages)
-        .map_err(|e| ParamError::Unsupported {
-            field: "messages".into(),
-            message: e.to_string(),
-        })?;
-    let running = submit(&loaded, &req.job, prompt, "messages", lane, req.logprobs)?;
+    let prepared = structured::prepare_async(loaded.clone(), req.structured.clone()).await?;
+    let tools = prepared.tools;
+    let prompt = structured::chat_prompt(&loaded, &req.messages, tools.as_deref())?;
+    let running = submit(
+        &loaded,
+        &req.job,
+        prompt,
+        "messages",
+        lane,
+        req.logprobs,
+        prepared.processors,
+    )?;
     let id = format!("chatcmpl-{:x}", rand_id());
     let model = req.job.model.clone();
     if req.job.stream {
@@ -104,6 +111,11 @@ pub async fn chat(
             created: unix_now(),
             sent_role: vec![false; req.job.n],
             tok: loaded.model.clone(),
+            tool_streams: tools
+                .as_ref()
+                .map(|t| (0..req.job.n).map(|_| t.stream()).collect())
+                .unwrap_or_default(),
+            tools,
         };
         return Ok(sse(bridge::stream_body(
             running,
@@ -117,21 +129,39 @@ pub async fn chat(
         .choices
         .iter()
         .enumerate()
-        .map(|(index, ch)| ChatChoice {
-            index,
-            message: AssistantMessage {
-                role: "assistant",
-                content: ch.text.clone(),
-            },
-            logprobs: req.logprobs.map(|_| ChatLogprobs {
-                content: ch
-                    .logprobs
-                    .iter()
-                    .zip(&ch.tokens)
-                    .map(|(lp, &t)| chat_logprob(tok, t, lp))
-                    .collect(),
-            }),
-            finish_reason: finish_reason(ch.finish),
+        .map(|(index, ch)| {
+            let (content, tool_calls) = match &tools {
+                Some(set) => {
+                    let parsed = set.parse(&ch.text);
+                    (parsed.content, stream::calls_out(&parsed.calls))
+                }
+                None => (ch.text.clone(), Vec::new()),
+            };
+            ChatChoice {
+                index,
+                finish_reason: if tool_calls.is_empty() {
+                    finish_reason(ch.finish)
+                } else {
+                    "tool_calls"
+                },
+                message: AssistantMessage {
+                    role: "assistant",
+                    content: if tool_calls.is_empty() || !content.is_empty() {
+                        Some(content)
+                    } else {
+                        None
+                    },
+                    tool_calls,
+                },
+                logprobs: req.logprobs.map(|_| ChatLogprobs {
+                    content: ch
+                        .logprobs
+                        .iter()
+                        .zip(&ch.tokens)
+                        .map(|(lp, &t)| chat_logprob(tok, t, lp))
+                        .collect(),
+                }),
+            }
         })
         .collect();
     Ok(Json(ChatCompletion {
@@ -178,7 +208,16 @@ pub async fn completions(
         ))
         .into());
     }
-    let running = submit(&loaded, &req.job, prompt, "prompt", lane, req.logprobs)?;
+    let prepared = structured::prepare_async(loaded.clone(), req.structured.clone()).await?;
+    let running = submit(
+        &loaded,
+        &req.job,
+        prompt,
+        "prompt",
+        lane,
+        req.logprobs,
+        prepared.processors,
+    )?;
     let id = format!("cmpl-{:x}", rand_id());
     let model = req.job.model.clone();
     if req.job.stream {

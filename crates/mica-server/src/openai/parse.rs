@@ -10,6 +10,7 @@ use crate::params::{
     validate_max_tokens, validate_n, validate_role, validate_sampling,
 };
 use crate::spec::{SpecFields, SpecRequest, validate_spec};
+use crate::structured::{self, Structured};
 use mica::models::chat::ChatMessage;
 
 /// What both OpenAI routes resolve before the model is involved.
@@ -34,6 +35,8 @@ pub struct ChatRequest {
     pub messages: Vec<ChatMessage>,
     /// Alternatives per token when log-probabilities were asked for.
     pub logprobs: Option<usize>,
+    /// `response_format`, the constraint extensions, `tools` and `tool_choice`.
+    pub structured: Structured,
 }
 
 /// A checked `/v1/completions` request.
@@ -42,6 +45,8 @@ pub struct CompletionRequest {
     pub job: Generation,
     pub prompt: Prompt,
     pub logprobs: Option<usize>,
+    /// The constraint extensions (`grammar`, `regex`, `choice`); no tools.
+    pub structured: Structured,
 }
 
 fn generation(c: &CommonFields) -> Result<Generation, ParamError> {
@@ -123,7 +128,16 @@ pub fn parse_chat(body: &[u8]) -> Result<ChatRequest, ServerError> {
                 text
             }
         };
-        messages.push(ChatMessage::new(role, text));
+        let mut msg = ChatMessage::new(role, text);
+        for (j, c) in m.tool_calls.iter().flatten().enumerate() {
+            msg.tool_calls.push(structured::history_call(
+                c,
+                &format!("messages[{i}].tool_calls[{j}]"),
+            )?);
+        }
+        msg.tool_call_id = m.tool_call_id.clone();
+        msg.name = m.name.clone();
+        messages.push(msg);
     }
     let top = chat
         .top_logprobs
@@ -144,6 +158,7 @@ pub fn parse_chat(body: &[u8]) -> Result<ChatRequest, ServerError> {
         job,
         messages,
         logprobs,
+        structured: structured::openai(&v)?,
     })
 }
 
@@ -173,10 +188,19 @@ pub fn parse_completion(body: &[u8]) -> Result<CompletionRequest, ServerError> {
         .logprobs
         .map(|k| validate_logprobs("logprobs", k))
         .transpose()?;
+    let structured = structured::openai(&v)?;
+    if !structured.tools.is_empty() {
+        return Err(ParamError::Unsupported {
+            field: "tools".into(),
+            message: "tools are for /v1/chat/completions".into(),
+        }
+        .into());
+    }
     Ok(CompletionRequest {
         job,
         prompt: fields.prompt,
         logprobs,
+        structured,
     })
 }
 

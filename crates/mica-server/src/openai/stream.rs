@@ -4,10 +4,12 @@
 
 use super::types::{
     ChatChunk, ChatChunkChoice, ChatLogprobs, CompletionChunk, CompletionChunkChoice, Delta,
-    LegacyLogprobs, StreamError, StreamErrorDetail, TokenLogprob, TopLogprob, TopMap, Usage,
+    FunctionOut, LegacyLogprobs, StreamError, StreamErrorDetail, TokenLogprob, ToolCallDelta,
+    ToolCallOut, TopLogprob, TopMap, Usage,
 };
 use crate::bridge::{Running, StreamFormat, finish_reason};
 use mica::engine::Event;
+use mica::grammar::tools::{ToolCall, ToolSet, ToolStream};
 use mica::models::LoadedModel;
 use mica::models::tokenizer::{DecodeOptions, Tokenizer};
 use serde::Serialize;
@@ -71,6 +73,21 @@ pub fn legacy_logprobs(
     out
 }
 
+/// Parsed calls as the chat API writes them, each with a fresh id.
+pub fn calls_out(calls: &[ToolCall]) -> Vec<ToolCallOut> {
+    calls
+        .iter()
+        .map(|c| ToolCallOut {
+            id: crate::structured::call_id(),
+            kind: "function",
+            function: FunctionOut {
+                name: c.name.clone(),
+                arguments: serde_json::to_string(&c.arguments).unwrap_or_default(),
+            },
+        })
+        .collect()
+}
+
 fn data(v: &impl Serialize) -> String {
     format!("data: {}\n\n", serde_json::to_string(v).unwrap_or_default())
 }
@@ -93,9 +110,96 @@ pub struct ChatStream {
     /// Whether each choice's first chunk (carrying the role) went out.
     pub sent_role: Vec<bool>,
     pub tok: Arc<LoadedModel>,
+    /// The request's tools: content is streamed as it comes, calls are held back and sent
+    /// whole at the end (one delta per call, with its id, name and arguments).
+    pub tools: Option<Arc<ToolSet>>,
+    /// One parser per completion when there are tools.
+    pub tool_streams: Vec<ToolStream>,
 }
 
 impl ChatStream {
+    fn role(&mut self, index: usize) -> Option<&'static str> {
+        if !self.sent_role.get(index).copied().unwrap_or(true) {
+            self.sent_role[index] = true;
+            Some("assistant")
+        } else {
+            None
+        }
+    }
+
+    fn content_chunk(&mut self, index: usize, text: String) -> String {
+        let role = self.role(index);
+        self.chunk(
+            vec![ChatChunkChoice {
+                index,
+                delta: Delta {
+                    role,
+                    content: Some(text),
+                    tool_calls: None,
+                },
+                logprobs: None,
+                finish_reason: None,
+            }],
+            None,
+        )
+    }
+
+    /// The end of completion `index` with tools: held content, then the calls, then the
+    /// finish reason (`tool_calls` when there are calls).
+    fn finish_tools(
+        &mut self,
+        index: usize,
+        text: &str,
+        finish: mica::engine::FinishReason,
+    ) -> String {
+        let (Some(set), Some(ts)) = (self.tools.clone(), self.tool_streams.get_mut(index)) else {
+            return String::new();
+        };
+        let mut ts = std::mem::replace(ts, set.stream());
+        let mut content = ts.push(text);
+        let end = ts.finish(&set);
+        content.push_str(&end.content);
+        let mut out = String::new();
+        if !content.is_empty() {
+            out += &self.content_chunk(index, content);
+        }
+        let calls = calls_out(&end.calls);
+        let reason = if calls.is_empty() {
+            finish_reason(Some(finish))
+        } else {
+            let role = self.role(index);
+            let deltas = calls
+                .into_iter()
+                .enumerate()
+                .map(|(i, call)| ToolCallDelta { index: i, call })
+                .collect();
+            out += &self.chunk(
+                vec![ChatChunkChoice {
+                    index,
+                    delta: Delta {
+                        role,
+                        content: None,
+                        tool_calls: Some(deltas),
+                    },
+                    logprobs: None,
+                    finish_reason: None,
+                }],
+                None,
+            );
+            "tool_calls"
+        };
+        out += &self.chunk(
+            vec![ChatChunkChoice {
+                index,
+                delta: Delta::default(),
+                logprobs: None,
+                finish_reason: Some(reason),
+            }],
+            None,
+        );
+        out
+    }
+
     fn chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<Usage>) -> String {
         data(&ChatChunk {
             id: &self.id,
@@ -118,9 +222,17 @@ impl StreamFormat for ChatStream {
                 text,
                 logprob,
             } => {
+                let text = match self.tool_streams.get_mut(index) {
+                    Some(ts) => ts.push(&text),
+                    None => text,
+                };
+                if self.tools.is_some() && text.is_empty() {
+                    return String::new();
+                }
                 let mut delta = Delta {
                     role: None,
                     content: Some(text),
+                    tool_calls: None,
                 };
                 if !self.sent_role.get(index).copied().unwrap_or(true) {
                     self.sent_role[index] = true;
@@ -144,6 +256,9 @@ impl StreamFormat for ChatStream {
                 finish,
                 text,
             } => {
+                if self.tools.is_some() {
+                    return self.finish_tools(index, &text, finish);
+                }
                 let mut out = String::new();
                 if !text.is_empty() {
                     out += &self.chunk(
@@ -152,6 +267,7 @@ impl StreamFormat for ChatStream {
                             delta: Delta {
                                 role: None,
                                 content: Some(text),
+                                tool_calls: None,
                             },
                             logprobs: None,
                             finish_reason: None,

@@ -75,6 +75,12 @@ pub struct Part {
 pub struct MessageIn {
     pub role: String,
     pub content: Option<Content>,
+    /// An assistant turn's calls (`{"id", "type": "function", "function": {"name",
+    /// "arguments": "<JSON text>"}}`).
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A `tool` turn: the call this is the result of.
+    pub tool_call_id: Option<String>,
+    pub name: Option<String>,
 }
 
 /// The fields only `/v1/chat/completions` takes.
@@ -166,7 +172,33 @@ pub struct ChatLogprobs {
 #[derive(Clone, Debug, Serialize)]
 pub struct AssistantMessage {
     pub role: &'static str,
-    pub content: String,
+    /// `null` when the turn is only tool calls.
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallOut>,
+}
+
+/// A call the model made: `arguments` is the JSON text of the arguments object.
+#[derive(Clone, Debug, Serialize)]
+pub struct ToolCallOut {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: FunctionOut,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct FunctionOut {
+    pub name: String,
+    pub arguments: String,
+}
+
+/// A call in a stream chunk (`index` tells the client which call the delta extends).
+#[derive(Clone, Debug, Serialize)]
+pub struct ToolCallDelta {
+    pub index: usize,
+    #[serde(flatten)]
+    pub call: ToolCallOut,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -235,6 +267,8 @@ pub struct Delta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 #[derive(Clone, Debug, Serialize)]
