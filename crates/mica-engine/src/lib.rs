@@ -3,9 +3,10 @@
 //! streaming, speculative verification through a proposer); and the serving engine — the
 //! paged KV block manager with prefix caching, the step scheduler with priority lanes and
 //! multi-token steps, and the continuous batching loop that runs many requests through one
-//! forward pass per step.
+//! forward pass per step; and embeddings pooled from the final hidden states.
 
 pub mod decoder;
+pub mod embed;
 pub mod engine;
 pub mod error;
 pub mod generate;
@@ -19,6 +20,7 @@ pub mod scheduler;
 mod step_gate;
 
 pub use decoder::{Commit, MAX_DRAFT, SequenceDecoder};
+pub use embed::{DEFAULT_POOLING, EmbedError, Embedder, Pooling};
 pub use engine::{
     EngineConfig, EngineHandle, Event, EventSink, ProcessorFactory, Request, RequestError,
     SubmitError, TokenLogprob, Usage,

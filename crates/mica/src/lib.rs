@@ -13,6 +13,8 @@
 //!   ([`Engine::submit`] returns a [`Stream`] of [`Event`]s; dropping it cancels the
 //!   request), as `mica serve` runs them.
 //!
+//! - [`Model::embed`]: embeddings of texts, pooled as the model declares and normalized.
+//!
 //! [`convert`] writes GGUF or `.mica` files (optionally quantized), [`Store::pull`] fetches
 //! models. Errors from every layer arrive as one [`Error`]. The crates beneath are
 //! re-exported ([`engine`], [`models`], [`kernels`], [`formats`], [`quant`], [`hub`]) for
@@ -47,19 +49,22 @@
 //! # Ok::<(), mica::Error>(())
 //! ```
 
+mod embed;
 mod engine_api;
 mod error;
 mod model;
 mod session;
 
+pub use embed::EmbedOptions;
 pub use engine_api::{Completion, Engine, EngineOptions, Request, Stream};
 pub use error::{Error, Result};
 pub use model::{Model, ModelOptions};
 pub use session::{Session, SessionOptions};
 
 pub use mica_engine::{
-    Event, FinishReason, GenerateParams, Generation, Hooks, Lane, LogitsProcessor, ParamError,
-    Proposer, RequestError, SamplingParams, SubmitError, Timings, TokenLogprob, Usage,
+    Embedder, Event, FinishReason, GenerateParams, Generation, Hooks, Lane, LogitsProcessor,
+    ParamError, Pooling, Proposer, RequestError, SamplingParams, SubmitError, Timings,
+    TokenLogprob, Usage,
 };
 pub use mica_hub::{Hub, HubConfig, Installed, Store};
 pub use mica_models::chat::ChatMessage;
