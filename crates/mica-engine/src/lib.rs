@@ -12,6 +12,7 @@ pub mod error;
 pub mod generate;
 pub mod kv_manager;
 pub mod metrics;
+pub mod mirostat;
 pub mod processor;
 pub mod proposer;
 pub mod request;
@@ -32,6 +33,7 @@ pub use generate::{
 };
 pub use kv_manager::{BlockManager, SeqBlocks};
 pub use metrics::{EngineMetrics, RequestStatus};
+pub use mirostat::Mirostat;
 pub use processor::{LogitBias, LogitsProcessor, Penalties};
 pub use proposer::Proposer;
 pub use sampler::{Sampler, SamplingParams, random_seed};

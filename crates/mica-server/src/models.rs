@@ -37,6 +37,9 @@ pub struct Loaded {
     pub loaded_at: SystemTime,
     /// Weight files plus KV cache bytes (the estimate the memory budget uses).
     pub bytes: u64,
+    /// The embedding routes' embedder, made on first use; one embedding request at a time
+    /// per model runs on it ([`crate::embeddings`]).
+    pub embedder: std::sync::Mutex<Option<mica_engine::Embedder<Arc<LoadedModel>>>>,
 }
 
 /// What `/api/show` and `/api/tags` report about a model, read without loading it.
@@ -196,6 +199,7 @@ fn start(
         model,
         engine,
         loaded_at: SystemTime::now(),
+        embedder: Default::default(),
     })
 }
 

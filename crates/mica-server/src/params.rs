@@ -164,6 +164,7 @@ pub fn validate_sampling(
             Some(n) => usize::try_from(n).unwrap_or(0),
         },
         seed: f.seed.unwrap_or_else(mica_engine::random_seed),
+        ..Default::default()
     };
     Ok(Sampling { params, stop })
 }

@@ -25,7 +25,7 @@ impl Settings {
             sampling: self.sampling.params(seed),
             stop: Vec::new(),
             ignore_eos: false,
-            logit_bias: Vec::new(),
+            logit_bias: self.sampling.logit_bias.clone(),
         }
     }
 }
