@@ -189,4 +189,42 @@ mod tests {
         assert_eq!(c.iter().map(|x| x.id).collect::<Vec<_>>(), vec![1, 0]);
         assert!((p[0] - 2.0 / 3.0).abs() < 1e-6 && (p[1] - 1.0 / 3.0).abs() < 1e-6);
     }
+
+    /// llama.cpp's own samplers on fixed logits (fixtures/sampling/mirostat_ref.py through
+    /// llama-cpp-python): `(tau, v1 kept, v2 kept, v2's first ids, their probabilities)` on
+    /// the first call (mu = 2 tau).
+    #[test]
+    fn first_truncation_matches_llama_cpp() {
+        #[rustfmt::skip]
+        let want: [(f32, usize, usize, &[u32], &[f32]); 7] = [
+            (1.0, 1, 1, &[0], &[1.0]),
+            (1.5, 2, 2, &[0, 1], &[0.6588124, 0.3411876]),
+            (2.0, 4, 4, &[0, 1, 2, 3], &[0.4788027, 0.2479637, 0.165607, 0.1076267]),
+            (2.5, 7, 5, &[0, 1, 2, 3], &[0.4494462, 0.2327604, 0.1554532, 0.1010278]),
+            (3.0, 13, 10, &[0, 1, 2, 3], &[0.3945796, 0.204346, 0.1364761, 0.0886948]),
+            (4.0, 44, 29, &[0, 1, 2, 3], &[0.3333999, 0.1726621, 0.1153155, 0.0749426]),
+            (5.0, 64, 64, &[0, 1, 2, 3], &[0.3075811, 0.159291, 0.1063853, 0.069139]),
+        ];
+        let logits: Vec<f32> = (0..64)
+            .map(|i| -1.3 * ((i + 1) as f32).ln() + 0.37 * (7.0 * i as f32).sin())
+            .collect();
+        for (tau, k1, k2, ids, probs) in want {
+            let v1 = MirostatState::new(Mirostat::V1 { tau, eta: 0.1 }, 64);
+            let mut c = cands(&logits);
+            v1.truncate(&mut c);
+            assert_eq!(c.len(), k1, "v1 tau {tau}");
+            let v2 = MirostatState::new(Mirostat::V2 { tau, eta: 0.1 }, 64);
+            let mut c = cands(&logits);
+            let p = v2.truncate(&mut c);
+            assert_eq!(c.len(), k2, "v2 tau {tau}");
+            for (i, (&id, &pr)) in ids.iter().zip(probs).enumerate() {
+                assert_eq!(c[i].id, id);
+                assert!(
+                    (p[i] - pr).abs() < 2e-6,
+                    "v2 tau {tau} p[{i}] {} vs {pr}",
+                    p[i]
+                );
+            }
+        }
+    }
 }

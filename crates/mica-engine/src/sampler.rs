@@ -527,4 +527,32 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn mirostat_is_seeded_moves_mu_and_ignores_the_penalties() {
+        use crate::mirostat::Mirostat;
+        let l: Vec<f32> = (0..64).map(|i| -1.3 * ((i + 1) as f32).ln()).collect();
+        let run = |seed, kind| {
+            let mut s = Sampler::new(SamplingParams {
+                seed,
+                temperature: 1.0,
+                mirostat: Some(kind),
+                repeat_penalty: 5.0,
+                ..Default::default()
+            });
+            let toks: Vec<u32> = (0..200).map(|_| s.sample(&l, &[0, 0, 0])).collect();
+            (toks, s.mirostat_mu().unwrap())
+        };
+        for kind in [
+            Mirostat::V1 { tau: 3.0, eta: 0.1 },
+            Mirostat::V2 { tau: 3.0, eta: 0.1 },
+        ] {
+            let (a, mu) = run(7, kind);
+            assert_eq!(a, run(7, kind).0);
+            assert_ne!(a, run(8, kind).0);
+            assert_ne!(mu, 6.0, "mu never moved");
+            // Token 0 is the most likely; a repeat penalty of 5 would have all but removed it.
+            assert!(a.iter().filter(|&&t| t == 0).count() > 20);
+        }
+    }
 }

@@ -54,7 +54,7 @@ async fn run(
         sampling: job.sampling.params.clone(),
         stop: job.sampling.stop.clone(),
         ignore_eos: false,
-        ..Default::default()
+        logit_bias: job.sampling.logit_bias.clone(),
     };
     let running = bridge::start(
         loaded,

@@ -21,6 +21,11 @@ pub struct Options {
     pub repeat_last_n: Option<i64>,
     pub presence_penalty: Option<f64>,
     pub frequency_penalty: Option<f64>,
+    pub mirostat: Option<i64>,
+    pub mirostat_tau: Option<f64>,
+    pub mirostat_eta: Option<f64>,
+    /// Extension (OpenAI's shape): token id → bias.
+    pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
