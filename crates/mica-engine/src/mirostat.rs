@@ -195,8 +195,10 @@ mod tests {
     /// the first call (mu = 2 tau).
     #[test]
     fn first_truncation_matches_llama_cpp() {
+        /// `(tau, v1 kept, v2 kept, v2's first ids, their probabilities)`.
+        type Row = (f32, usize, usize, &'static [u32], &'static [f32]);
         #[rustfmt::skip]
-        let want: [(f32, usize, usize, &[u32], &[f32]); 7] = [
+        let want: [Row; 7] = [
             (1.0, 1, 1, &[0], &[1.0]),
             (1.5, 2, 2, &[0, 1], &[0.6588124, 0.3411876]),
             (2.0, 4, 4, &[0, 1, 2, 3], &[0.4788027, 0.2479637, 0.165607, 0.1076267]),

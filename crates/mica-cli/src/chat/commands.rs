@@ -218,6 +218,10 @@ mod tests {
                 presence_penalty: 0.5,
                 frequency_penalty: 0.25,
                 seed: Some(3),
+                mirostat: 0,
+                mirostat_ent: 5.0,
+                mirostat_lr: 0.1,
+                logit_bias: Vec::new(),
             },
             max_tokens: 5,
         };
