@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Real-client checks of `mica serve` (run: tests/clients/run.sh): the `openai` SDK (models
-list and retrieve, chat, completions, streaming, logprobs, errors) and the `ollama` client
-(generate, chat, streaming, list, show) against a server on 127.0.0.1 that requires the API
+list and retrieve, chat, completions, streaming, logprobs, errors, embeddings) and the `ollama` client
+(generate, chat, streaming, list, show, embed) against a server on 127.0.0.1 that requires the API
 key given as the third argument. Exits non-zero on the first failure and prints
 'N passed, 0 failed' at the end."""
 
@@ -77,6 +77,20 @@ try:
 except openai.BadRequestError as e:
     check("openai oversize prompt -> BadRequestError", "tokens" in str(e), str(e))
 
+# Embeddings: the SDK asks for base64 by default and decodes it; float gives the same vector.
+e = oa.embeddings.create(model=model, input=["The cat sat.", "A dog ran."])
+v0 = e.data[0].embedding
+check("openai embeddings.create", len(e.data) == 2 and len(v0) == 576 and e.usage.prompt_tokens > 0,
+      e.usage)
+check("openai embedding normalized", abs(sum(x * x for x in v0) - 1.0) < 1e-4)
+f = oa.embeddings.create(model=model, input="The cat sat.", encoding_format="float")
+check("openai embedding float = base64", max(abs(a - b) for a, b in zip(f.data[0].embedding, v0)) < 1e-6)
+try:
+    oa.embeddings.create(model=model, input="x", dimensions=8)
+    check("openai embeddings dimensions raises", False)
+except openai.BadRequestError as e:
+    check("openai embeddings dimensions -> BadRequestError", "dimensions" in str(e), str(e))
+
 try:
     ollama.Client(host=url).list()
     check("ollama without key raises", False)
@@ -97,6 +111,11 @@ chunks = list(ol.chat(model=model, messages=[{"role": "user", "content": "Hello!
                       options={"num_predict": 5}))
 check("ollama chat stream", chunks[-1].done, chunks[-1])
 check("ollama show", ol.show(model).modelinfo["general.architecture"] == "llama")
+emb = ol.embed(model=model, input=["The cat sat.", "A dog ran."])
+check("ollama embed", len(emb.embeddings) == 2 and len(emb.embeddings[0]) == 576, emb)
+check("ollama embed = openai", max(abs(a - b) for a, b in zip(emb.embeddings[0], v0)) < 1e-6)
+old = ol.embeddings(model=model, prompt="The cat sat.")
+check("ollama embeddings (older route)", len(old.embedding) == 576)
 try:
     ol.generate(model="no-such-model", prompt="x")
     check("ollama unknown model raises", False)

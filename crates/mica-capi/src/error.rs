@@ -124,6 +124,9 @@ fn status_of(e: &Error) -> MicaStatus {
         Error::Quant(_) => S::ModelLoad,
         // The C API takes no constraints; a grammar error can only be an invalid argument.
         Error::Grammar(_) => S::InvalidArgument,
+        // The C API does not embed; kept total for the facade's error type.
+        Error::Embed(facade::engine::EmbedError::Engine(_)) => S::Generation,
+        Error::Embed(_) => S::InvalidArgument,
     }
 }
 

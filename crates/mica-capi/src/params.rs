@@ -108,6 +108,8 @@ impl MicaGenerateParams {
                 frequency_penalty: self.frequency_penalty,
                 penalty_last_n: self.penalty_last_n,
                 seed: self.seed,
+                // The C API does not expose mirostat.
+                mirostat: None,
             },
             stop,
             ignore_eos: self.ignore_eos,

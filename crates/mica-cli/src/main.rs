@@ -5,6 +5,7 @@ mod bench;
 mod chat;
 mod constraint_args;
 mod convert;
+mod embed;
 mod imatrix;
 mod inspect;
 mod perplexity;
@@ -37,6 +38,8 @@ enum Command {
     Run(run::RunArgs),
     /// Chat with a model in the terminal (or with piped input).
     Chat(chat::ChatArgs),
+    /// Embeddings of texts (pooled final hidden states), printed as JSON.
+    Embed(embed::EmbedArgs),
     /// Fetch a model into the store: a catalog name, or hf:ORG/REPO[:FILE].
     Pull(store::PullArgs),
     /// List the models in the store (or, with --catalog, the ones `mica pull` knows).
@@ -66,6 +69,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Chat(args) => chat::chat(args),
+        Command::Embed(args) => embed::embed(args),
         Command::Pull(args) => store::pull_cmd(args),
         Command::List(args) => store::list_cmd(args),
         Command::Rm(args) => store::rm_cmd(args),

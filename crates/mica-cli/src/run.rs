@@ -128,7 +128,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         sampling,
         stop: args.stop.clone(),
         ignore_eos: args.ignore_eos,
-        logit_bias: Vec::new(),
+        logit_bias: args.sampling.logit_bias.clone(),
     };
 
     let spec = args.spec.resolve(Some(&lm), n_ctx, args.json)?;

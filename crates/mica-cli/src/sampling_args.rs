@@ -2,7 +2,7 @@
 //! defaults (llama.cpp's) and penalties.
 
 use clap::Args;
-use mica::engine::SamplingParams;
+use mica::engine::{Mirostat, SamplingParams};
 
 #[derive(Args, Debug, Clone, PartialEq)]
 pub struct SamplingArgs {
@@ -34,6 +34,44 @@ pub struct SamplingArgs {
     /// reproduces a run.
     #[arg(short = 's', long = "seed")]
     pub seed: Option<u64>,
+    /// Mirostat sampling (llama.cpp's flag): 0 off, 1 mirostat, 2 mirostat 2.0. Replaces
+    /// top-k, top-p, min-p and the penalties.
+    #[arg(long = "mirostat", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=2))]
+    pub mirostat: u8,
+    /// Mirostat target entropy (tau).
+    #[arg(long = "mirostat-ent", default_value_t = mica::engine::mirostat::DEFAULT_TAU)]
+    pub mirostat_ent: f32,
+    /// Mirostat learning rate (eta).
+    #[arg(long = "mirostat-lr", default_value_t = mica::engine::mirostat::DEFAULT_ETA)]
+    pub mirostat_lr: f32,
+    /// Add BIAS to a token's logit, as TOKEN=BIAS or llama.cpp's TOKEN+BIAS / TOKEN-BIAS
+    /// (repeatable; a large negative bias such as -100 all but forbids the token).
+    #[arg(short = 'l', long = "logit-bias", value_parser = parse_logit_bias)]
+    pub logit_bias: Vec<(u32, f32)>,
+}
+
+/// One `--logit-bias` value: `TOKEN=BIAS`, `TOKEN+BIAS` or `TOKEN-BIAS`.
+pub fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
+    let at = s
+        .find(['=', '+', '-'])
+        .ok_or_else(|| format!("'{s}': expected TOKEN=BIAS, TOKEN+BIAS or TOKEN-BIAS"))?;
+    let token: u32 = s[..at]
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}': '{}' is not a token id", &s[..at]))?;
+    let rest = if s.as_bytes()[at] == b'=' {
+        &s[at + 1..]
+    } else {
+        &s[at..]
+    };
+    let bias: f32 = rest
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}': '{rest}' is not a number"))?;
+    if !bias.is_finite() {
+        return Err(format!("'{s}': the bias must be a finite number"));
+    }
+    Ok((token, bias))
 }
 
 impl SamplingArgs {
@@ -49,6 +87,33 @@ impl SamplingArgs {
             frequency_penalty: self.frequency_penalty,
             penalty_last_n: self.repeat_last_n,
             seed: self.seed.unwrap_or(seed),
+            mirostat: match self.mirostat {
+                1 => Some(Mirostat::V1 {
+                    tau: self.mirostat_ent,
+                    eta: self.mirostat_lr,
+                }),
+                2 => Some(Mirostat::V2 {
+                    tau: self.mirostat_ent,
+                    eta: self.mirostat_lr,
+                }),
+                _ => None,
+            },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_logit_bias;
+
+    #[test]
+    fn logit_bias_forms() {
+        assert_eq!(parse_logit_bias("15043+1"), Ok((15043, 1.0)));
+        assert_eq!(parse_logit_bias("7-2.5"), Ok((7, -2.5)));
+        assert_eq!(parse_logit_bias("7=-100"), Ok((7, -100.0)));
+        assert!(parse_logit_bias("7=-inf").is_err());
+        assert!(parse_logit_bias("x=1").is_err());
+        assert!(parse_logit_bias("7").is_err());
+        assert!(parse_logit_bias("7=nan").is_err());
     }
 }

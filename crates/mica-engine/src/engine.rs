@@ -429,6 +429,9 @@ impl Core {
             .fetch_add(prompt.len() as u64, Relaxed);
         let prompt_len = prompt.len();
         let decoder = self.new_decoder(0, &params, processors.as_ref(), &prompt);
+        // Mirostat's truncation adapts after every token, which the verification rule
+        // (`Sampler::verify`) does not model: mirostat runs without drafts.
+        let proposer = proposer.filter(|_| params.sampling.mirostat.is_none());
         if let Err(e) = self.sched.add(id, lane, prompt, now) {
             self.queued[lane.index()].fetch_sub(1, Relaxed);
             self.metrics.count_request(lane, RequestStatus::Rejected);

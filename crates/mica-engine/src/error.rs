@@ -60,6 +60,7 @@ pub enum Param {
     PresencePenalty,
     FrequencyPenalty,
     LogitBias,
+    Mirostat,
     Prompt,
     N,
 }
@@ -75,6 +76,7 @@ impl Param {
             Param::PresencePenalty => "presence_penalty",
             Param::FrequencyPenalty => "frequency_penalty",
             Param::LogitBias => "logit_bias",
+            Param::Mirostat => "mirostat",
             Param::Prompt => "prompt",
             Param::N => "n",
         }
@@ -100,6 +102,8 @@ pub enum ParamError {
     LogitBiasValue { token: u32, bias: f32 },
     #[error("logit bias names token {token}, but the vocabulary has {n_vocab} tokens")]
     LogitBiasToken { token: u32, n_vocab: usize },
+    #[error("mirostat needs a positive finite tau and a finite eta ≥ 0, got tau {tau}, eta {eta}")]
+    Mirostat { tau: f32, eta: f32 },
     #[error("the prompt is empty")]
     EmptyPrompt,
     #[error("n must be between 1 and {max}, got {n}")]
@@ -119,6 +123,7 @@ impl ParamError {
             ParamError::LogitBiasValue { .. } | ParamError::LogitBiasToken { .. } => {
                 Param::LogitBias
             }
+            ParamError::Mirostat { .. } => Param::Mirostat,
             ParamError::EmptyPrompt => Param::Prompt,
             ParamError::N { .. } => Param::N,
         }

@@ -327,7 +327,11 @@ impl<M: Deref<Target = LoadedModel> + Clone> Session<M> {
         for p in hooks.processors {
             dec.push_processor(p);
         }
-        let mut proposer = hooks.proposer;
+        // Mirostat's truncation adapts after every token, which the verification rule
+        // (`Sampler::verify`) does not model: mirostat runs without drafts.
+        let mut proposer = hooks
+            .proposer
+            .filter(|_| params.sampling.mirostat.is_none());
         let mut text = String::new();
         // Each pass: `self.logits` holds a row per token of `[newest token, draft...]`, and
         // the cache every position up to the last of them.

@@ -4,15 +4,17 @@
 //! decoding ([`spec`]: n-gram lookup, draft models, adaptive draft length); and the serving engine — the
 //! paged KV block manager with prefix caching, the step scheduler with priority lanes and
 //! multi-token steps, and the continuous batching loop that runs many requests through one
-//! forward pass per step.
+//! forward pass per step; and embeddings pooled from the final hidden states.
 
 pub mod bench;
 pub mod decoder;
+pub mod embed;
 pub mod engine;
 pub mod error;
 pub mod generate;
 pub mod kv_manager;
 pub mod metrics;
+pub mod mirostat;
 pub mod processor;
 pub mod proposer;
 pub mod request;
@@ -22,6 +24,7 @@ pub mod spec;
 mod step_gate;
 
 pub use decoder::{Commit, MAX_DRAFT, SequenceDecoder};
+pub use embed::{DEFAULT_POOLING, EmbedError, Embedder, Pooling};
 pub use engine::{
     EngineConfig, EngineHandle, Event, EventSink, ProcessorFactory, Request, RequestError,
     SubmitError, TokenLogprob, Usage,
@@ -33,6 +36,7 @@ pub use generate::{
 };
 pub use kv_manager::{BlockManager, SeqBlocks};
 pub use metrics::{EngineMetrics, RequestStatus};
+pub use mirostat::Mirostat;
 pub use processor::{LogitBias, LogitsProcessor, Penalties};
 pub use proposer::{Draft, Proposer, StepLoad};
 pub use sampler::{Sampler, SamplingParams, random_seed};

@@ -89,10 +89,11 @@ pub struct Penalties {
 
 impl Penalties {
     /// The penalties of `p`, or `None` when they change nothing (repeat 1, presence and
-    /// frequency 0), so that greedy decoding keeps its fast path.
+    /// frequency 0), so that greedy decoding keeps its fast path, or when mirostat samples
+    /// (llama.cpp's mirostat chain has no penalties).
     pub fn from_params(p: &SamplingParams) -> Option<Penalties> {
-        let active =
-            p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
+        let active = p.mirostat.is_none()
+            && (p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0);
         active.then(|| Penalties {
             repeat: p.repeat_penalty,
             presence: p.presence_penalty,

@@ -5,6 +5,11 @@
 //! highest logit, lowest id on ties). Every random draw comes from a ChaCha20 stream seeded
 //! by the request, so the same seed, prompt and model give the same tokens.
 //!
+//! With [`SamplingParams::mirostat`] set, the chain is llama.cpp's mirostat one instead:
+//! temperature → mirostat v1 or v2 ([`crate::mirostat`]) → draw, with no penalties (as
+//! llama.cpp's common sampler builds it); its state (`mu`) lives in the sampler, one per
+//! sequence.
+//!
 //! The penalties are a [`LogitsProcessor`] ([`Penalties`]): a
 //! [`SequenceDecoder`](crate::decoder::SequenceDecoder) runs them with its other processors
 //! and then calls [`Sampler::sample_processed`] for the rest of the chain;
@@ -33,6 +38,7 @@
 //! argmax, and otherwise give the argmax.
 
 use crate::error::ParamError;
+use crate::mirostat::{Mirostat, MirostatState};
 use crate::processor::{LogitsProcessor, Penalties};
 use mica_kernels::ops::{LogSoftmaxRounding, log_softmax_into};
 use rand::{RngExt, SeedableRng};
@@ -58,6 +64,9 @@ pub struct SamplingParams {
     /// How many recent tokens the penalties look at.
     pub penalty_last_n: usize,
     pub seed: u64,
+    /// Mirostat v1 or v2 in place of top-k / top-p / min-p and the penalties; `None`
+    /// disables (the default).
+    pub mirostat: Option<Mirostat>,
 }
 
 impl Default for SamplingParams {
@@ -72,6 +81,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             penalty_last_n: 64,
             seed: 0,
+            mirostat: None,
         }
     }
 }
@@ -110,6 +120,14 @@ impl SamplingParams {
         if !self.frequency_penalty.is_finite() {
             return Err(ParamError::FrequencyPenalty(self.frequency_penalty));
         }
+        if let Some(m) = self.mirostat
+            && !(m.tau().is_finite() && m.tau() > 0.0 && m.eta().is_finite() && m.eta() >= 0.0)
+        {
+            return Err(ParamError::Mirostat {
+                tau: m.tau(),
+                eta: m.eta(),
+            });
+        }
         Ok(())
     }
 }
@@ -132,6 +150,8 @@ pub struct Sampler {
     penalties: Option<Penalties>,
     /// Penalized logits (`[n_vocab]`), reused by [`Sampler::sample`].
     scratch: Vec<f32>,
+    /// Mirostat's running state, made on the first draw (it needs the vocabulary size).
+    mirostat: Option<MirostatState>,
 }
 
 impl Sampler {
@@ -146,7 +166,13 @@ impl Sampler {
             accept_rng,
             cands: Vec::new(),
             scratch: Vec::new(),
+            mirostat: None,
         }
+    }
+
+    /// Mirostat's current threshold `mu`, once a mirostat sampler has drawn.
+    pub fn mirostat_mu(&self) -> Option<f32> {
+        self.mirostat.as_ref().map(|m| m.mu)
     }
 
     pub fn params(&self) -> &SamplingParams {
@@ -176,6 +202,9 @@ impl Sampler {
             return argmax(logits);
         }
         self.cands.clear();
+        if let Some(kind) = p.mirostat {
+            return self.sample_mirostat(kind, logits);
+        }
         self.cands
             .extend(logits.iter().enumerate().map(|(i, &l)| Candidate {
                 id: i as u32,
@@ -240,6 +269,32 @@ impl Sampler {
             return draw_probs(&p, u);
         }
         draw_probs(&residual, u * total)
+    }
+
+    /// Temperature, then mirostat's truncation, a draw, and the update of `mu`.
+    fn sample_mirostat(&mut self, kind: Mirostat, logits: &[f32]) -> u32 {
+        let t = self.params.temperature;
+        self.cands
+            .extend(logits.iter().enumerate().map(|(i, &l)| Candidate {
+                id: i as u32,
+                logit: l / t,
+            }));
+        let state = self
+            .mirostat
+            .get_or_insert_with(|| MirostatState::new(kind, logits.len()));
+        let probs = state.truncate(&mut self.cands);
+        let u: f32 = self.rng.random();
+        let mut cum = 0.0f32;
+        let mut idx = probs.len() - 1;
+        for (i, &pr) in probs.iter().enumerate() {
+            cum += pr;
+            if u < cum {
+                idx = i;
+                break;
+            }
+        }
+        state.update(probs[idx]);
+        self.cands[idx].id
     }
 
     /// The candidates left after penalties and truncation (top-k, top-p, min-p), most likely
@@ -568,6 +623,34 @@ mod tests {
                 assert_eq!(s.sample(&l, &history), want);
                 history.push(want);
             }
+        }
+    }
+
+    #[test]
+    fn mirostat_is_seeded_moves_mu_and_ignores_the_penalties() {
+        use crate::mirostat::Mirostat;
+        let l: Vec<f32> = (0..64).map(|i| -1.3 * ((i + 1) as f32).ln()).collect();
+        let run = |seed, kind| {
+            let mut s = Sampler::new(SamplingParams {
+                seed,
+                temperature: 1.0,
+                mirostat: Some(kind),
+                repeat_penalty: 5.0,
+                ..Default::default()
+            });
+            let toks: Vec<u32> = (0..200).map(|_| s.sample(&l, &[0, 0, 0])).collect();
+            (toks, s.mirostat_mu().unwrap())
+        };
+        for kind in [
+            Mirostat::V1 { tau: 3.0, eta: 0.1 },
+            Mirostat::V2 { tau: 3.0, eta: 0.1 },
+        ] {
+            let (a, mu) = run(7, kind);
+            assert_eq!(a, run(7, kind).0);
+            assert_ne!(a, run(8, kind).0);
+            assert_ne!(mu, 6.0, "mu never moved");
+            // Token 0 is the most likely; a repeat penalty of 5 would have all but removed it.
+            assert!(a.iter().filter(|&&t| t == 0).count() > 20);
         }
     }
 }

@@ -24,4 +24,4 @@ pub use conversation::{Conversation, ConversationError};
 pub use error::{ModelError, Result};
 pub use kv_cache::{KvCache, SeqId};
 pub use loader::{ChatPromptError, LoadOptions, LoadedModel};
-pub use model::{Model, Workspace};
+pub use model::{Model, Output, Workspace};

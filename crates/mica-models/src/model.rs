@@ -116,7 +116,21 @@ pub struct Workspace {
     /// threshold — then yields exactly the logits of one-at-a-time decoding. Dense layers
     /// only (mixture-of-experts layers keep their batch paths).
     pub alone_paths: bool,
+    /// What the forward pass returns for its output rows: logits (the default) or the
+    /// final hidden states, for embeddings.
+    pub output: Output,
     acts: ActCache,
+}
+
+/// What [`Model::forward`] returns for the tokens whose `logits` flag is set.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Output {
+    /// `[n_out, n_vocab]` logits.
+    #[default]
+    Logits,
+    /// `[n_out, n_embd]` hidden states after the output norm, the output layer skipped:
+    /// what llama.cpp pools into embeddings (its `t_embd`).
+    Hidden,
 }
 
 impl Workspace {
@@ -313,7 +327,8 @@ impl Model {
     }
 
     /// Runs `batch` through the model. Returns the logits of the tokens whose `logits` flag
-    /// is set, in batch order: `[n_outputs, n_vocab]`.
+    /// is set, in batch order: `[n_outputs, n_vocab]` (or their hidden states,
+    /// `[n_outputs, n_embd]`, when the workspace asks for [`Output::Hidden`]).
     pub fn forward<'w>(
         &self,
         pool: &ThreadPool,
@@ -526,6 +541,9 @@ impl Model {
             (&self.output_norm, self.output_norm_b.as_deref()),
             grow(&mut ws.xn, n_out * d),
         );
+        if ws.output == Output::Hidden {
+            return Ok(Some(&ws.xn[..n_out * d]));
+        }
         ws.acts.invalidate();
         let xn = &ws.xn[..n_out * d];
         let logits = grow(&mut ws.logits, n_out * cfg.n_vocab);

@@ -17,6 +17,7 @@
 pub mod body;
 pub mod bridge;
 pub mod config;
+pub mod embeddings;
 pub mod error;
 pub mod guard;
 pub mod metrics;
@@ -54,6 +55,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models/{id}", get(openai::model))
         .route("/v1/chat/completions", post(openai::chat))
         .route("/v1/completions", post(openai::completions))
+        .route("/v1/embeddings", post(embeddings::openai))
+        .route("/api/embed", post(embeddings::ollama))
+        .route("/api/embeddings", post(embeddings::ollama_legacy))
         .route("/api/generate", post(ollama::generate))
         .route("/api/chat", post(ollama::chat))
         .route("/api/tags", get(ollama::tags))

@@ -44,6 +44,9 @@ pub struct Loaded {
     /// The vocabulary indexed for constrained decoding, built on the first request that
     /// needs it ([`crate::structured`]).
     pub grammar: std::sync::OnceLock<mica::grammar::GrammarCompiler>,
+    /// The embedding routes' embedder, made on first use; one embedding request at a time
+    /// per model runs on it ([`crate::embeddings`]).
+    pub embedder: std::sync::Mutex<Option<mica::engine::Embedder<Arc<LoadedModel>>>>,
 }
 
 /// What `/api/show` and `/api/tags` report about a model, read without loading it.
@@ -227,6 +230,7 @@ fn start(
         engine,
         loaded_at: SystemTime::now(),
         grammar: std::sync::OnceLock::new(),
+        embedder: Default::default(),
     })
 }
 

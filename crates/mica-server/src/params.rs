@@ -9,7 +9,7 @@
 //! a guard) and returns a typed [`ParamError`] naming the field.
 
 use crate::error::ParamError;
-use mica::engine::SamplingParams;
+use mica::engine::{Mirostat, SamplingParams};
 
 /// Most completions per request (`n`), and most alternatives per token (`top_logprobs`,
 /// legacy `logprobs`), as OpenAI allows for the latter.
@@ -32,6 +32,12 @@ pub struct SamplingFields {
     pub frequency_penalty: Option<f64>,
     pub seed: Option<u64>,
     pub stop: Option<Vec<String>>,
+    /// 0 off, 1 mirostat, 2 mirostat 2.0 (llama.cpp's and Ollama's field).
+    pub mirostat: Option<i64>,
+    pub mirostat_tau: Option<f64>,
+    pub mirostat_eta: Option<f64>,
+    /// Token id (as a string, OpenAI's JSON shape) → bias added to its logit.
+    pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
 }
 
 /// What an API uses for the fields a request leaves out.
@@ -72,6 +78,8 @@ pub const OLLAMA_DEFAULTS: SamplingDefaults = SamplingDefaults {
 pub struct Sampling {
     pub params: SamplingParams,
     pub stop: Vec<String>,
+    /// `(token, bias)` of the request's `logit_bias`.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 fn range(prefix: &str, name: &str, v: Option<f64>, min: f64, max: f64) -> Result<(), ParamError> {
@@ -97,6 +105,8 @@ fn range(prefix: &str, name: &str, v: Option<f64>, min: f64, max: f64) -> Result
 /// | `repeat_last_n` | ≥ -1 (-1: the whole context) |
 /// | `presence_penalty`, `frequency_penalty` | -2 to 2 |
 /// | `stop` | at most [`MAX_STOP`] strings, none empty |
+/// | `mirostat` | 0, 1 or 2; `mirostat_tau` > 0 (default 5), `mirostat_eta` 0 to 1 (default 0.1) |
+/// | `logit_bias` | token ids as keys, biases -100 to 100 |
 pub fn validate_sampling(
     f: &SamplingFields,
     prefix: &str,
@@ -135,6 +145,8 @@ pub fn validate_sampling(
             got: n.to_string(),
         });
     }
+    let mirostat = mirostat(f, prefix)?;
+    let logit_bias = logit_bias(f, prefix)?;
     let stop = f.stop.clone().unwrap_or_default();
     if stop.len() > MAX_STOP {
         return Err(ParamError::TooMany {
@@ -164,8 +176,70 @@ pub fn validate_sampling(
             Some(n) => usize::try_from(n).unwrap_or(0),
         },
         seed: f.seed.unwrap_or_else(mica::engine::random_seed),
+        mirostat,
     };
-    Ok(Sampling { params, stop })
+    Ok(Sampling {
+        params,
+        stop,
+        logit_bias,
+    })
+}
+
+/// The `mirostat` fields as the sampler's setting.
+fn mirostat(f: &SamplingFields, prefix: &str) -> Result<Option<Mirostat>, ParamError> {
+    range(prefix, "mirostat_eta", f.mirostat_eta, 0.0, 1.0)?;
+    let tau = f
+        .mirostat_tau
+        .unwrap_or(mica::engine::mirostat::DEFAULT_TAU as f64);
+    if !(tau.is_finite() && tau > 0.0) {
+        return Err(ParamError::Invalid {
+            field: format!("{prefix}mirostat_tau"),
+            rule: "a positive number (target surprise in bits)",
+            got: tau.to_string(),
+        });
+    }
+    let (tau, eta) = (
+        tau as f32,
+        f.mirostat_eta
+            .map_or(mica::engine::mirostat::DEFAULT_ETA, |v| v as f32),
+    );
+    match f.mirostat {
+        None | Some(0) => Ok(None),
+        Some(1) => Ok(Some(Mirostat::V1 { tau, eta })),
+        Some(2) => Ok(Some(Mirostat::V2 { tau, eta })),
+        Some(v) => Err(ParamError::Invalid {
+            field: format!("{prefix}mirostat"),
+            rule: "0 (off), 1 or 2",
+            got: v.to_string(),
+        }),
+    }
+}
+
+/// `logit_bias` as `(token, bias)` pairs (token ids are checked against the vocabulary by
+/// the engine).
+fn logit_bias(f: &SamplingFields, prefix: &str) -> Result<Vec<(u32, f32)>, ParamError> {
+    let Some(map) = &f.logit_bias else {
+        return Ok(Vec::new());
+    };
+    map.iter()
+        .map(|(k, &v)| {
+            let field = format!("{prefix}logit_bias.{k}");
+            let token: u32 = k.trim().parse().map_err(|_| ParamError::Invalid {
+                field: field.clone(),
+                rule: "keyed by token ids",
+                got: format!("'{k}'"),
+            })?;
+            if !(v.is_finite() && (-100.0..=100.0).contains(&v)) {
+                return Err(ParamError::OutOfRange {
+                    field,
+                    min: -100.0,
+                    max: 100.0,
+                    got: v,
+                });
+            }
+            Ok((token, v as f32))
+        })
+        .collect()
 }
 
 /// `n`: 1 to [`MAX_N`] completions (default 1).

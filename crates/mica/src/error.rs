@@ -23,6 +23,9 @@ pub enum Error {
     /// than the context, a failed forward pass), or an engine that could not start.
     #[error(transparent)]
     Engine(#[from] EngineError),
+    /// Embedding: an empty or too long input, a pooling the model's file makes unusable.
+    #[error(transparent)]
+    Embed(#[from] mica_engine::EmbedError),
     /// The engine refused a request (invalid parameters, full queue, prompt too long).
     #[error(transparent)]
     Submit(#[from] SubmitError),

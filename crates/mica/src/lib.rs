@@ -14,6 +14,7 @@
 //!   ([`Engine::submit`] returns a [`Stream`] of [`Event`]s; dropping it cancels the
 //!   request), as `mica serve` runs them.
 //!
+//! - [`Model::embed`]: embeddings of texts, pooled as the model declares and normalized.
 //! Structured output: [`Model::compile`] checks a [`Constraint`] (JSON Schema, JSON object,
 //! regular expression, Lark or GBNF grammar, choice list) before anything is generated;
 //! the [`CompiledGrammar`] then constrains a session (its processor in [`Hooks`]) or engine
@@ -55,20 +56,23 @@
 //! # Ok::<(), mica::Error>(())
 //! ```
 
+mod embed;
 mod engine_api;
 mod error;
 mod model;
 mod session;
 pub mod spec;
 
+pub use embed::EmbedOptions;
 pub use engine_api::{Completion, Engine, EngineOptions, Request, Stream};
 pub use error::{Error, Result};
 pub use model::{Model, ModelOptions};
 pub use session::{Session, SessionOptions};
 
 pub use mica_engine::{
-    Event, FinishReason, GenerateParams, Generation, Hooks, Lane, LogitsProcessor, ParamError,
-    Proposer, RequestError, SamplingParams, SubmitError, Timings, TokenLogprob, Usage,
+    Embedder, Event, FinishReason, GenerateParams, Generation, Hooks, Lane, LogitsProcessor,
+    ParamError, Pooling, Proposer, RequestError, SamplingParams, SubmitError, Timings,
+    TokenLogprob, Usage,
 };
 pub use mica_grammar::{CompiledGrammar, Constraint, GrammarError};
 pub use mica_hub::{Hub, HubConfig, Installed, Store};

@@ -25,7 +25,7 @@ impl Settings {
             sampling: self.sampling.params(seed),
             stop: Vec::new(),
             ignore_eos: false,
-            logit_bias: Vec::new(),
+            logit_bias: self.sampling.logit_bias.clone(),
         }
     }
 }
@@ -218,6 +218,10 @@ mod tests {
                 presence_penalty: 0.5,
                 frequency_penalty: 0.25,
                 seed: Some(3),
+                mirostat: 0,
+                mirostat_ent: 5.0,
+                mirostat_lr: 0.1,
+                logit_bias: Vec::new(),
             },
             max_tokens: 5,
         };

@@ -56,7 +56,7 @@ async fn run(
         sampling: job.sampling.params.clone(),
         stop: job.sampling.stop.clone(),
         ignore_eos: false,
-        ..Default::default()
+        logit_bias: job.sampling.logit_bias.clone(),
     };
     let proposer = crate::spec::proposer(&loaded, &job.spec, "options.")?;
     let running = bridge::start(

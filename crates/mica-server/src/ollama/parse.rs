@@ -65,6 +65,10 @@ fn job(
         frequency_penalty: o.frequency_penalty,
         seed: o.seed,
         stop: o.stop.as_ref().map(|s| s.to_vec()),
+        mirostat: o.mirostat,
+        mirostat_tau: o.mirostat_tau,
+        mirostat_eta: o.mirostat_eta,
+        logit_bias: o.logit_bias.clone(),
     };
     let sampling = validate_sampling(&fields, "options.", &OLLAMA_DEFAULTS)?;
     let num_predict = match o.num_predict {

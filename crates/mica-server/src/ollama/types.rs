@@ -24,6 +24,11 @@ pub struct Options {
     /// Extensions: speculative decoding (`off`, `ngram`, `draft`) and the longest draft.
     pub spec: Option<String>,
     pub spec_max: Option<i64>,
+    pub mirostat: Option<i64>,
+    pub mirostat_tau: Option<f64>,
+    pub mirostat_eta: Option<f64>,
+    /// Extension (OpenAI's shape): token id → bias.
+    pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
 }
 
 #[derive(Clone, Debug, Deserialize)]

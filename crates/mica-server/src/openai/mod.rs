@@ -48,7 +48,7 @@ fn submit(
         sampling: job.sampling.params.clone(),
         stop: job.sampling.stop.clone(),
         ignore_eos: false,
-        ..Default::default()
+        logit_bias: job.sampling.logit_bias.clone(),
     };
     bridge::start(
         loaded.clone(),

@@ -61,6 +61,10 @@ fn generation(c: &CommonFields) -> Result<Generation, ParamError> {
         frequency_penalty: c.frequency_penalty,
         seed: c.seed,
         stop: c.stop.as_ref().map(|s| s.to_vec()),
+        mirostat: c.mirostat,
+        mirostat_tau: c.mirostat_tau,
+        mirostat_eta: c.mirostat_eta,
+        logit_bias: c.logit_bias.clone(),
     };
     let sampling = validate_sampling(&fields, "", &OPENAI_DEFAULTS)?;
     let max_tokens = match (c.max_completion_tokens, c.max_tokens) {

@@ -46,6 +46,11 @@ pub struct CommonFields {
     pub frequency_penalty: Option<f64>,
     pub seed: Option<u64>,
     pub stop: Option<StopField>,
+    pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
+    /// Extensions (llama.cpp's server names): mirostat 0 / 1 / 2, its tau and eta.
+    pub mirostat: Option<i64>,
+    pub mirostat_tau: Option<f64>,
+    pub mirostat_eta: Option<f64>,
     pub n: Option<i64>,
     #[serde(default)]
     pub stream: bool,
