@@ -287,6 +287,7 @@ class Model:
         presence_penalty: float = 0.0,
         frequency_penalty: float = 0.0,
         logit_bias: Optional[Mapping[int, float]] = None,
+        ignore_eos: bool = False,
         logprobs: Optional[int] = None,
         echo: bool = False,
         n: int = 1,
@@ -304,7 +305,7 @@ class Model:
         kw = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, min_p=min_p,
                   top_k=top_k, stop=stop, seed=seed, repeat_penalty=repeat_penalty,
                   presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                  logit_bias=logit_bias)
+                  logit_bias=logit_bias, ignore_eos=ignore_eos)
         events = self._submit(ids, kw, n=n, logprobs=logprobs)
         name = model or self.name
         if stream:
@@ -331,6 +332,7 @@ class Model:
         presence_penalty: float = 0.0,
         frequency_penalty: float = 0.0,
         logit_bias: Optional[Mapping[int, float]] = None,
+        ignore_eos: bool = False,
         logprobs: bool = False,
         top_logprobs: Optional[int] = None,
         n: int = 1,
@@ -364,7 +366,7 @@ class Model:
         kw = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, min_p=min_p,
                   top_k=top_k, stop=stop, seed=seed, repeat_penalty=repeat_penalty,
                   presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                  logit_bias=logit_bias)
+                  logit_bias=logit_bias, ignore_eos=ignore_eos)
         k = (top_logprobs or 0) if logprobs else None
         events = self._submit(ids, kw, n=n, logprobs=k)
         name = model or self.name
