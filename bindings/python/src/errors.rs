@@ -3,8 +3,9 @@
 //! `create_exception!` cannot express); this module picks the class for each variant of
 //! the facade's error, never by parsing the message.
 
-use mica::engine::{EngineError, RequestError, SubmitError};
 use mica::engine::scheduler::AddError;
+use mica::engine::{EngineError, RequestError, SubmitError};
+use mica::models::ModelError;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyType;
@@ -43,6 +44,8 @@ fn classify(e: &mica::Error) -> (&'static str, Option<String>) {
         E::Tokenizer(_) => ("TokenizerError", None),
         E::ChatPrompt(_) => ("ChatTemplateError", None),
         E::Engine(e) => match e {
+            // Raw logits of more tokens than the session's context.
+            EngineError::Model(ModelError::ContextOverflow { .. }) => ("PromptTooLong", None),
             EngineError::Model(_) => ("ModelError", None),
             EngineError::Tokenizer(_) => ("TokenizerError", None),
             EngineError::PromptTooLong { .. } => ("PromptTooLong", None),
@@ -58,9 +61,7 @@ fn classify(e: &mica::Error) -> (&'static str, Option<String>) {
         },
         E::Request(e) => match e {
             RequestError::Admission(AddError::TooLarge { .. }) => ("PromptTooLong", None),
-            RequestError::Admission(AddError::Empty) => {
-                ("InvalidParameter", Some("prompt".into()))
-            }
+            RequestError::Admission(AddError::Empty) => ("InvalidParameter", Some("prompt".into())),
             RequestError::Admission(_) | RequestError::Step(_) => ("EngineError", None),
             RequestError::ShuttingDown => ("EngineStopped", None),
         },

@@ -11,7 +11,9 @@ use crate::params::Sampling;
 use crate::stream::EventStream;
 use mica::engine::{Lane, RequestStatus};
 use mica::models::tokenizer::DecodeOptions;
-use mica::{ChatMessage, Engine, EngineOptions, Model, ModelOptions, Request, Session, SessionOptions};
+use mica::{
+    ChatMessage, Engine, EngineOptions, Model, ModelOptions, Request, Session, SessionOptions,
+};
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
@@ -33,7 +35,10 @@ pub struct NativeModel {
 impl NativeModel {
     /// The engine, started now if it is not running yet.
     fn engine(&self) -> PyResult<Arc<Engine>> {
-        let mut slot = self.engine.lock().map_err(|_| internal("engine lock poisoned"))?;
+        let mut slot = self
+            .engine
+            .lock()
+            .map_err(|_| internal("engine lock poisoned"))?;
         if let Some(e) = slot.as_ref() {
             return Ok(e.clone());
         }
@@ -122,7 +127,10 @@ impl NativeModel {
     /// for (or the model's default).
     #[getter]
     fn n_ctx(&self) -> PyResult<usize> {
-        let slot = self.engine.lock().map_err(|_| internal("engine lock poisoned"))?;
+        let slot = self
+            .engine
+            .lock()
+            .map_err(|_| internal("engine lock poisoned"))?;
         Ok(match slot.as_ref() {
             Some(e) => e.n_ctx(),
             None => self
@@ -155,7 +163,12 @@ impl NativeModel {
         self.model
             .loaded()
             .tokenizer
-            .token_piece(id, DecodeOptions { skip_special: false })
+            .token_piece(
+                id,
+                DecodeOptions {
+                    skip_special: false,
+                },
+            )
             .map(|b| PyBytes::new(py, b))
     }
 
@@ -172,11 +185,19 @@ impl NativeModel {
     /// Logits after `ids`, evaluated from an empty cache: the last position's
     /// (`[n_vocab]`), or with `all` every position's (`[len(ids), n_vocab]`).
     #[pyo3(signature = (ids, all=false))]
-    fn logits<'py>(&self, py: Python<'py>, ids: Vec<u32>, all: bool) -> PyResult<Bound<'py, PyAny>> {
+    fn logits<'py>(
+        &self,
+        py: Python<'py>,
+        ids: Vec<u32>,
+        all: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let n_vocab = self.model.n_vocab();
         let n = ids.len();
         let values = py.detach(|| -> PyResult<Vec<f32>> {
-            let mut slot = self.session.lock().map_err(|_| internal("session lock poisoned"))?;
+            let mut slot = self
+                .session
+                .lock()
+                .map_err(|_| internal("session lock poisoned"))?;
             let session = slot.get_or_insert_with(|| self.model.session(self.session_opts));
             if all {
                 session.logits_all(&ids).py_err()
@@ -259,7 +280,10 @@ impl NativeModel {
     fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         use std::sync::atomic::Ordering::Relaxed;
         let d = PyDict::new(py);
-        let slot = self.engine.lock().map_err(|_| internal("engine lock poisoned"))?;
+        let slot = self
+            .engine
+            .lock()
+            .map_err(|_| internal("engine lock poisoned"))?;
         let Some(engine) = slot.as_ref() else {
             d.set_item("started", false)?;
             return Ok(d);
@@ -288,7 +312,10 @@ impl NativeModel {
     /// The engine's metrics in Prometheus text format, labelled `model="<name>"` (empty
     /// before the engine starts).
     fn metrics_text(&self, name: &str) -> PyResult<String> {
-        let slot = self.engine.lock().map_err(|_| internal("engine lock poisoned"))?;
+        let slot = self
+            .engine
+            .lock()
+            .map_err(|_| internal("engine lock poisoned"))?;
         let mut out = String::new();
         if let Some(engine) = slot.as_ref() {
             engine.metrics().render(name, &mut out);

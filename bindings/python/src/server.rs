@@ -90,7 +90,8 @@ impl NativeServer {
         let cfg = self.cfg.clone();
         let bind = format!("{}:{}", self.host, self.port);
         let preload = self.preload.clone();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<std::net::SocketAddr, String>>();
+        let (ready_tx, ready_rx) =
+            std::sync::mpsc::channel::<Result<std::net::SocketAddr, String>>();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("mica-server".into())
@@ -146,7 +147,9 @@ impl NativeServer {
             }
             Err(_) => {
                 let _ = py.detach(|| thread.join());
-                Err(server_error("the server thread ended before it was ready".into()))
+                Err(server_error(
+                    "the server thread ended before it was ready".into(),
+                ))
             }
         }
     }

@@ -39,7 +39,10 @@ impl EventStream {
 
     fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
         let event = py.detach(|| -> PyResult<Option<Event>> {
-            let mut slot = self.inner.lock().map_err(|_| internal("stream lock poisoned"))?;
+            let mut slot = self
+                .inner
+                .lock()
+                .map_err(|_| internal("stream lock poisoned"))?;
             let Some(stream) = slot.as_mut() else {
                 return Ok(None);
             };
@@ -48,7 +51,8 @@ impl EventStream {
                 *slot = None;
             }
             // The channel closed before the request ended: the engine stopped.
-            ev.map(Some).ok_or_else(|| to_py(mica::Error::EngineStopped))
+            ev.map(Some)
+                .ok_or_else(|| to_py(mica::Error::EngineStopped))
         })?;
         let Some(event) = event else {
             return Ok(None);
@@ -83,7 +87,10 @@ impl EventStream {
     /// Stops the request (if it is still running) and frees its sequence.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| {
-            let mut slot = self.inner.lock().map_err(|_| internal("stream lock poisoned"))?;
+            let mut slot = self
+                .inner
+                .lock()
+                .map_err(|_| internal("stream lock poisoned"))?;
             *slot = None;
             Ok(())
         })
