@@ -75,6 +75,85 @@ def test_hpa_scales_the_deployment_on_queue_depth():
     assert pod["terminationGracePeriodSeconds"] > grace + pre_stop
 
 
+def test_deployment_container_serves(tmp_path, smol_path, mica_bin):
+    """The Deployment's container command, run as the pod would run it (the model volume a
+    temporary folder, a free port, the key from the Secret): `mica serve` accepts every
+    flag, the startup and readiness probes' routes answer without a key once the model is
+    loaded, Prometheus can scrape `mica_queue_depth` without a key, the API needs the key,
+    and SIGTERM drains and exits cleanly within the pod's grace period."""
+    import signal
+    import socket
+    import time
+    import urllib.error
+    import urllib.request
+
+    dep = yaml.safe_load((K8S / "scale-out" / "deployment.yaml").read_text())
+    pod = dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "model.gguf").symlink_to(smol_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    key = "test-key"
+    mount = c["volumeMounts"][0]["mountPath"]
+    args = []
+    for a in c["args"]:
+        a = a.replace("$(MICA_API_KEY)", key).replace(mount, str(models))
+        args.append(a)
+    # The machine's resources, not the pod's: one thread and a small KV cache.
+    args[args.index("--port") + 1] = str(port)
+    args[args.index("--threads") + 1] = "1"
+    args[args.index("--kv-mem") + 1] = "64M"
+    container_port = next(p["containerPort"] for p in c["ports"] if p["name"] == "http")
+    assert c["args"][c["args"].index("--port") + 1] == str(container_port)
+    proc = subprocess.Popen([str(mica_bin), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+
+    def get(path, auth=False):
+        req = urllib.request.Request(base + path)
+        if auth:
+            req.add_header("Authorization", f"Bearer {key}")
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    try:
+        deadline = time.monotonic() + 120
+        status = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                status, _ = get(c["readinessProbe"]["httpGet"]["path"])
+            except OSError:
+                status = None
+            if status == 200:
+                break
+            time.sleep(0.2)
+        assert status == 200, f"never ready: {status}; {proc.poll()}"
+        assert get(c["startupProbe"]["httpGet"]["path"])[0] == 200
+        assert get(c["livenessProbe"]["httpGet"]["path"])[0] == 200
+        annotations = dep["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["prometheus.io/port"] == str(container_port)
+        code, text = get(annotations["prometheus.io/path"])
+        assert code == 200 and "mica_queue_depth" in text, text[:500]
+        assert get("/v1/models")[0] == 401
+        code, body = get("/v1/models", auth=True)
+        assert code == 200 and json.loads(body)["data"][0]["id"] == "model"
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=pod["terminationGracePeriodSeconds"])
+        assert rc == 0, proc.stdout.read()
+        assert time.monotonic() - t0 < pod["terminationGracePeriodSeconds"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 # --- Dockerfile ------------------------------------------------------------------------
 
 
