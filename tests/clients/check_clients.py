@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
-"""Real-client checks of `mica serve` (run: tests/clients/run.sh): the `openai` SDK (chat,
-completions, streaming, logprobs, errors) and the `ollama` client (generate, chat,
-streaming, list) against a server on 127.0.0.1. Exits non-zero on the first failure and
-prints 'N passed, 0 failed' at the end."""
+"""Real-client checks of `mica serve` (run: tests/clients/run.sh): the `openai` SDK (models
+list and retrieve, chat, completions, streaming, logprobs, errors) and the `ollama` client
+(generate, chat, streaming, list, show) against a server on 127.0.0.1 that requires the API
+key given as the third argument. Exits non-zero on the first failure and prints
+'N passed, 0 failed' at the end."""
 
 import sys
 
 import ollama
 import openai
 
-url, model = sys.argv[1], sys.argv[2]
+url, model, key = sys.argv[1], sys.argv[2], sys.argv[3]
 passed = 0
 
 
@@ -23,9 +24,21 @@ def check(name, cond, detail=""):
     print(f"ok   {name}")
 
 
-oa = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
+oa = openai.OpenAI(base_url=f"{url}/v1", api_key=key)
 models = [m.id for m in oa.models.list()]
 check("openai models.list", model in models, models)
+m = oa.models.retrieve(model)
+check("openai models.retrieve", m.id == model and m.object == "model", m)
+try:
+    oa.models.retrieve("no-such-model")
+    check("openai models.retrieve unknown raises", False)
+except openai.NotFoundError as e:
+    check("openai models.retrieve unknown -> NotFoundError", e.status_code == 404, e)
+try:
+    openai.OpenAI(base_url=f"{url}/v1", api_key="wrong").models.list()
+    check("openai wrong key raises", False)
+except openai.AuthenticationError as e:
+    check("openai wrong key -> AuthenticationError", e.status_code == 401, e)
 
 r = oa.chat.completions.create(model=model, messages=[{"role": "user", "content": "Say hi."}],
                                max_tokens=8, temperature=0)
@@ -64,7 +77,12 @@ try:
 except openai.BadRequestError as e:
     check("openai oversize prompt -> BadRequestError", "tokens" in str(e), str(e))
 
-ol = ollama.Client(host=url)
+try:
+    ollama.Client(host=url).list()
+    check("ollama without key raises", False)
+except ollama.ResponseError as e:
+    check("ollama without key -> 401", e.status_code == 401, e)
+ol = ollama.Client(host=url, headers={"Authorization": f"Bearer {key}"})
 names = [m.model for m in ol.list().models]
 check("ollama list", model in names, names)
 g = ol.generate(model=model, prompt="Why is the sky blue?", options={"num_predict": 6, "temperature": 0})

@@ -1,10 +1,11 @@
 //! `mica serve`: flags → a validated [`ServerConfig`], then the HTTP server on a tokio
-//! runtime (the engines run on their own threads; tokio only does I/O).
+//! runtime (the engines run on their own threads; tokio only does I/O). SIGTERM and SIGINT
+//! both start a graceful shutdown; the server's events are printed on stderr.
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use mica_engine::{Lane, SchedulePolicy, SchedulerConfig};
-use mica_server::{ApiKey, AppState, ServerConfig};
+use mica_server::{Access, ApiKey, AppState, Limits, ServerConfig, ServerEvent};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,10 +30,39 @@ pub struct ServeArgs {
     pub host: String,
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Require this API key (`Authorization: Bearer KEY`); `KEY:LANE` caps its requests at
-    /// a lane (interactive, background, bulk). Repeatable.
+    /// Require this API key (`Authorization: Bearer KEY`) on every route but /health;
+    /// `KEY:LANE` caps its requests at a lane (interactive, background, bulk). Repeatable.
     #[arg(long = "api-key")]
     pub api_key: Vec<String>,
+    /// A route answered without a key even when keys are set (e.g. /ready, /metrics for
+    /// probes and scrapers). Repeatable.
+    #[arg(long = "open-route")]
+    pub open_route: Vec<String>,
+    /// Origins browser pages may call from: exact origins, `scheme://host:*` for any port,
+    /// or `*`. Comma-separated or repeated. Default: loopback origins only.
+    #[arg(long = "allowed-origins", value_delimiter = ',')]
+    pub allowed_origins: Vec<String>,
+    /// Host names the `Host` header may carry (`*.domain` wildcards, `*` for any).
+    /// Comma-separated or repeated. Default: loopback names when bound to a loopback
+    /// address, any host otherwise.
+    #[arg(long = "allowed-hosts", value_delimiter = ',')]
+    pub allowed_hosts: Vec<String>,
+    /// Largest request body, e.g. 8M (413 beyond).
+    #[arg(long = "max-body", default_value = "8M")]
+    pub max_body: String,
+    /// Time a client has to send a request's headers once it starts one, e.g. 10s.
+    #[arg(long = "header-timeout", default_value = "10s")]
+    pub header_timeout: String,
+    /// Time a client has to send a request's body, e.g. 30s (408 beyond).
+    #[arg(long = "body-timeout", default_value = "30s")]
+    pub body_timeout: String,
+    /// Time a connection may sit idle between requests before it is closed, e.g. 60s.
+    #[arg(long = "idle-timeout", default_value = "60s")]
+    pub idle_timeout: String,
+    /// On SIGTERM or SIGINT, how long requests in flight may run on before their streams
+    /// are ended with a final event (finish reason "abort"), e.g. 30s.
+    #[arg(long = "shutdown-grace", default_value = "30s")]
+    pub shutdown_grace: String,
     /// KV cache memory per loaded model, e.g. 512M, 2G.
     #[arg(long = "kv-mem", default_value = "512M")]
     pub kv_mem: String,
@@ -92,6 +122,30 @@ pub fn parse_size(s: &str) -> Result<usize> {
     Ok((v * mul as f64) as usize)
 }
 
+/// `30`, `30s`, `500ms`, `2m`, `1.5h` → a duration (a bare number is seconds).
+pub fn parse_duration(s: &str) -> Result<Duration> {
+    let t = s.trim().to_ascii_lowercase();
+    let (num, unit) = match t.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => (&t[..i], &t[i..]),
+        None => (t.as_str(), "s"),
+    };
+    let mul = match unit {
+        "ms" => 1e-3,
+        "s" => 1.0,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        _ => bail!("cannot read duration '{s}' (try 30s, 500ms or 2m)"),
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .with_context(|| format!("cannot read duration '{s}' (try 30s, 500ms or 2m)"))?;
+    if !v.is_finite() || v < 0.0 {
+        bail!("duration '{s}' must be a positive number");
+    }
+    Ok(Duration::from_secs_f64(v * mul))
+}
+
 fn config(args: &ServeArgs) -> Result<ServerConfig> {
     let models = match (&args.model, &args.models_dir) {
         (_, Some(dir)) => {
@@ -139,9 +193,40 @@ fn config(args: &ServeArgs) -> Result<ServerConfig> {
         Some(s) => Some(parse_size(s).context("--mem-limit")? as u64),
         None => None,
     };
+    for r in &args.open_route {
+        if !r.starts_with('/') {
+            bail!("--open-route '{r}' must be a path starting with /");
+        }
+    }
+    let list = |v: &[String]| -> Vec<String> {
+        v.iter()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect()
+    };
+    let access = Access {
+        api_keys,
+        open_routes: args.open_route.clone(),
+        allowed_origins: if args.allowed_origins.is_empty() {
+            Access::loopback_origins()
+        } else {
+            list(&args.allowed_origins)
+        },
+        allowed_hosts: (!args.allowed_hosts.is_empty()).then(|| list(&args.allowed_hosts)),
+    };
+    let limits = Limits {
+        max_body: parse_size(&args.max_body).context("--max-body")?,
+        header_timeout: parse_duration(&args.header_timeout).context("--header-timeout")?,
+        body_timeout: parse_duration(&args.body_timeout).context("--body-timeout")?,
+        idle_timeout: parse_duration(&args.idle_timeout).context("--idle-timeout")?,
+        shutdown_grace: parse_duration(&args.shutdown_grace).context("--shutdown-grace")?,
+    };
+    let preload = (models.len() == 1 && args.models_dir.is_none()).then(|| models[0].0.clone());
     Ok(ServerConfig {
         models,
-        api_keys,
+        preload,
+        access,
+        limits,
         kv_mem: parse_size(&args.kv_mem)?,
         n_ctx: args.ctx_size,
         n_threads: threads,
@@ -162,45 +247,82 @@ fn config(args: &ServeArgs) -> Result<ServerConfig> {
     })
 }
 
+/// One line on stderr per server event.
+fn print_event(ev: &ServerEvent) {
+    match ev {
+        ServerEvent::ModelLoading { name } => eprintln!("loading {name} ..."),
+        ServerEvent::ModelLoaded { name, seconds } => eprintln!("loaded {name} in {seconds:.1} s"),
+        ServerEvent::ModelLoadFailed { name, error } => {
+            eprintln!("error: cannot load model '{name}': {error}")
+        }
+        ServerEvent::ModelUnloaded { name } => eprintln!("unloaded {name}"),
+        ServerEvent::Draining { in_flight, grace } => eprintln!(
+            "shutting down: {in_flight} request(s) in flight, up to {:.0} s to finish",
+            grace.as_secs_f64()
+        ),
+        ServerEvent::GraceExpired { in_flight } => {
+            eprintln!("grace period over: ending {in_flight} request(s)")
+        }
+        ServerEvent::Stopped => eprintln!("stopped"),
+    }
+}
+
+/// Completes on SIGTERM (Kubernetes, systemd, Docker) or SIGINT (Ctrl-C).
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
 pub fn serve(args: ServeArgs) -> Result<()> {
     let cfg = config(&args)?;
-    let single = (cfg.models.len() == 1).then(|| cfg.models[0].0.clone());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    rt.block_on(async move {
-        let state = Arc::new(AppState::new(cfg));
-        if let Some(name) = &single {
-            eprintln!("loading {name} ...");
-            state
-                .preload(name)
-                .await
-                .map_err(|e| anyhow::anyhow!("{}", e.message))?;
-        }
+    let result = rt.block_on(async move {
         let addr = format!("{}:{}", args.host, args.port);
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
         let local = listener.local_addr()?;
+        let state = Arc::new(AppState::with_observer(cfg, Some(Arc::new(print_event))));
         eprintln!(
             "mica serve: listening on http://{local} ({} model(s): {})",
             state.cfg.models.len(),
             state.model_names().join(", ")
         );
-        let shutdown = async {
-            let _ = tokio::signal::ctrl_c().await;
-        };
-        mica_server::serve(listener, state, shutdown)
+        mica_server::serve(listener, state, shutdown_signal())
             .await
-            .context("server error")
-    })
+            .context("mica serve stopped")
+    });
+    // A load still running in the background (shutdown during the preload) is not waited
+    // for.
+    rt.shutdown_timeout(Duration::from_secs(1));
+    result
 }
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::{parse_duration, parse_size};
+    use std::time::Duration;
 
     #[test]
     fn sizes() {
@@ -210,5 +332,16 @@ mod tests {
         assert_eq!(parse_size("4096").unwrap(), 4096);
         assert!(parse_size("lots").is_err());
         assert!(parse_size("-1G").is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("3d").is_err());
     }
 }

@@ -124,6 +124,26 @@ pub struct HfFolder {
     pub weights: SafetensorsSet,
 }
 
+/// Whether `dir` looks like a Hugging Face model folder: a `config.json` and safetensors
+/// weights beside it (what [`HfFolder::open`] needs before it reads anything).
+pub fn is_hf_folder(dir: &Path) -> bool {
+    dir.join("config.json").is_file() && !safetensors_files(dir).is_empty()
+}
+
+/// The `*.safetensors` files directly in `dir` (every shard of a checkpoint), unsorted.
+pub fn safetensors_files(dir: &Path) -> Vec<PathBuf> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    rd.filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.is_file()
+                && p.extension()
+                    .is_some_and(|e| e.eq_ignore_ascii_case("safetensors"))
+        })
+        .collect()
+}
+
 impl HfFolder {
     /// Reads `config.json` and opens the checkpoint.
     pub fn open(dir: impl AsRef<Path>) -> Result<HfFolder> {

@@ -1,4 +1,4 @@
-//! The key/value cache, addressed by sequence (ARCHITECTURE decision 1), stored in pages.
+//! The key/value cache, addressed by sequence (docs/architecture.md, decision 1), stored in pages.
 //!
 //! Keys and values live in a pool of fixed-size *blocks* of [`BLOCK_SIZE`] positions, one
 //! pool per layer, as f16 (llama.cpp's default cache type) or f32 ([`KvType`], from the

@@ -7,6 +7,7 @@ pub mod batch;
 pub mod blocks;
 pub mod chat;
 pub mod config;
+pub mod conversation;
 pub mod error;
 pub mod hf;
 pub mod kv_cache;
@@ -19,6 +20,7 @@ pub mod weights;
 
 pub use batch::Batch;
 pub use config::ModelConfig;
+pub use conversation::{Conversation, ConversationError};
 pub use error::{ModelError, Result};
 pub use kv_cache::{KvCache, SeqId};
 pub use loader::{ChatPromptError, LoadOptions, LoadedModel};

@@ -1,4 +1,4 @@
-//! The forward pass over a batch of several sequences (ARCHITECTURE decision 1): tokens of
+//! The forward pass over a batch of several sequences (docs/architecture.md, decision 1): tokens of
 //! different sequences interleaved in one batch give exactly the logits each sequence gets
 //! on its own, and the cache keeps the sequences apart.
 

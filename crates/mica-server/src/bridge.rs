@@ -5,9 +5,15 @@
 //! when the client disconnects, hyper drops the response body (streaming) or the handler's
 //! future (non-streaming), which drops the receiver — and the engine then cancels the
 //! request and frees its KV blocks at its next step.
+//!
+//! Shutdown: a stream still running when the grace period ends is ended by the server
+//! ([`stream_body`]'s abort signal): each unfinished completion gets its final event with
+//! the finish reason [`FinishReason::Cancelled`] (`"abort"` on the wire), then the stream's
+//! usage and end marker, as if the engine had finished it.
 
-use crate::error::ApiError;
-use crate::state::Loaded;
+use crate::error::ServerError;
+use crate::models::Loaded;
+use crate::state::fired;
 use axum::body::{Body, Bytes};
 use mica_engine::{
     Event, EventSink, FinishReason, GenerateParams, Lane, Request, TokenLogprob, Usage,
@@ -15,6 +21,7 @@ use mica_engine::{
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+use tokio::sync::watch;
 
 struct ChannelSink(UnboundedSender<Event>);
 
@@ -43,11 +50,14 @@ pub struct Running {
     pub loaded: Arc<Loaded>,
     pub started: Instant,
     pub prompt_tokens: usize,
+    /// Completions requested.
+    pub n: usize,
 }
 
-pub fn start(loaded: Arc<Loaded>, req: GenRequest) -> Result<Running, ApiError> {
+pub fn start(loaded: Arc<Loaded>, req: GenRequest) -> Result<Running, ServerError> {
     let (tx, rx) = unbounded_channel();
     let prompt_tokens = req.prompt.len();
+    let n = req.n;
     loaded.engine.submit(Request {
         prompt: req.prompt,
         params: req.params,
@@ -63,6 +73,7 @@ pub fn start(loaded: Arc<Loaded>, req: GenRequest) -> Result<Running, ApiError> 
         loaded,
         started: Instant::now(),
         prompt_tokens,
+        n,
     })
 }
 
@@ -82,7 +93,8 @@ pub struct Collected {
 }
 
 /// Waits for every completion of `running`.
-pub async fn collect(mut running: Running, n: usize) -> Result<Collected, ApiError> {
+pub async fn collect(mut running: Running) -> Result<Collected, ServerError> {
+    let n = running.n;
     let mut choices: Vec<ChoiceOut> = (0..n).map(|_| ChoiceOut::default()).collect();
     let mut first_token = None;
     while let Some(ev) = running.rx.recv().await {
@@ -117,13 +129,10 @@ pub async fn collect(mut running: Running, n: usize) -> Result<Collected, ApiErr
                     first_token,
                 });
             }
-            Event::Error(e) => return Err(ApiError::internal(e.to_string())),
+            Event::Error(e) => return Err(ServerError::Generation(e.to_string())),
         }
     }
-    Err(ApiError::unavailable(
-        "the engine stopped before the answer was complete",
-        5,
-    ))
+    Err(ServerError::EngineStopped)
 }
 
 /// Turns engine events into the bytes of a streaming response.
@@ -134,15 +143,78 @@ pub trait StreamFormat: Send + 'static {
     fn finish(&mut self, running: &Running) -> String;
 }
 
-/// A response body streaming `running` through `fmt`.
-pub fn stream_body<F: StreamFormat>(running: Running, fmt: F) -> Body {
-    let stream = futures_util::stream::unfold(Some((running, fmt)), |state| async move {
-        let (mut running, mut fmt) = state?;
+/// What a stream has sent so far: enough to end it on the engine's behalf.
+struct Progress {
+    done: Vec<bool>,
+    completion_tokens: usize,
+}
+
+impl Progress {
+    fn see(&mut self, ev: &Event) {
+        match ev {
+            Event::Token { .. } => self.completion_tokens += 1,
+            Event::Done { index, .. } => {
+                if let Some(d) = self.done.get_mut(*index) {
+                    *d = true;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The events that end every unfinished completion, then the request.
+    fn ending(&self, prompt_tokens: usize) -> Vec<Event> {
+        let mut out: Vec<Event> = (0..self.done.len())
+            .filter(|&i| !self.done[i])
+            .map(|index| Event::Done {
+                index,
+                finish: FinishReason::Cancelled,
+                text: String::new(),
+            })
+            .collect();
+        out.push(Event::Finished {
+            usage: Usage {
+                prompt_tokens,
+                cached_tokens: 0,
+                completion_tokens: self.completion_tokens,
+            },
+        });
+        out
+    }
+}
+
+/// A response body streaming `running` through `fmt`. When `abort` fires, the stream ends
+/// at once with a final event for every unfinished completion (see the module docs).
+pub fn stream_body<F: StreamFormat>(
+    running: Running,
+    fmt: F,
+    abort: watch::Receiver<bool>,
+) -> Body {
+    let progress = Progress {
+        done: vec![false; running.n],
+        completion_tokens: 0,
+    };
+    let state = Some((running, fmt, progress, abort));
+    let stream = futures_util::stream::unfold(state, |state| async move {
+        let (mut running, mut fmt, mut progress, mut abort) = state?;
         loop {
-            let Some(ev) = running.rx.recv().await else {
-                let tail = fmt.finish(&running);
-                return Some((Ok::<_, std::convert::Infallible>(Bytes::from(tail)), None));
+            let ev = tokio::select! {
+                biased;
+                ev = running.rx.recv() => ev,
+                () = fired(&mut abort) => {
+                    let mut out = String::new();
+                    for ev in progress.ending(running.prompt_tokens) {
+                        out.push_str(&fmt.on_event(&running, ev));
+                    }
+                    out.push_str(&fmt.finish(&running));
+                    return Some((Ok::<_, std::convert::Infallible>(Bytes::from(out)), None));
+                }
             };
+            let Some(ev) = ev else {
+                let tail = fmt.finish(&running);
+                return Some((Ok(Bytes::from(tail)), None));
+            };
+            progress.see(&ev);
             let last = matches!(ev, Event::Finished { .. } | Event::Error(_));
             let mut out = fmt.on_event(&running, ev);
             if last {
@@ -150,17 +222,20 @@ pub fn stream_body<F: StreamFormat>(running: Running, fmt: F) -> Body {
                 return Some((Ok(Bytes::from(out)), None));
             }
             if !out.is_empty() {
-                return Some((Ok(Bytes::from(out)), Some((running, fmt))));
+                return Some((Ok(Bytes::from(out)), Some((running, fmt, progress, abort))));
             }
         }
     });
     Body::from_stream(stream)
 }
 
-/// OpenAI's `finish_reason`.
-pub fn openai_finish(f: Option<FinishReason>) -> &'static str {
+/// The finish reason on the wire (OpenAI's `finish_reason`, Ollama's `done_reason`):
+/// `length` for the token limit or a full context, `abort` for a request the server ended
+/// (shutdown), `stop` otherwise.
+pub fn finish_reason(f: Option<FinishReason>) -> &'static str {
     match f {
         Some(FinishReason::Length | FinishReason::Context) => "length",
+        Some(FinishReason::Cancelled) => "abort",
         _ => "stop",
     }
 }

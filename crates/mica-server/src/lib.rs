@@ -1,34 +1,55 @@
-//! mica-server: the HTTP front of `mica serve` (axum on tokio). OpenAI-compatible routes
-//! under `/v1`, Ollama-compatible ones under `/api`, `/health` and Prometheus `/metrics`.
+//! mica-server: the HTTP front of `mica serve` (axum on hyper and tokio). OpenAI-compatible
+//! routes under `/v1`, Ollama-compatible ones under `/api`, the probes `/health`
+//! (liveness) and `/ready` (readiness), and Prometheus `/metrics`.
 //!
-//! The server knows nothing of tensors: handlers parse and validate requests, render chat
-//! templates and tokenize, then hand the tokens to the model's engine
+//! The server knows nothing of tensors: handlers parse and validate requests
+//! ([`openai::parse_chat`], [`ollama::parse_generate`]… callable without a socket), render
+//! chat templates and tokenize, then hand the tokens to the model's engine
 //! ([`mica_engine::EngineHandle`]), which runs on its own thread; tokens come back through a
 //! channel and are streamed as SSE (OpenAI) or NDJSON (Ollama). Dropping a response — the
 //! client went away — cancels the request in the engine.
+//!
+//! Around the routes: [`guard`] (host, origin, API key, CORS, error shapes, draining),
+//! [`body`] (content type, size and time limits of request bodies), [`serve`] (connection
+//! timeouts and graceful shutdown), [`models`] (loading and unloading under a memory
+//! budget; a failed load unloads nothing).
 
+pub mod body;
 pub mod bridge;
+pub mod config;
 pub mod error;
+pub mod guard;
+pub mod metrics;
+pub mod models;
 pub mod ollama;
 pub mod openai;
+pub mod params;
+pub mod serve;
 pub mod state;
 
-use crate::error::ApiError;
+use crate::error::ServerError;
 use axum::Router;
 use axum::extract::State;
-use axum::http::header;
+use axum::http::{Method, StatusCode, Uri, header};
+use axum::middleware::from_fn_with_state;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use serde::Serialize;
 use std::sync::Arc;
 
-pub use state::{ApiKey, AppState, ServerConfig};
+pub use config::{Access, ApiKey, Limits, ServerConfig};
+pub use error::{Flavor, ParamError};
+pub use serve::{ServeError, serve};
+pub use state::{AppState, Observer, ServerEvent};
 
-/// The routes of `mica serve`.
+/// The routes of `mica serve`, behind the layers of [`guard`].
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
-        .route("/health", get(health))
+        .route(guard::LIVENESS, get(health))
+        .route(guard::READINESS, get(ready))
         .route("/metrics", get(metrics))
         .route("/v1/models", get(openai::models))
+        .route("/v1/models/{id}", get(openai::model))
         .route("/v1/chat/completions", post(openai::chat))
         .route("/v1/completions", post(openai::completions))
         .route("/api/generate", post(ollama::generate))
@@ -37,40 +58,54 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/show", post(ollama::show))
         .route("/api/ps", get(ollama::ps))
         .route("/api/version", get(ollama::version))
-        .fallback(|| async { ApiError::not_found_route() })
+        .fallback(|method: Method, uri: Uri| async move {
+            ServerError::NoRoute {
+                method,
+                path: uri.path().to_string(),
+            }
+        })
+        .layer(from_fn_with_state(state.clone(), guard::lifecycle))
+        .layer(from_fn_with_state(state.clone(), guard::access))
+        .layer(from_fn_with_state(state.clone(), guard::finish))
         .with_state(state)
 }
 
-/// Serves on `listener` until `shutdown` completes.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    state: Arc<AppState>,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+/// The body of the probes.
+#[derive(Serialize)]
+struct Probe {
+    status: &'static str,
 }
 
-async fn health(State(st): State<Arc<AppState>>) -> Response {
-    let loaded: Vec<String> = st.loaded().iter().map(|l| l.name.clone()).collect();
-    axum::Json(serde_json::json!({"status": "ok", "loaded": loaded})).into_response()
+/// Liveness: the process answers. Open without a key, answered while draining.
+async fn health() -> axum::Json<Probe> {
+    axum::Json(Probe { status: "ok" })
+}
+
+/// Readiness: 200 once the preload model is loaded, 503 while it loads or the server
+/// drains.
+async fn ready(State(st): State<Arc<AppState>>) -> Response {
+    let status = if st.life.is_draining() {
+        "draining"
+    } else if st.life.is_loading() {
+        "loading"
+    } else {
+        "ready"
+    };
+    let code = if status == "ready" {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, axum::Json(Probe { status })).into_response()
 }
 
 async fn metrics(State(st): State<Arc<AppState>>) -> Response {
-    let mut out = String::new();
-    out.push_str("# HELP mica_models_loaded Models loaded.\n# TYPE mica_models_loaded gauge\n");
-    let loaded = st.loaded();
-    out.push_str(&format!("mica_models_loaded {}\n", loaded.len()));
-    for l in &loaded {
-        l.engine.metrics().render(&l.name, &mut out);
-    }
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        out,
+        metrics::render(&st),
     )
         .into_response()
 }

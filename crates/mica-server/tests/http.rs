@@ -332,13 +332,20 @@ fn api_keys_and_lanes() {
         &body,
     );
     assert_eq!(r.status, 200);
+    let key = [("Authorization", "Bearer secret")];
     assert_eq!(
-        metric(a, "mica_requests_total", "lane=\"bulk\",status=\"ok\""),
+        metric_with(
+            a,
+            &key,
+            "mica_requests_total",
+            "lane=\"bulk\",status=\"ok\""
+        ),
         1.0
     );
     assert_eq!(
-        metric(
+        metric_with(
             a,
+            &key,
             "mica_requests_total",
             "lane=\"interactive\",status=\"ok\""
         ),

@@ -63,6 +63,7 @@ pub use mica_engine::{
 };
 pub use mica_hub::{Hub, HubConfig, Installed, Store};
 pub use mica_models::chat::ChatMessage;
+pub use mica_models::{Conversation, ConversationError};
 pub use mica_quant::{ConvertOptions, ConvertReport, FileType};
 
 /// The layers beneath the facade, for what it does not cover.

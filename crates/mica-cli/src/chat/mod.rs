@@ -7,7 +7,6 @@
 //! and reloads when `/model` switches models, keeping the conversation and settings.
 
 mod commands;
-mod conversation;
 mod input;
 mod repl;
 
@@ -22,8 +21,8 @@ use mica_models::{LoadOptions, LoadedModel};
 use crate::sampling_args::SamplingArgs;
 use crate::store;
 use commands::Settings;
-use conversation::Conversation;
 use input::{Input, Read};
+use mica_models::Conversation;
 use repl::{Chat, Outcome, Stats};
 
 #[derive(Args, Debug)]

@@ -17,8 +17,8 @@ use mica_models::LoadedModel;
 use mica_models::chat::ChatMessage;
 
 use super::commands::{self, Command, Settings};
-use super::conversation::Conversation;
 use super::input::{Input, Read};
+use mica_models::{Conversation, ConversationError};
 
 /// Set while an answer is being generated.
 static GENERATING: AtomicBool = AtomicBool::new(false);
@@ -133,7 +133,12 @@ impl Chat<'_, '_> {
             Ok(fit) => fit,
             Err(e) => {
                 self.conv.turns.pop();
-                eprintln!("error: {e:#}");
+                match e {
+                    ConversationError::TooLong { .. } => {
+                        eprintln!("error: {e}; shorten it, or lower /tokens")
+                    }
+                    e => eprintln!("error: {e}"),
+                }
                 return;
             }
         };

@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use mica_engine::SchedulerConfig;
-use mica_server::{ApiKey, AppState, ServerConfig};
+use mica_server::{Access, ApiKey, AppState, ServerConfig};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
@@ -31,13 +31,34 @@ pub struct Server {
     pub state: Arc<AppState>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// What `mica_server::serve` returned (`Err` carries its message).
+    result: std::sync::mpsc::Receiver<Result<(), String>>,
+}
+
+impl Server {
+    /// Starts the graceful shutdown (what SIGTERM does in `mica serve`).
+    pub fn shutdown(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+
+    /// Waits for `serve` to return, at most `limit`.
+    pub fn wait(&mut self, limit: Duration) -> Result<(), String> {
+        let r = self
+            .result
+            .recv_timeout(limit)
+            .unwrap_or_else(|_| panic!("serve did not return within {limit:?}"));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        r
+    }
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
+        self.shutdown();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -46,8 +67,10 @@ impl Drop for Server {
 
 pub fn config(scheduler: SchedulerConfig, api_keys: Vec<ApiKey>) -> ServerConfig {
     ServerConfig {
-        models: vec![(MODEL.to_string(), model_path())],
-        api_keys,
+        access: Access {
+            api_keys,
+            ..Access::default()
+        },
         kv_mem: 64 << 20,
         n_ctx: Some(2048),
         n_threads: 2,
@@ -56,6 +79,7 @@ pub fn config(scheduler: SchedulerConfig, api_keys: Vec<ApiKey>) -> ServerConfig
         max_loaded: 1,
         repack: true,
         mem_limit: None,
+        ..ServerConfig::new(vec![(MODEL.to_string(), model_path())])
     }
 }
 
@@ -67,7 +91,24 @@ pub fn start(cfg: ServerConfig) -> Server {
 /// Starts a server, loading `preload` first if given.
 pub fn start_with(cfg: ServerConfig, preload: Option<&'static str>) -> Server {
     let state = Arc::new(AppState::new(cfg));
+    let st = state.clone();
+    let name = preload.map(str::to_string);
+    serve_state(state, move || async move {
+        if let Some(name) = name {
+            st.preload(&name).await.expect("model loads");
+        }
+    })
+}
+
+/// Runs `mica_server::serve` for `state` on its own runtime, after `before` (e.g. a
+/// preload) has run.
+pub fn serve_state<F, Fut>(state: Arc<AppState>, before: F) -> Server
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
     let (tx, rx) = std::sync::mpsc::channel();
+    let (res_tx, res_rx) = std::sync::mpsc::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let st = state.clone();
     let thread = std::thread::spawn(move || {
@@ -77,16 +118,14 @@ pub fn start_with(cfg: ServerConfig, preload: Option<&'static str>) -> Server {
             .build()
             .unwrap();
         rt.block_on(async move {
-            if let Some(name) = preload {
-                st.preload(name).await.expect("model loads");
-            }
+            before().await;
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             tx.send(listener.local_addr().unwrap()).unwrap();
-            mica_server::serve(listener, st, async {
+            let r = mica_server::serve(listener, st, async {
                 let _ = stop_rx.await;
             })
-            .await
-            .unwrap();
+            .await;
+            let _ = res_tx.send(r.map_err(|e| e.to_string()));
         });
     });
     let addr = rx
@@ -97,6 +136,7 @@ pub fn start_with(cfg: ServerConfig, preload: Option<&'static str>) -> Server {
         state,
         stop: Some(stop_tx),
         thread: Some(thread),
+        result: res_rx,
     }
 }
 
@@ -189,7 +229,11 @@ pub fn request(
     headers: &[(&str, &str)],
     body: &str,
 ) -> Resp {
-    let s = send(addr, method, path, headers, body);
+    read_response(send(addr, method, path, headers, body))
+}
+
+/// Reads a whole response (chunked or to the end of the connection).
+pub fn read_response(s: TcpStream) -> Resp {
     let mut r = BufReader::new(s);
     let (status, hs) = read_head(&mut r);
     let chunked = hs
@@ -213,6 +257,47 @@ pub fn request(
     }
 }
 
+/// Writes raw request bytes on a new connection.
+pub fn send_bytes(addr: SocketAddr, bytes: &[u8]) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+    s.write_all(bytes).unwrap();
+    s
+}
+
+/// A request with exactly `headers` (no Content-Type added; `Host` only when not given).
+pub fn request_raw(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Resp {
+    let mut req = format!("{method} {path} HTTP/1.1\r\n");
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req.push_str(&format!("Host: {addr}\r\n"));
+    }
+    req.push_str(&format!(
+        "Connection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    ));
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    read_response(send_bytes(addr, req.as_bytes()))
+}
+
+/// A JSON POST with a chunked body (no Content-Length).
+pub fn post_chunked(addr: SocketAddr, path: &str, body: &str) -> Resp {
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+        body.len()
+    );
+    read_response(send_bytes(addr, req.as_bytes()))
+}
+
 pub fn post(addr: SocketAddr, path: &str, body: &serde_json::Value) -> Resp {
     request(addr, "POST", path, &[], &body.to_string())
 }
@@ -223,7 +308,12 @@ pub fn get(addr: SocketAddr, path: &str) -> Resp {
 
 /// The value of a metric line `name{...labels containing filter...} value`.
 pub fn metric(addr: SocketAddr, name: &str, filter: &str) -> f64 {
-    let m = get(addr, "/metrics").body;
+    metric_with(addr, &[], name, filter)
+}
+
+/// [`metric`] with request headers (an API key).
+pub fn metric_with(addr: SocketAddr, headers: &[(&str, &str)], name: &str, filter: &str) -> f64 {
+    let m = request(addr, "GET", "/metrics", headers, "").body;
     m.lines()
         .find(|l| l.starts_with(name) && l[name.len()..].starts_with('{') && l.contains(filter))
         .and_then(|l| l.rsplit(' ').next())

@@ -6,17 +6,56 @@
 //! the cost is avoided by the session's KV prefix reuse, which finds that the new prompt
 //! starts with what is already cached and evaluates only the new suffix. When the
 //! conversation no longer fits the context, the oldest turns are dropped (never the system
-//! prompt), and the caller says so. `/save` and `/load` use a small JSON document.
+//! prompt), and the caller says so. A conversation saves to and loads from a small JSON
+//! document (`mica chat`'s `/save` and `/load`), and reads OpenAI-style message lists.
 
-use anyhow::{Context, Result, anyhow, bail};
-use mica_models::LoadedModel;
-use mica_models::chat::ChatMessage;
+use crate::chat::ChatMessage;
+use crate::loader::{ChatPromptError, LoadedModel};
 use serde_json::{Value, json};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// Why a conversation could not be prepared, saved or read.
+#[derive(Debug, thiserror::Error)]
+pub enum ConversationError {
+    #[error(transparent)]
+    Prompt(#[from] ChatPromptError),
+    /// Even the newest message alone does not fit.
+    #[error(
+        "this message needs {tokens} tokens with the conversation's system prompt and template, and the context holds {n_ctx} ({reserve} kept for the answer)"
+    )]
+    TooLong {
+        tokens: usize,
+        n_ctx: usize,
+        reserve: usize,
+    },
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{} is not JSON: {source}", path.display())]
+    NotJson {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("{} is not a saved chat: {reason}", path.display())]
+    NotAChat { path: PathBuf, reason: String },
+    /// A JSON value that is not a conversation ([`Conversation::from_json`]).
+    #[error("{0}")]
+    Format(String),
+}
+
+type Result<T, E = ConversationError> = std::result::Result<T, E>;
 
 /// The format tag written by `/save`.
 const FORMAT: &str = "mica-chat/1";
 
+/// A system prompt and the turns after it.
 #[derive(Debug, Clone, Default)]
 pub struct Conversation {
     /// The system prompt; empty for none.
@@ -75,10 +114,13 @@ impl Conversation {
                 return Ok((ids, dropped));
             }
             match self.drop_oldest() {
-                0 => bail!(
-                    "this message needs {} tokens with the conversation's system prompt and template, and the context holds {n_ctx} ({reserve} kept for the answer); shorten it, or lower /tokens",
-                    ids.len()
-                ),
+                0 => {
+                    return Err(ConversationError::TooLong {
+                        tokens: ids.len(),
+                        n_ctx,
+                        reserve,
+                    });
+                }
                 n => dropped += n,
             }
         }
@@ -97,16 +139,17 @@ impl Conversation {
     /// Reads a conversation: what `/save` writes, or an OpenAI-style `{"messages": [...]}`
     /// or bare message list (a leading system message becomes the system prompt).
     pub fn from_json(value: &Value) -> Result<Conversation> {
+        let bad = |msg: String| ConversationError::Format(msg);
         let (messages, system) = match value {
             Value::Array(list) => (list, None),
             Value::Object(obj) => {
                 let messages = obj
                     .get("messages")
                     .and_then(Value::as_array)
-                    .ok_or_else(|| anyhow!("no \"messages\" list"))?;
+                    .ok_or_else(|| bad("no \"messages\" list".into()))?;
                 (messages, obj.get("system").and_then(Value::as_str))
             }
-            _ => bail!("expected a JSON object with \"messages\""),
+            _ => return Err(bad("expected a JSON object with \"messages\"".into())),
         };
         let mut conv = Conversation {
             system: system.unwrap_or_default().to_string(),
@@ -116,13 +159,17 @@ impl Conversation {
             let field = |k: &str| {
                 m.get(k)
                     .and_then(Value::as_str)
-                    .ok_or_else(|| anyhow!("message {i} has no string \"{k}\""))
+                    .ok_or_else(|| bad(format!("message {i} has no string \"{k}\"")))
             };
             let (role, content) = (field("role")?, field("content")?);
             match role {
                 "system" if conv.turns.is_empty() => conv.system = content.to_string(),
                 "user" | "assistant" => conv.turns.push(ChatMessage::new(role, content)),
-                other => bail!("message {i} has role {other:?}; expected user or assistant"),
+                other => {
+                    return Err(bad(format!(
+                        "message {i} has role {other:?}; expected user or assistant"
+                    )));
+                }
             }
         }
         Ok(conv)
@@ -130,21 +177,35 @@ impl Conversation {
 
     /// Writes [`Conversation::to_json`] to `path` (through a temporary file and a rename).
     pub fn save(&self, path: &Path, model: &str) -> Result<()> {
-        let text = serde_json::to_string_pretty(&self.to_json(model))? + "\n";
+        // A `Value` always serializes.
+        let text = serde_json::to_string_pretty(&self.to_json(model)).unwrap_or_default() + "\n";
         let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
         tmp_name.push(".tmp");
         let tmp = path.with_file_name(tmp_name);
-        std::fs::write(&tmp, text).with_context(|| format!("cannot write {}", path.display()))?;
-        std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
+        let write_err = |source| ConversationError::Write {
+            path: path.to_path_buf(),
+            source,
+        };
+        std::fs::write(&tmp, text).map_err(write_err)?;
+        std::fs::rename(&tmp, path).map_err(write_err)
     }
 
+    /// Reads what [`Conversation::save`] writes (or any JSON [`Conversation::from_json`]
+    /// takes).
     pub fn load(path: &Path) -> Result<Conversation> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        let value: Value = serde_json::from_str(&text)
-            .with_context(|| format!("{} is not JSON", path.display()))?;
-        Conversation::from_json(&value)
-            .with_context(|| format!("{} is not a saved chat", path.display()))
+        let text = std::fs::read_to_string(path).map_err(|source| ConversationError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let value: Value =
+            serde_json::from_str(&text).map_err(|source| ConversationError::NotJson {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        Conversation::from_json(&value).map_err(|e| ConversationError::NotAChat {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })
     }
 }
 

@@ -1,0 +1,224 @@
+//! `mica serve` and the signals that stop it (what Kubernetes, systemd and Docker send):
+//! SIGTERM with eight streams in flight ends every stream with its final event (finish
+//! reason `abort` after `--shutdown-grace`, then `[DONE]` / `done: true`) and exits 0;
+//! SIGINT drains the same way, letting streams that finish in time finish normally.
+
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const MODEL: &str = "smollm2-135m-instruct-q4_1";
+
+fn model_path() -> PathBuf {
+    let dir = std::env::var_os("MICA_TEST_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"));
+    let path = dir.join(format!("{MODEL}.gguf"));
+    assert!(
+        path.is_file(),
+        "test model {} is missing: run scripts/fetch-test-models",
+        path.display()
+    );
+    path
+}
+
+/// Starts `mica serve` on a free port and waits until it is ready; returns the child and
+/// its address.
+fn serve(grace: &str) -> (Child, SocketAddr) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mica"))
+        .args(["serve", "-m"])
+        .arg(model_path())
+        .args(["--port", "0", "-t", "2", "-c", "2048", "--kv-mem", "256M"])
+        .args(["--shutdown-grace", grace])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("mica serve starts");
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    let addr = loop {
+        line.clear();
+        assert!(err.read_line(&mut line).unwrap() > 0, "mica serve exited");
+        if let Some(rest) = line.split("listening on http://").nth(1) {
+            break rest.split_whitespace().next().unwrap().parse().unwrap();
+        }
+    };
+    // Keep draining stderr so the server never blocks on a full pipe.
+    std::thread::spawn(move || {
+        let mut sink = String::new();
+        let _ = err.read_to_string(&mut sink);
+    });
+    let t = Instant::now();
+    while get_status(addr, "/ready") != 200 {
+        assert!(t.elapsed() < Duration::from_secs(120), "never ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (child, addr)
+}
+
+fn get_status(a: SocketAddr, path: &str) -> u16 {
+    let Ok(mut s) = TcpStream::connect(a) else {
+        return 0;
+    };
+    let _ = write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {a}\r\nConnection: close\r\n\r\n"
+    );
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A streaming request: reads the head and the first chunk.
+struct Stream {
+    r: BufReader<TcpStream>,
+    raw: String,
+    ndjson: bool,
+}
+
+fn read_chunk(r: &mut BufReader<TcpStream>) -> Option<String> {
+    let mut size = String::new();
+    r.read_line(&mut size).ok()?;
+    let n = usize::from_str_radix(size.trim(), 16).ok()?;
+    if n == 0 {
+        return None;
+    }
+    let mut buf = vec![0u8; n + 2];
+    r.read_exact(&mut buf).ok()?;
+    buf.truncate(n);
+    Some(String::from_utf8_lossy(&buf).into_owned())
+}
+
+fn open(a: SocketAddr, path: &str, body: &Value) -> Stream {
+    let mut s = TcpStream::connect(a).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let body = body.to_string();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: {a}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    assert!(line.contains(" 200 "), "{path}: {line}");
+    loop {
+        line.clear();
+        r.read_line(&mut line).unwrap();
+        if line.trim().is_empty() {
+            break;
+        }
+    }
+    let first = read_chunk(&mut r).expect("a first chunk");
+    Stream {
+        r,
+        raw: first,
+        ndjson: path.starts_with("/api/"),
+    }
+}
+
+/// Reads a stream to its end; returns its finish reasons, checking its final event.
+fn finish(mut s: Stream) -> Vec<String> {
+    while let Some(c) = read_chunk(&mut s.r) {
+        s.raw.push_str(&c);
+    }
+    if s.ndjson {
+        let last: Value = serde_json::from_str(s.raw.lines().last().unwrap()).unwrap();
+        assert_eq!(last["done"], true, "{}", s.raw);
+        return vec![last["done_reason"].as_str().unwrap().to_string()];
+    }
+    assert!(s.raw.ends_with("data: [DONE]\n\n"), "{:?}", s.raw);
+    s.raw
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| {
+            v["choices"][0]["finish_reason"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+fn streams(a: SocketAddr, max_tokens: usize, count: usize) -> Vec<Stream> {
+    let msgs = json!([{"role": "user", "content": "Tell me a long story."}]);
+    (0..count)
+        .map(|i| match i % 4 {
+            0 => open(
+                a,
+                "/v1/chat/completions",
+                &json!({"model": MODEL, "messages": msgs, "max_tokens": max_tokens, "stream": true, "seed": i}),
+            ),
+            1 => open(
+                a,
+                "/v1/completions",
+                &json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": max_tokens, "stream": true, "seed": i}),
+            ),
+            2 => open(
+                a,
+                "/api/generate",
+                &json!({"model": MODEL, "prompt": "Why is the sky blue?", "options": {"num_predict": max_tokens, "seed": i}}),
+            ),
+            _ => open(
+                a,
+                "/api/chat",
+                &json!({"model": MODEL, "messages": msgs, "options": {"num_predict": max_tokens, "seed": i}}),
+            ),
+        })
+        .collect()
+}
+
+fn signal(child: &Child, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(ok.success());
+}
+
+fn wait_exit(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    let t = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            panic!("mica serve did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn sigterm_with_eight_streams_in_flight_ends_each_with_its_final_event_and_exits_0() {
+    let (mut child, a) = serve("2s");
+    let open = streams(a, 1500, 8);
+    signal(&child, "-TERM");
+    for s in open {
+        let reasons = finish(s);
+        assert_eq!(reasons, ["abort"], "every stream ends with its final event");
+    }
+    let status = wait_exit(&mut child, Duration::from_secs(30));
+    assert_eq!(status.code(), Some(0), "{status:?}");
+}
+
+#[test]
+fn sigint_lets_streams_that_finish_in_time_finish() {
+    let (mut child, a) = serve("60s");
+    let open = streams(a, 16, 4);
+    signal(&child, "-INT");
+    for s in open {
+        for r in finish(s) {
+            assert!(r == "length" || r == "stop", "{r}");
+        }
+    }
+    let status = wait_exit(&mut child, Duration::from_secs(30));
+    assert_eq!(status.code(), Some(0), "{status:?}");
+}
