@@ -4,10 +4,8 @@
 //! Python package (`python/mica`) shapes it into the public API (OpenAI-shaped dicts,
 //! generators, exceptions).
 //!
-//! Embeddings and structured output (grammar-constrained sampling) are not here yet: they
-//! depend on engine features of their own issues. They will enter as a `NativeModel.embed`
-//! method and as a logits-processor argument of `NativeModel.submit` (the engine's
-//! `Request::processors` seam).
+//! Not here: embeddings and structured output (grammar-constrained sampling), which need
+//! engine features of their own issues.
 
 mod convert;
 mod errors;

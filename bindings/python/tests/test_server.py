@@ -56,3 +56,36 @@ def test_server_errors(tmp_path, smol_path):
         # The same port again: cannot listen.
         with pytest.raises(mica.ServerError):
             mica.Server(models={"smol": smol_path}, port=srv.port, n_threads=1).start()
+
+
+def test_server_keys_open_routes_and_preload(tmp_path, smol_path):
+    import urllib.error
+    import urllib.request
+
+    srv = mica.Server(models={"smol": smol_path}, port=0, n_threads=1, kv_mem=32 << 20,
+                      api_keys=["k1"], open_routes=["/ready"], preload="smol",
+                      shutdown_grace=5)
+    assert not srv.ready
+    with srv:
+        # start() returned after the preload: ready at once.
+        assert srv.ready
+        with urllib.request.urlopen(srv.url + "/ready", timeout=5) as r:
+            assert r.status == 200
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(srv.url + "/metrics", timeout=5)
+        assert e.value.code == 401
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=srv.base_url, api_key="wrong").models.list()
+        client = openai.OpenAI(base_url=srv.base_url, api_key="k1")
+        assert [m.id for m in client.models.list().data] == ["smol"]
+    assert not srv.ready
+
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 60)
+    with pytest.raises(mica.ServerError) as e:
+        mica.Server(models={"bad": bad}, port=0, n_threads=1, preload=True).start()
+    assert "bad" in str(e.value)
+    with pytest.raises(mica.ServerError):
+        mica.Server(models={"smol": smol_path}, port=0, preload="other")
+    with pytest.raises(mica.InvalidParameter):
+        mica.Server(models={"smol": smol_path}, port=0, open_routes=["ready"])

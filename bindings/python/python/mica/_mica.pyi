@@ -88,14 +88,18 @@ class NativeServer:
         n_ctx: Optional[int] = None,
         kv_mem: int = ...,
         api_keys: Sequence[str] = ...,
+        open_routes: Sequence[str] = ...,
         max_loaded: int = 1,
         queue_limit: int = 256,
-        preload: Sequence[str] = ...,
+        preload: Optional[str] = None,
+        shutdown_grace: float = 30.0,
     ) -> None: ...
     def start(self) -> int: ...
     def stop(self) -> None: ...
     @property
     def port(self) -> Optional[int]: ...
+    @property
+    def ready(self) -> bool: ...
 
 def resolve(name_or_path: Optional[str] = None, *, models_dir: Optional[Path] = None,
             progress: Optional[Progress] = None) -> pathlib.Path: ...

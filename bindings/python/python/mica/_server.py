@@ -18,8 +18,12 @@ class Server:
     The models it offers come from ``models`` (names or paths as ``mica.Model`` takes them,
     or a ``{api_name: name_or_path}`` mapping), else from ``models_dir`` (every ``.gguf``,
     ``.mica`` and Hugging Face folder in it, named by file stem), else from the model store.
-    ``port=0`` picks a free port; ``start()`` returns once the server listens (and
-    ``preload``-ed models are loaded). Use it as a context manager or call ``stop()``.
+    ``port=0`` picks a free port; ``start()`` returns once the server listens and, with
+    ``preload`` (``True``: the first model, or a model's API name), once that model is
+    loaded. ``api_keys`` require ``Authorization: Bearer KEY`` on every route but
+    ``/health`` and the ``open_routes`` (e.g. ``["/ready", "/metrics"]``). ``stop()`` is
+    ``mica serve``'s graceful shutdown: new requests get 503 and those in flight may run
+    on for ``shutdown_grace`` seconds. Use it as a context manager or call ``stop()``.
 
     >>> with mica.Server(models=["smollm2-135m-instruct"], port=0) as srv:  # doctest: +SKIP
     ...     client = openai.OpenAI(base_url=srv.base_url, api_key="none")
@@ -36,17 +40,19 @@ class Server:
         n_ctx: Optional[int] = None,
         kv_mem: int = 512 << 20,
         api_keys: Iterable[str] = (),
+        open_routes: Iterable[str] = (),
         max_loaded: int = 1,
         queue_limit: int = 256,
-        preload: Union[bool, Iterable[str]] = False,
+        preload: Union[bool, str] = False,
+        shutdown_grace: float = 30.0,
     ) -> None:
         pairs = self._models(models_dir, models)
         if preload is True:
-            names = [pairs[0][0]]
+            name: Optional[str] = pairs[0][0]
         elif preload is False:
-            names = []
+            name = None
         else:
-            names = list(preload)
+            name = str(preload)
         self.host = host
         self.models: List[Tuple[str, str]] = [(n, str(p)) for n, p in pairs]
         self._native = _mica.NativeServer(
@@ -57,9 +63,11 @@ class Server:
             n_ctx=n_ctx,
             kv_mem=kv_mem,
             api_keys=list(api_keys),
+            open_routes=list(open_routes),
             max_loaded=max_loaded,
             queue_limit=queue_limit,
-            preload=names,
+            preload=name,
+            shutdown_grace=shutdown_grace,
         )
 
     @staticmethod
@@ -87,8 +95,14 @@ class Server:
         return self
 
     def stop(self) -> None:
-        """Stops accepting connections, lets requests in flight end, and joins the thread."""
+        """Stops taking requests, lets those in flight end (within ``shutdown_grace``), and
+        joins the server's thread."""
         self._native.stop()
+
+    @property
+    def ready(self) -> bool:
+        """What ``/ready`` answers: running, the preload model loaded, not draining."""
+        return self._native.ready
 
     @property
     def port(self) -> Optional[int]:
