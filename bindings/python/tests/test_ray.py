@@ -1,8 +1,12 @@
 """mica on Ray Serve (deploy/ray): a local Ray cluster with two replicas of the test model
 behind the OpenAI-compatible ingress; 20 chat requests through the ``openai`` SDK. Both
 replicas serve, and requests sharing a long prefix land on one replica and reuse its
-prefix cache (``usage.prompt_tokens_details.cached_tokens``). Bounded: the whole module
-has a time limit (``RAY_TEST_TIMEOUT``, default 240 s)."""
+prefix cache (``usage.prompt_tokens_details.cached_tokens``). Also the autoscaling
+policy on queue depth, and the Serve config file against Ray's schema. Bounded: the
+cluster has a time limit (``RAY_TEST_TIMEOUT``, default 240 s).
+
+Run by ``scripts/test-ray`` (which installs ``ray[serve]``), not by the default test
+command."""
 
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import pytest
 
 from conftest import REPO
 
-import ray  # scripts/test-python installs ray[serve] (requirements-test.txt)
+import ray  # scripts/test-ray installs ray[serve] (requirements-ray.txt)
 
 pytestmark = pytest.mark.ray
 
@@ -149,3 +153,19 @@ def test_queue_depth_policy():
     assert policy(Ctx(2, [3, 3], [8, 8]), 2.0, 8)[0] == 3  # queues above target: up
     assert policy(Ctx(2, [9, 9], [8, 8]), 2.0, 8)[0] == 6  # far above: up faster
     assert policy(Ctx(1, [1, ], [8]), 2.0, 8)[0] == 1
+
+
+def test_ray_serve_config_is_valid():
+    import yaml
+    from ray.serve.schema import ServeDeploySchema
+
+    if str(RAY_DIR) not in sys.path:
+        sys.path.insert(0, str(RAY_DIR))
+    import mica_serve
+
+    cfg = yaml.safe_load((RAY_DIR / "serve-config.yaml").read_text())
+    ServeDeploySchema.model_validate(cfg)
+    app = cfg["applications"][0]
+    assert app["import_path"] == "mica_serve:build_app"
+    built = mica_serve.build_app(app["args"])  # the args build an application graph
+    assert built is not None
