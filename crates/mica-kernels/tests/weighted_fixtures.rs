@@ -5,6 +5,7 @@
 //! for every type.
 
 use mica_kernels::DType;
+use mica_kernels::quant::quantize_row;
 use mica_kernels::quant::weighted::quantize_row_weighted;
 use std::path::PathBuf;
 
@@ -38,6 +39,11 @@ fn weighted_quantizers_match_llama_cpp_bytes() {
         ("Q4_K", DType::Q4_K),
         ("Q5_K", DType::Q5_K),
         ("Q6_K", DType::Q6_K),
+        ("IQ4_NL", DType::IQ4_NL),
+        ("IQ4_XS", DType::IQ4_XS),
+        ("TQ1_0", DType::TQ1_0),
+        ("TQ2_0", DType::TQ2_0),
+        ("MXFP4", DType::MXFP4),
     ] {
         let want = std::fs::read(dir().join(format!("{name}.bin"))).unwrap();
         let row = t.row_bytes(COLS).unwrap();
@@ -54,6 +60,33 @@ fn weighted_quantizers_match_llama_cpp_bytes() {
             "{name}: {same}/{} blocks identical",
             want.len() / t.type_size()
         );
+        if got != want {
+            failures.push(name);
+        }
+    }
+    assert!(failures.is_empty(), "differ from llama.cpp: {failures:?}");
+}
+
+/// Without an importance matrix, `quantize_row` writes what llama.cpp writes for a file
+/// (`ggml_quantize_chunk` with no imatrix: for IQ4_NL/IQ4_XS `quantize_iq4_*` with seven
+/// scale tries, for the others the reference quantizers).
+#[test]
+fn unweighted_quantizers_match_llama_cpp_bytes() {
+    let x = f32s("x.f32");
+    let mut failures = Vec::new();
+    for (name, t) in [
+        ("IQ4_NL", DType::IQ4_NL),
+        ("IQ4_XS", DType::IQ4_XS),
+        ("TQ1_0", DType::TQ1_0),
+        ("TQ2_0", DType::TQ2_0),
+        ("MXFP4", DType::MXFP4),
+    ] {
+        let want = std::fs::read(dir().join(format!("{name}.noimp.bin"))).unwrap();
+        let mut got = vec![0u8; want.len()];
+        let row = t.row_bytes(COLS).unwrap();
+        for (xr, out) in x.chunks_exact(COLS).zip(got.chunks_exact_mut(row)) {
+            quantize_row(t, xr, out);
+        }
         if got != want {
             failures.push(name);
         }

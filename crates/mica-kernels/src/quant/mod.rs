@@ -21,12 +21,14 @@
 //! | `kquants_quantize` | reference quantizers for Q2_K ... Q6_K |
 //! | `weighted` | quantizers weighted by an importance matrix (Q4_0 ... Q6_K) |
 //! | `iquants` | IQ1_S ... IQ4_XS, TQ1_0, TQ2_0, MXFP4 (dequant, unpacking, dots) |
+//! | `iquants_quantize` | quantizers for IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, MXFP4 |
 //! | `iq_grids` | the grids and value tables of the i-quants and MXFP4 (ggml's data) |
 
 pub mod blocks;
 pub mod floats;
 pub mod iq_grids;
 pub mod iquants;
+pub mod iquants_quantize;
 pub mod kquants;
 pub mod kquants_quantize;
 pub mod legacy;
@@ -151,9 +153,11 @@ pub fn quantize_row(t: DType, src: &[f32], dst: &mut [u8]) {
         | DType::IQ2_S
         | DType::IQ3_XXS
         | DType::IQ3_S => panic!("quantize_row: mica has no quantizer for {t}"),
-        DType::IQ4_NL | DType::IQ4_XS | DType::TQ1_0 | DType::TQ2_0 | DType::MXFP4 => {
-            todo!()
-        }
+        DType::IQ4_NL => iquants_quantize::quantize_iq4nl(src, None, blocks_mut(dst)),
+        DType::IQ4_XS => iquants_quantize::quantize_iq4xs(src, None, blocks_mut(dst)),
+        DType::TQ1_0 => iquants_quantize::quantize_tq1_0(src, blocks_mut(dst)),
+        DType::TQ2_0 => iquants_quantize::quantize_tq2_0(src, blocks_mut(dst)),
+        DType::MXFP4 => iquants_quantize::quantize_mxfp4(src, blocks_mut(dst)),
     }
 }
 

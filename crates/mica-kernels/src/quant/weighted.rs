@@ -22,6 +22,9 @@
 //!   themselves fitted to six bits by the symmetric search, each weighted by its
 //!   sub-block's total weight.
 //!
+//! - IQ4_NL, IQ4_XS: llama.cpp's own `quantize_iq4_*` with the importance
+//!   (`iquants_quantize.rs`).
+//!
 //! Q8_0 and the float types have no weighted variant (nor in llama.cpp) and use the
 //! reference quantizers.
 
@@ -29,6 +32,7 @@ use super::blocks::{
     BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, QK, QK_K,
     blocks_mut, f32_to_f16,
 };
+use super::iquants_quantize;
 use super::kquants::nearest_int;
 use super::kquants_quantize::{
     Qkx2, make_qkx2_quants, make_qx_quants, pack_q3k_scales, quantize_q6k_with, store_k4,
@@ -51,6 +55,8 @@ pub fn quantize_row_weighted(t: DType, src: &[f32], imp: &[f32], dst: &mut [u8])
         DType::Q4_K => q4k(src, imp, blocks_mut(dst)),
         DType::Q5_K => q5k(src, imp, blocks_mut(dst)),
         DType::Q6_K => quantize_q6k_with(src, Some(imp), blocks_mut(dst)),
+        DType::IQ4_NL => iquants_quantize::quantize_iq4nl(src, Some(imp), blocks_mut(dst)),
+        DType::IQ4_XS => iquants_quantize::quantize_iq4xs(src, Some(imp), blocks_mut(dst)),
         _ => super::quantize_row(t, src, dst),
     }
 }
@@ -68,6 +74,8 @@ pub fn has_weighted(t: DType) -> bool {
             | DType::Q4_K
             | DType::Q5_K
             | DType::Q6_K
+            | DType::IQ4_NL
+            | DType::IQ4_XS
     )
 }
 
