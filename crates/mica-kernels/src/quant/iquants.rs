@@ -15,8 +15,8 @@
 //! digits, which ggml computes from the activations' block sums.
 
 use super::blocks::{
-    BlockIQ1M, BlockIQ1S, BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockIQ3S, BlockIQ3XXS,
-    BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockQ8_0, BlockQ8K, BlockTQ1_0, BlockTQ2_0, QK, QK_K,
+    BlockIQ1M, BlockIQ1S, BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockIQ3S, BlockIQ3XXS, BlockIQ4NL,
+    BlockIQ4XS, BlockMXFP4, BlockQ8_0, BlockQ8K, BlockTQ1_0, BlockTQ2_0, QK, QK_K,
     e8m0_to_f32_half, f16_to_f32,
 };
 use super::iq_grids::{
@@ -168,7 +168,8 @@ pub fn unpack_iq3s(b: &BlockIQ3S) -> Unpacked {
 #[inline(always)]
 pub fn iq4xs_scale(b: &BlockIQ4XS, ib: usize) -> i32 {
     let h = u16::from_le_bytes(b.scales_h);
-    let ls = (b.scales_l[ib / 2] >> (4 * (ib % 2)) & 0xF) as i32 | ((h >> (2 * ib) & 3) << 4) as i32;
+    let ls =
+        (b.scales_l[ib / 2] >> (4 * (ib % 2)) & 0xF) as i32 | ((h >> (2 * ib) & 3) << 4) as i32;
     ls - 32
 }
 
@@ -310,7 +311,11 @@ pub fn dequantize_iq2xxs(x: &[BlockIQ2XXS], y: &mut [f32]) {
         for ib in 0..8 {
             let ls = (u32le(&b.qs, 8 * ib + 4) >> 28) as f32;
             let db = d * (0.5 + ls) * 0.25;
-            put_scaled(&mut y[32 * ib..32 * ib + 32], db, &u.q[32 * ib..32 * ib + 32]);
+            put_scaled(
+                &mut y[32 * ib..32 * ib + 32],
+                db,
+                &u.q[32 * ib..32 * ib + 32],
+            );
         }
     }
 }
@@ -346,7 +351,11 @@ pub fn dequantize_iq3xxs(x: &[BlockIQ3XXS], y: &mut [f32]) {
         for ib in 0..8 {
             let ls = (u32le(&b.qs, QK_K / 4 + 4 * ib) >> 28) as f32;
             let db = d * (0.5 + ls) * 0.5;
-            put_scaled(&mut y[32 * ib..32 * ib + 32], db, &u.q[32 * ib..32 * ib + 32]);
+            put_scaled(
+                &mut y[32 * ib..32 * ib + 32],
+                db,
+                &u.q[32 * ib..32 * ib + 32],
+            );
         }
     }
 }
@@ -357,7 +366,11 @@ pub fn dequantize_iq3s(x: &[BlockIQ3S], y: &mut [f32]) {
         let u = unpack_iq3s(b);
         for ib in 0..8 {
             let db = d * u.sc[2 * ib] as f32;
-            put_scaled(&mut y[32 * ib..32 * ib + 32], db, &u.q[32 * ib..32 * ib + 32]);
+            put_scaled(
+                &mut y[32 * ib..32 * ib + 32],
+                db,
+                &u.q[32 * ib..32 * ib + 32],
+            );
         }
     }
 }
@@ -516,7 +529,9 @@ pub fn vec_dot_iq1s_q8k(x: &[BlockIQ1S], y: &[BlockQ8K]) -> f32 {
     for (a, b) in x.iter().zip(y) {
         let (u, delta) = unpack_iq1s(a);
         let sumi = scaled_sum(&u, &b.qs);
-        let sumi1: i32 = (0..8).map(|ib| u.sc[2 * ib] * delta[ib] * bsum32(b, ib)).sum();
+        let sumi1: i32 = (0..8)
+            .map(|ib| u.sc[2 * ib] * delta[ib] * bsum32(b, ib))
+            .sum();
         sumf += f16_to_f32(a.d) * b.d() * (sumi as f32 + IQ1_DELTA * sumi1 as f32);
     }
     sumf

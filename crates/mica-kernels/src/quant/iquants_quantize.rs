@@ -17,7 +17,8 @@ use super::kquants::nearest_int;
 
 /// Largest |x| of a slice (NaN-blind, like ggml's `MAX`).
 fn absmax(x: &[f32]) -> f32 {
-    x.iter().fold(0.0f32, |m, &v| if m < v.abs() { v.abs() } else { m })
+    x.iter()
+        .fold(0.0f32, |m, &v| if m < v.abs() { v.abs() } else { m })
 }
 
 /// ggml's `lroundf(x * id) + 1`: the ternary digit of a value (0, 1, 2 for -1, 0, 1).
@@ -149,9 +150,7 @@ fn iq4_impl(x: &[f32], qw: Option<&[f32]>, ntry: i32, l: &mut [u8]) -> ([u8; 2],
         let xb = &x[32 * ib..32 * ib + 32];
         let lb = &mut l[32 * ib..32 * ib + 32];
         let weight: [f32; 32] = match qw {
-            Some(qw) => {
-                std::array::from_fn(|j| qw[32 * ib + j] * (sigma2 + xb[j] * xb[j]).sqrt())
-            }
+            Some(qw) => std::array::from_fn(|j| qw[32 * ib + j] * (sigma2 + xb[j] * xb[j]).sqrt()),
             None => std::array::from_fn(|j| xb[j] * xb[j]),
         };
         let (mut amax, mut max) = (0.0f32, 0.0f32);
@@ -218,7 +217,11 @@ fn iq4_impl(x: &[f32], qw: Option<&[f32]>, ntry: i32, l: &mut [u8]) -> ([u8; 2],
     } else {
         dh = f32_to_f16(scales[0]);
         if ntry > 0 {
-            let id = if scales[0] != 0.0 { 1.0 / scales[0] } else { 0.0 };
+            let id = if scales[0] != 0.0 {
+                1.0 / scales[0]
+            } else {
+                0.0
+            };
             for (lj, &v) in l.iter_mut().zip(x) {
                 *lj = best_index_int8(values, id * v);
             }

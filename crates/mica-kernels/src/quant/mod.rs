@@ -37,8 +37,8 @@ pub mod weighted;
 pub use blocks::{
     Block, BlockIQ1M, BlockIQ1S, BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockIQ3S, BlockIQ3XXS,
     BlockIQ4NL, BlockIQ4XS, BlockLenError, BlockMXFP4, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1,
-    BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_1, BlockQ8K,
-    BlockTQ1_0, BlockTQ2_0, QK, QK_K, cast_blocks, cast_blocks_mut, f16_to_f32, f32_to_f16,
+    BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_1, BlockQ8K, BlockTQ1_0,
+    BlockTQ2_0, QK, QK_K, cast_blocks, cast_blocks_mut, f16_to_f32, f32_to_f16,
 };
 
 use crate::DType;

@@ -6,6 +6,7 @@
 //!   and of the float types;
 //! - `kquants.rs`: dot products of the k-quants (Q2_K ... Q6_K), and the per-chunk integer
 //!   lanes the other k-quant kernels build on;
+//! - `iquants.rs`: dot products of the i-quants, TQ1_0, TQ2_0 and MXFP4;
 //! - `quantize.rs`: the activation quantizers (Q8_0, Q8_1, Q8_K, F16, BF16);
 //! - `mat.rs`: matrix kernels with `vec_dot`'s arithmetic (legacy formats and k-quants four
 //!   rows per step, floats two);
@@ -24,6 +25,7 @@
 //! horizontal sum; `127 / amax` and ties-to-even rounding in the quantizers.
 
 mod dot;
+mod iquants;
 mod kprefill;
 mod kquants;
 mod mat;
@@ -85,6 +87,18 @@ pub(in crate::simd) fn install(k: &mut Kernels) {
     k.set_dot(DType::Q4_K, entry!(dot kquants::vec_dot_q4k));
     k.set_dot(DType::Q5_K, entry!(dot kquants::vec_dot_q5k));
     k.set_dot(DType::Q6_K, entry!(dot kquants::vec_dot_q6k));
+    k.set_dot(DType::IQ2_XXS, entry!(dot iquants::vec_dot_iq2xxs));
+    k.set_dot(DType::IQ2_XS, entry!(dot iquants::vec_dot_iq2xs));
+    k.set_dot(DType::IQ2_S, entry!(dot iquants::vec_dot_iq2s));
+    k.set_dot(DType::IQ3_XXS, entry!(dot iquants::vec_dot_iq3xxs));
+    k.set_dot(DType::IQ3_S, entry!(dot iquants::vec_dot_iq3s));
+    k.set_dot(DType::IQ1_S, entry!(dot iquants::vec_dot_iq1s));
+    k.set_dot(DType::IQ1_M, entry!(dot iquants::vec_dot_iq1m));
+    k.set_dot(DType::IQ4_NL, entry!(dot iquants::vec_dot_iq4nl));
+    k.set_dot(DType::IQ4_XS, entry!(dot iquants::vec_dot_iq4xs));
+    k.set_dot(DType::TQ1_0, entry!(dot iquants::vec_dot_tq1_0));
+    k.set_dot(DType::TQ2_0, entry!(dot iquants::vec_dot_tq2_0));
+    k.set_dot(DType::MXFP4, entry!(dot iquants::vec_dot_mxfp4));
 
     // Activation quantizers (byte-identical to the scalar table's).
     k.set_quant(DType::Q8_0, entry!(quant quantize::quantize_q8_0));
