@@ -30,7 +30,7 @@ use mica_kernels::quant::{
     BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockQ8_0, BlockQ8K, BlockTQ1_0, BlockTQ2_0, QK_K,
     cast_blocks, f16_to_f32,
 };
-use mica_kernels::simd::Kernels;
+use mica_kernels::simd::{DotPath, Kernels};
 use quant_common::*;
 
 fn blocks<B: Block>(bytes: &[u8]) -> &[B] {
@@ -347,6 +347,51 @@ fn dots_equal_llama_cpp_outputs() {
                     k.isa(),
                     f32::from_bits(want_bits)
                 );
+            }
+        }
+    }
+}
+
+/// IQ4_NL matrices with a multiple of 8 rows are repacked by llama.cpp and multiplied by
+/// `ggml_gemv/gemm_iq4_nl_8x8_q8_0`: per output one FMA per block of the block's integer
+/// sum. Every table's `RepackGemv` dot must be that, bit for bit.
+#[test]
+fn repacked_iq4_nl_is_llama_cpp_arithmetic_bit_for_bit() {
+    let t = DType::IQ4_NL;
+    assert_eq!(DotPath::for_token(t, 576, 1, 0), DotPath::RepackGemv);
+    assert_eq!(DotPath::for_token(t, 576, 9, 8), DotPath::RepackGemv);
+    assert_eq!(DotPath::for_token(t, 100, 9, 0), DotPath::VecDot);
+    let mut r = rng(30);
+    for nblocks in [1usize, 2, 3, 17, 33] {
+        let n = nblocks * 32;
+        for wk in WEIGHT_KINDS {
+            for ak in ACT_KINDS {
+                let w = weight_row(t, nblocks, wk, &mut r);
+                let x = activations(n, ak, &mut r);
+                let mut xq = vec![0u8; DType::Q8_0.row_bytes(n).unwrap()];
+                Kernels::scalar().quantize_act(DType::Q8_0, &x, &mut xq);
+                let mut want = 0f32;
+                for (a, b) in blocks::<BlockIQ4NL>(&w)
+                    .iter()
+                    .zip(blocks::<BlockQ8_0>(&xq))
+                {
+                    let q = iquants::unpack_nl(&a.qs, &KVALUES_IQ4NL);
+                    let s: i32 = q
+                        .iter()
+                        .zip(&b.qs)
+                        .map(|(&q, &v)| q as i32 * v as i32)
+                        .sum();
+                    want = (s as f32).mul_add(f16_to_f32(a.d) * f16_to_f32(b.d), want);
+                }
+                for (_, k) in Kernels::all() {
+                    let Some(k) = k else { continue };
+                    let got = k.dot_fn(DotPath::RepackGemv, t)(n, &w, &xq);
+                    assert!(
+                        got.to_bits() == want.to_bits() || got.is_nan() && want.is_nan(),
+                        "{} n={n} {wk:?} {ak:?}: {got:e} vs {want:e}",
+                        k.isa()
+                    );
+                }
             }
         }
     }

@@ -601,3 +601,15 @@ pub fn vec_dot_mxfp4_q8_0(x: &[BlockMXFP4], y: &[BlockQ8_0]) -> f32 {
     }
     sumf
 }
+
+/// The per-output arithmetic of llama.cpp's repacked IQ4_NL (`ggml_gemv/gemm_iq4_nl_8x8_q8_0`,
+/// the [`DotPath::RepackGemv`](crate::simd::DotPath::RepackGemv) of IQ4_NL): one FMA per
+/// block, `acc = fma(Σ q·a, d_w·d_x, acc)`.
+pub fn dot_iq4nl_repacked(x: &[BlockIQ4NL], y: &[BlockQ8_0]) -> f32 {
+    let mut acc = 0.0f32;
+    for (a, b) in x.iter().zip(y) {
+        let s = idot32(&unpack_nl(&a.qs, &KVALUES_IQ4NL), &b.qs);
+        acc = (s as f32).mul_add(f16_to_f32(a.d) * f16_to_f32(b.d), acc);
+    }
+    acc
+}

@@ -93,6 +93,9 @@ pub(super) fn install(k: &mut Kernels) {
     }
 
     k.set_path_dot(DotPath::RepackGemv, DType::Q4_K, gemv_q4k);
+    k.set_path_dot(DotPath::RepackGemv, DType::IQ4_NL, |_, w, x| {
+        quant::iquants::dot_iq4nl_repacked(quant::blocks::blocks(w), quant::blocks::blocks(x))
+    });
     k.set_path_dot(DotPath::RepackGemm, DType::Q4_K, gemm_q4k);
     let tiled: [(DType, VecDotFn); 5] = [
         (DType::Q2_K, tiled_q2k),

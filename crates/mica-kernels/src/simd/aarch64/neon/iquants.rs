@@ -6,9 +6,9 @@
 
 use super::{Acc, Lanes, chunk_of, pair_lanes, sumi16};
 use crate::quant::blocks::{
-    BlockIQ1M, BlockIQ1S, BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockIQ3S, BlockIQ3XXS,
-    BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockQ8_0, BlockQ8K, BlockTQ1_0, BlockTQ2_0, QK, QK_K,
-    blocks, e8m0_to_f32_half, f16_to_f32,
+    BlockIQ1M, BlockIQ1S, BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockIQ3S, BlockIQ3XXS, BlockIQ4NL,
+    BlockIQ4XS, BlockMXFP4, BlockQ8_0, BlockQ8K, BlockTQ1_0, BlockTQ2_0, QK, QK_K, blocks,
+    e8m0_to_f32_half, f16_to_f32,
 };
 use crate::quant::iq_grids::{KVALUES_IQ4NL, KVALUES_MXFP4};
 use crate::quant::iquants::{
@@ -167,7 +167,11 @@ fn nl_dot<B: crate::quant::Block>(
     if w.len() % 2 == 1 {
         let (a, b) = (&w[w.len() - 1], &x[w.len() - 1]);
         let q = unpack_nl(qs(a), table);
-        let s: i32 = q.iter().zip(&b.qs).map(|(&q, &v)| q as i32 * v as i32).sum();
+        let s: i32 = q
+            .iter()
+            .zip(&b.qs)
+            .map(|(&q, &v)| q as i32 * v as i32)
+            .sum();
         sum = (f16_to_f32(b.d) * d(a)).mul_add(s as f32, sum);
     }
     sum
@@ -175,10 +179,24 @@ fn nl_dot<B: crate::quant::Block>(
 
 #[target_feature(enable = "neon")]
 pub(super) fn vec_dot_iq4nl(n: usize, w: &[u8], x: &[u8]) -> f32 {
-    nl_dot(n, w, x, &KVALUES_IQ4NL, |a: &BlockIQ4NL| &a.qs, |a| f16_to_f32(a.d))
+    nl_dot(
+        n,
+        w,
+        x,
+        &KVALUES_IQ4NL,
+        |a: &BlockIQ4NL| &a.qs,
+        |a| f16_to_f32(a.d),
+    )
 }
 
 #[target_feature(enable = "neon")]
 pub(super) fn vec_dot_mxfp4(n: usize, w: &[u8], x: &[u8]) -> f32 {
-    nl_dot(n, w, x, &KVALUES_MXFP4, |a: &BlockMXFP4| &a.qs, |a| e8m0_to_f32_half(a.e))
+    nl_dot(
+        n,
+        w,
+        x,
+        &KVALUES_MXFP4,
+        |a: &BlockMXFP4| &a.qs,
+        |a| e8m0_to_f32_half(a.e),
+    )
 }

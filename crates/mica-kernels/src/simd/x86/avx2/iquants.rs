@@ -454,3 +454,19 @@ pub(super) fn vec_dot_mxfp4(n: usize, w: &[u8], x: &[u8]) -> f32 {
     debug_assert!(w.len() == x.len() && w.len() * QK == n);
     nl_dot(w, x, &KVALUES_MXFP4, |a| &a.qs, |a| e8m0_to_f32_half(a.e))
 }
+
+/// IQ4_NL on llama.cpp's repacked path ([`crate::simd::DotPath::RepackGemv`]): one FMA per
+/// block of the block's integer sum.
+#[target_feature(enable = "avx2,fma")]
+pub(super) fn repack_iq4nl(n: usize, w: &[u8], x: &[u8]) -> f32 {
+    let (w, x): (&[BlockIQ4NL], &[BlockQ8_0]) = (blocks(w), blocks(x));
+    debug_assert!(w.len() == x.len() && w.len() * QK == n);
+    let tbl = table16(&KVALUES_IQ4NL);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = 0.0f32;
+    for (a, b) in w.iter().zip(x) {
+        let s = super::hsum_i32(signed_chunk(nl_values(&a.qs, tbl), &b.qs, ones));
+        acc = (s as f32).mul_add(f16_to_f32(a.d) * f16_to_f32(b.d), acc);
+    }
+    acc
+}

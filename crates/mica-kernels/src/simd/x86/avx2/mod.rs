@@ -118,6 +118,11 @@ pub(in crate::simd) fn install(k: &mut Kernels) {
         DType::Q4_K,
         entry!(dot paths::gemm_q4k),
     );
+    k.set_path_dot(
+        DotPath::RepackGemv,
+        DType::IQ4_NL,
+        entry!(dot iquants::repack_iq4nl),
+    );
     k.set_path_dot(DotPath::Tiled, DType::Q2_K, entry!(dot paths::tiled_q2k));
     k.set_path_dot(DotPath::Tiled, DType::Q3_K, entry!(dot paths::tiled_q3k));
     k.set_path_dot(DotPath::Tiled, DType::Q4_K, entry!(dot paths::tiled_q4k));
