@@ -36,7 +36,7 @@ pub fn quantize_tq1_0(x: &[f32], y: &mut [BlockTQ1_0]) {
         b.d = f32_to_f16(d);
         let pack = |digits: &mut dyn Iterator<Item = u8>| -> u8 {
             let q = digits.fold(0u8, |q, t| q.wrapping_mul(3).wrapping_add(t));
-            ((q as u16 * 256 + (243 - 1)) / 243) as u8
+            (q as u16 * 256).div_ceil(243) as u8
         };
         for m in 0..32 {
             b.qs[m] = pack(&mut (0..5).map(|n| ternary(x[m + 32 * n], id)));
