@@ -165,7 +165,7 @@ pub(crate) struct Planned<'a> {
     pub target: GgmlType,
 }
 
-fn plan<'a>(src: &'a Source, ft: Option<FileType>) -> Result<Vec<Planned<'a>>> {
+fn plan<'a>(src: &'a Source, ft: Option<FileType>, has_imatrix: bool) -> Result<Vec<Planned<'a>>> {
     let arch = src.get_str("general.architecture").unwrap_or("");
     let key = |k: &str| format!("{arch}.{k}");
     let n_head = src.get_u64(&key("attention.head_count")).unwrap_or(1);
@@ -176,6 +176,7 @@ fn plan<'a>(src: &'a Source, ft: Option<FileType>) -> Result<Vec<Planned<'a>>> {
         n_layer: src.get_u64(&key("block_count")).unwrap_or(0) as usize,
         n_gqa: (n_head / n_head_kv.max(1)) as usize,
         tied_embeddings: !src.has_tensor("output.weight"),
+        has_imatrix,
     };
     let mut out = Vec::with_capacity(src.tensors().len());
     for (idx, t) in src.tensors().iter().enumerate() {
@@ -328,7 +329,8 @@ pub fn convert(
         return Err(QuantError::OverwritesSource);
     }
     let src = Source::open(src_path, on_event)?;
-    let mut planned = plan(&src, ft)?;
+    let has_imatrix = !matches!(opts.importance, Importance::None);
+    let mut planned = plan(&src, ft, has_imatrix)?;
     let fixed = overrides::apply(&opts.tensor_types, &mut planned)?;
     let threads = opts.threads.max(1);
     let prepared = prepare_importance(src_path, opts, ft, threads, on_event)?;

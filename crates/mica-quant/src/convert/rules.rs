@@ -6,10 +6,18 @@
 //! - For a quantized target, the output projection (and the token embedding when the two
 //!   are tied, i.e. the file has no `output.weight`) becomes Q6_K (Q8_0 stays Q8_0, and a
 //!   row length that is not a multiple of the block gives Q8_0).
+//! - IQ4_NL / IQ4_XS: attention V gets Q5_K when 4+ query heads share a KV head, and without
+//!   an importance matrix FFN down gets Q5_K in the first eighth of the layers. TQ1_0 /
+//!   TQ2_0: an untied token embedding gets Q4_K.
 //! - The `_M`/`_L` mixes give more bits to attention V and FFN down in the layers
 //!   `use_more_bits` picks (the first and last eighth, and every third in between).
 //! - A row whose length is not a multiple of the type's block falls back as llama.cpp does
-//!   (Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, Q2_K/Q3_K → Q4_0, then F16).
+//!   (Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, Q2_K/Q3_K/TQ1_0/TQ2_0 → Q4_0, IQ4_XS →
+//!   IQ4_NL, then F16).
+//!
+//! The i-quants below 4 bits (IQ1_S ... IQ3_S) and MXFP4 are read but have no file type here:
+//! mica has no quantizer for the former, and llama.cpp's only MXFP4 file type is for MoE
+//! experts.
 //!
 //! `q4_k`, `q5_k` and `q3_k` mean the `_M` mixes, as llama-quantize's aliases do.
 
@@ -37,6 +45,10 @@ pub enum FileType {
     Q5_K_S,
     Q5_K_M,
     Q6_K,
+    IQ4_NL,
+    IQ4_XS,
+    TQ1_0,
+    TQ2_0,
 }
 
 const NAMES: &[(&str, FileType)] = &[
@@ -60,6 +72,10 @@ const NAMES: &[(&str, FileType)] = &[
     ("q5_k_m", FileType::Q5_K_M),
     ("q5_k", FileType::Q5_K_M),
     ("q6_k", FileType::Q6_K),
+    ("iq4_nl", FileType::IQ4_NL),
+    ("iq4_xs", FileType::IQ4_XS),
+    ("tq1_0", FileType::TQ1_0),
+    ("tq2_0", FileType::TQ2_0),
 ];
 
 impl FileType {
@@ -101,6 +117,10 @@ impl FileType {
             FileType::Q5_K_M => 17,
             FileType::Q6_K => 18,
             FileType::BF16 => 32,
+            FileType::IQ4_NL => 25,
+            FileType::IQ4_XS => 30,
+            FileType::TQ1_0 => 36,
+            FileType::TQ2_0 => 37,
         }
     }
 
@@ -120,6 +140,10 @@ impl FileType {
             FileType::Q4_K_S | FileType::Q4_K_M => DType::Q4_K,
             FileType::Q5_K_S | FileType::Q5_K_M => DType::Q5_K,
             FileType::Q6_K => DType::Q6_K,
+            FileType::IQ4_NL => DType::IQ4_NL,
+            FileType::IQ4_XS => DType::IQ4_XS,
+            FileType::TQ1_0 => DType::TQ1_0,
+            FileType::TQ2_0 => DType::TQ2_0,
         }
     }
 
@@ -136,6 +160,9 @@ pub struct ModelShape {
     pub n_gqa: usize,
     /// The file has no separate `output.weight`.
     pub tied_embeddings: bool,
+    /// The conversion uses an importance matrix (llama.cpp's `has_imatrix`: some mixes
+    /// give more bits where there is none).
+    pub has_imatrix: bool,
 }
 
 /// One tensor as the rules see it.
@@ -220,8 +247,13 @@ pub fn tensor_type(ft: FileType, m: &ModelShape, t: &TensorDesc, source: DType) 
         } else if ty != DType::Q8_0 {
             ty = DType::Q6_K;
         }
+    } else if cat == Category::TokenEmbd {
+        if matches!(ft, FileType::TQ1_0 | FileType::TQ2_0) {
+            ty = DType::Q4_K;
+        }
     } else if cat == Category::AttnV {
         ty = match ft {
+            FileType::IQ4_NL | FileType::IQ4_XS if m.n_gqa >= 4 => DType::Q5_K,
             FileType::Q2_K if m.n_gqa >= 4 => DType::Q4_K,
             FileType::Q2_K => DType::Q3_K,
             FileType::Q3_K_M if layer < 2 => DType::Q5_K,
@@ -239,6 +271,7 @@ pub fn tensor_type(ft: FileType, m: &ModelShape, t: &TensorDesc, source: DType) 
             FileType::Q3_K_M => DType::Q4_K,
             FileType::Q3_K_L => DType::Q5_K,
             FileType::Q4_K_M | FileType::Q5_K_M if use_more_bits(layer, n) => DType::Q6_K,
+            FileType::IQ4_NL | FileType::IQ4_XS if layer < n / 8 && !m.has_imatrix => DType::Q5_K,
             FileType::Q4_K_S if layer < n / 8 => DType::Q5_K,
             _ => ty,
         };
@@ -259,7 +292,8 @@ pub fn fallback(ty: DType, nx: usize) -> DType {
         return ty;
     }
     let alt = match ty {
-        DType::Q2_K | DType::Q3_K => DType::Q4_0,
+        DType::Q2_K | DType::Q3_K | DType::TQ1_0 | DType::TQ2_0 => DType::Q4_0,
+        DType::IQ4_XS => DType::IQ4_NL,
         DType::Q4_K => DType::Q5_0,
         DType::Q5_K => DType::Q5_1,
         DType::Q6_K => DType::Q8_0,
@@ -281,6 +315,7 @@ mod tests {
             n_layer: 30,
             n_gqa: 3,
             tied_embeddings: tied,
+            has_imatrix: false,
         }
     }
 
@@ -374,6 +409,80 @@ mod tests {
         assert_eq!(
             ty(FileType::Q4_K_M, "blk.4.attn_q.weight", &[576, 576], true),
             DType::Q5_0
+        );
+    }
+
+    #[test]
+    fn iq4_and_ternary_file_types_follow_llama_cpp() {
+        for (name, ft, id) in [
+            ("iq4_nl", FileType::IQ4_NL, 25),
+            ("IQ4_XS", FileType::IQ4_XS, 30),
+            ("tq1_0", FileType::TQ1_0, 36),
+            ("tq2_0", FileType::TQ2_0, 37),
+        ] {
+            assert_eq!(FileType::parse(name), Some(ft));
+            assert_eq!(ft.ftype_id(), id);
+        }
+        let xs = FileType::IQ4_XS;
+        // SmolLM2: 576-wide rows are not whole IQ4_XS blocks, IQ4_NL instead; 1536 are.
+        assert_eq!(
+            ty(xs, "blk.3.attn_q.weight", &[576, 576], true),
+            DType::IQ4_NL
+        );
+        assert_eq!(
+            ty(xs, "blk.9.ffn_down.weight", &[1536, 576], true),
+            DType::IQ4_XS
+        );
+        // The tied embedding: Q8_0 for a row that is no whole super-block, else Q6_K.
+        assert_eq!(
+            ty(xs, "token_embd.weight", &[576, 49152], true),
+            DType::Q8_0
+        );
+        assert_eq!(
+            ty(xs, "token_embd.weight", &[1024, 49152], true),
+            DType::Q6_K
+        );
+        // FFN down of the first eighth: Q5_K without an importance matrix, not with one.
+        assert_eq!(
+            ty(xs, "blk.0.ffn_down.weight", &[1536, 576], true),
+            DType::Q5_K
+        );
+        let with = ModelShape {
+            has_imatrix: true,
+            ..m(true)
+        };
+        let d = TensorDesc {
+            name: "blk.0.ffn_down.weight",
+            shape: &[1536, 576],
+        };
+        assert_eq!(tensor_type(xs, &with, &d, DType::F32), DType::IQ4_XS);
+        // Attention V with 4+ query heads per KV head.
+        let gqa = ModelShape {
+            n_gqa: 4,
+            ..m(true)
+        };
+        let v = TensorDesc {
+            name: "blk.5.attn_v.weight",
+            shape: &[1024, 256],
+        };
+        assert_eq!(tensor_type(xs, &gqa, &v, DType::F32), DType::Q5_K);
+        assert_eq!(
+            ty(xs, "blk.5.attn_v.weight", &[1024, 256], true),
+            DType::IQ4_XS
+        );
+        // Ternary: untied embedding Q4_K, rows of 576 fall back to Q4_0.
+        let tq = FileType::TQ2_0;
+        assert_eq!(
+            ty(tq, "token_embd.weight", &[1024, 100], false),
+            DType::Q4_K
+        );
+        assert_eq!(
+            ty(tq, "blk.0.attn_q.weight", &[1024, 1024], false),
+            DType::TQ2_0
+        );
+        assert_eq!(
+            ty(tq, "blk.0.attn_q.weight", &[576, 576], false),
+            DType::Q4_0
         );
     }
 }
