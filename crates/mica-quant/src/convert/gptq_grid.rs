@@ -213,7 +213,11 @@ mod tests {
             ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
         };
         let grid_types = DType::WEIGHT_TYPES.into_iter().filter(|&t| supported(t));
-        assert_eq!(grid_types.clone().count(), 10, "the legacy formats and the k-quants");
+        assert_eq!(
+            grid_types.clone().count(),
+            10,
+            "the legacy formats and the k-quants"
+        );
         for t in grid_types {
             let n = t.block_size();
             let x: Vec<f32> = (0..n).map(|_| rnd()).collect();

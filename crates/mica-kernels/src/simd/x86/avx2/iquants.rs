@@ -109,7 +109,7 @@ fn signed_chunk(q: __m256i, a: &[i8], scales: __m256i) -> __m256i {
 /// `acc = fma(d, f32(lanes), acc)`.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn fma_lanes(acc: __m256, d: f32, lanes: __m256i) -> __m256 {
+pub(super) fn fma_lanes(acc: __m256, d: f32, lanes: __m256i) -> __m256 {
     _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc)
 }
 
@@ -122,139 +122,143 @@ fn bsum_pairs(b: &BlockQ8K) -> __m256i {
     _mm256_madd_epi16(v, _mm256_set1_epi16(1))
 }
 
-/// The iq2/iq3 types: `mult · hsum(Σ fma(d_w·d_x, lanes, acc))`, lanes from `chunks`.
+/// A 256-element type whose chunk `c` (elements `32c..32c + 32`) contributes
+/// `madd(maddubs(g, sign(a, s)), sc)` to the block's lanes: `g` the weights' magnitudes as
+/// unsigned bytes, `s` their signs (applied to the activations `a`), `sc` the i16 scale of
+/// each half; the dot product is `MULT · hsum(Σ_blocks fma(d_w·d_x, lanes, acc))`.
+pub(super) trait GridChunks {
+    type B: crate::quant::Block;
+    const MULT: f32;
+    fn d(b: &Self::B) -> [u8; 2];
+    /// `(g, s, sc)` of chunk `c` of `b`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2.
+    unsafe fn chunk(b: &Self::B, c: usize) -> (__m256i, __m256i, __m256i);
+}
+
+macro_rules! grid_type {
+    ($(#[$doc:meta])* $name:ident, $B:ty, $mult:expr, |$a:ident, $c:ident| $body:block) => {
+        $(#[$doc])*
+        pub(super) struct $name;
+        impl GridChunks for $name {
+            type B = $B;
+            const MULT: f32 = $mult;
+            #[inline(always)]
+            fn d(b: &$B) -> [u8; 2] {
+                b.d
+            }
+            #[inline(always)]
+            unsafe fn chunk($a: &$B, $c: usize) -> (__m256i, __m256i, __m256i) {
+                // SAFETY: the caller guarantees AVX2.
+                unsafe { $body }
+            }
+        }
+    };
+}
+
+grid_type!(
+    /// IQ2_XXS: four grid rows and four 7-bit sign indices per chunk, one 4-bit scale.
+    IQ2XXS, BlockIQ2XXS, 0.125, |a, ib| {
+        let (idx, aux) = (u32le(&a.qs, 8 * ib), u32le(&a.qs, 8 * ib + 4));
+        let g = q4x64(std::array::from_fn(|l| IQ2XXS_GRID[(idx >> (8 * l) & 0xFF) as usize]));
+        let s = q4x64(std::array::from_fn(|l| KEVEN_SIGNS[(aux >> (7 * l) & 127) as usize]));
+        let ls = 2 * (aux >> 28) as i32 + 1;
+        (g, s, scales16(ls, ls))
+    }
+);
+
+grid_type!(
+    /// IQ2_XS: four 16-bit codes (9-bit grid index, 7-bit sign index), a scale per 16.
+    IQ2XS, BlockIQ2XS, 0.125, |a, ib| {
+        let q2 = |l: usize| u16::from_le_bytes([a.qs[8 * ib + 2 * l], a.qs[8 * ib + 2 * l + 1]]);
+        let g = q4x64(std::array::from_fn(|l| IQ2XS_GRID[(q2(l) & 511) as usize]));
+        let s = q4x64(std::array::from_fn(|l| KEVEN_SIGNS[(q2(l) >> 9) as usize]));
+        let sc = a.scales[ib];
+        (g, s, scales16(2 * (sc & 0xF) as i32 + 1, 2 * (sc >> 4) as i32 + 1))
+    }
+);
+
+grid_type!(
+    /// IQ2_S: 10-bit grid indices, explicit sign bytes, a scale per 16.
+    IQ2S, BlockIQ2S, 0.125, |a, ib| {
+        let (qs, signs) = a.qs.split_at(QK_K / 8);
+        let qh = a.qh[ib] as usize;
+        let g = q4x64(std::array::from_fn(|l| {
+            IQ2S_GRID[qs[4 * ib + l] as usize | (qh << (8 - 2 * l) & 0x300)]
+        }));
+        let s = q4x64(std::array::from_fn(|l| SIGNS8[signs[4 * ib + l] as usize]));
+        let sc = a.scales[ib];
+        (g, s, scales16(2 * (sc & 0xF) as i32 + 1, 2 * (sc >> 4) as i32 + 1))
+    }
+);
+
+grid_type!(
+    /// IQ3_XXS: eight 4-value grid rows, four 7-bit sign indices and the scale in one u32.
+    IQ3XXS, BlockIQ3XXS, 0.25, |a, ib| {
+        let (q3, gas) = a.qs.split_at(QK_K / 4);
+        let aux = u32le(gas, 4 * ib);
+        let g = q8x32(std::array::from_fn(|j| IQ3XXS_GRID[q3[8 * ib + j] as usize]));
+        let s = q4x64(std::array::from_fn(|l| KEVEN_SIGNS[(aux >> (7 * l) & 127) as usize]));
+        let ls = 2 * (aux >> 28) as i32 + 1;
+        (g, s, scales16(ls, ls))
+    }
+);
+
+grid_type!(
+    /// IQ3_S: eight 9-bit grid indices, explicit sign bytes, one scale.
+    IQ3S, BlockIQ3S, 1.0, |a, ib| {
+        let qh = a.qh[ib] as usize;
+        let g = q8x32(std::array::from_fn(|j| {
+            let (l, hi) = (j / 2, j % 2);
+            IQ3S_GRID[a.qs[8 * ib + j] as usize | (qh << (8 - 2 * l - hi) & 256)]
+        }));
+        let s = q4x64(std::array::from_fn(|l| SIGNS8[a.signs[4 * ib + l] as usize]));
+        let ls = 2 * (a.scales[ib / 2] >> (4 * (ib % 2)) & 0xF) as i32 + 1;
+        (g, s, scales16(ls, ls))
+    }
+);
+
+grid_type!(
+    /// IQ4_XS: the non-linear values by `pshufb` (magnitudes, and the values themselves as
+    /// signs: the sign trick of llama.cpp's `mul_add_epi8`), the 6-bit scale minus 32.
+    IQ4XS, BlockIQ4XS, 1.0, |a, ib| {
+        let qs: &[u8; 16] = a.qs[16 * ib..16 * ib + 16].try_into().unwrap();
+        let v = nl_values(qs, table16(&KVALUES_IQ4NL));
+        let ls = iq4xs_scale(a, ib);
+        (_mm256_sign_epi8(v, v), v, scales16(ls, ls))
+    }
+);
+
+/// One chunk's lanes from its parts (see [`GridChunks`]).
 #[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn parts_lanes(g: __m256i, s: __m256i, sc: __m256i, a: &[i8]) -> __m256i {
+    grid_chunk(g, s, a, sc)
+}
+
+/// The dot product of a [`GridChunks`] type.
 #[target_feature(enable = "avx2,fma")]
-fn grid_dot<B>(
-    w: &[B],
-    x: &[BlockQ8K],
-    d: impl Fn(&B) -> [u8; 2],
-    chunks: impl Fn(&B, &[i8; QK_K]) -> __m256i,
-    mult: f32,
-) -> f32 {
+pub(super) fn vec_dot_grid<G: GridChunks>(n: usize, w: &[u8], x: &[u8]) -> f32 {
+    let (w, x): (&[G::B], &[BlockQ8K]) = (blocks(w), blocks(x));
+    debug_assert!(w.len() == x.len() && w.len() * QK_K == n);
     let mut acc = _mm256_setzero_ps();
     for (a, b) in w.iter().zip(x) {
-        acc = fma_lanes(acc, f16_to_f32(d(a)) * b.d(), chunks(a, &b.qs));
+        let mut sumi = _mm256_setzero_si256();
+        for c in 0..QK_K / 32 {
+            // SAFETY: this function runs with AVX2.
+            let (g, s, sc) = unsafe { G::chunk(a, c) };
+            sumi = _mm256_add_epi32(sumi, grid_chunk(g, s, &b.qs[32 * c..], sc));
+        }
+        acc = fma_lanes(acc, f16_to_f32(G::d(a)) * b.d(), sumi);
     }
-    mult * hsum_f32(acc)
-}
-
-#[target_feature(enable = "avx2,fma")]
-pub(super) fn vec_dot_iq2xxs(n: usize, w: &[u8], x: &[u8]) -> f32 {
-    let (w, x): (&[BlockIQ2XXS], &[BlockQ8K]) = (blocks(w), blocks(x));
-    debug_assert!(w.len() == x.len() && w.len() * QK_K == n);
-    let chunks = |a: &BlockIQ2XXS, q8: &[i8; QK_K]| {
-        let mut sumi = _mm256_setzero_si256();
-        for ib in 0..8 {
-            let (idx, aux) = (u32le(&a.qs, 8 * ib), u32le(&a.qs, 8 * ib + 4));
-            let g = q4x64(std::array::from_fn(|l| {
-                IQ2XXS_GRID[(idx >> (8 * l) & 0xFF) as usize]
-            }));
-            let s = q4x64(std::array::from_fn(|l| {
-                KEVEN_SIGNS[(aux >> (7 * l) & 127) as usize]
-            }));
-            let ls = 2 * (aux >> 28) as i32 + 1;
-            let p = grid_chunk(g, s, &q8[32 * ib..], scales16(ls, ls));
-            sumi = _mm256_add_epi32(sumi, p);
-        }
-        sumi
-    };
-    grid_dot(w, x, |a| a.d, chunks, 0.125)
-}
-
-#[target_feature(enable = "avx2,fma")]
-pub(super) fn vec_dot_iq2xs(n: usize, w: &[u8], x: &[u8]) -> f32 {
-    let (w, x): (&[BlockIQ2XS], &[BlockQ8K]) = (blocks(w), blocks(x));
-    debug_assert!(w.len() == x.len() && w.len() * QK_K == n);
-    let chunks = |a: &BlockIQ2XS, q8: &[i8; QK_K]| {
-        let mut sumi = _mm256_setzero_si256();
-        for ib in 0..8 {
-            let q2 =
-                |l: usize| u16::from_le_bytes([a.qs[8 * ib + 2 * l], a.qs[8 * ib + 2 * l + 1]]);
-            let g = q4x64(std::array::from_fn(|l| IQ2XS_GRID[(q2(l) & 511) as usize]));
-            let s = q4x64(std::array::from_fn(|l| KEVEN_SIGNS[(q2(l) >> 9) as usize]));
-            let sc = a.scales[ib];
-            let scales = scales16(2 * (sc & 0xF) as i32 + 1, 2 * (sc >> 4) as i32 + 1);
-            sumi = _mm256_add_epi32(sumi, grid_chunk(g, s, &q8[32 * ib..], scales));
-        }
-        sumi
-    };
-    grid_dot(w, x, |a| a.d, chunks, 0.125)
-}
-
-#[target_feature(enable = "avx2,fma")]
-pub(super) fn vec_dot_iq2s(n: usize, w: &[u8], x: &[u8]) -> f32 {
-    let (w, x): (&[BlockIQ2S], &[BlockQ8K]) = (blocks(w), blocks(x));
-    debug_assert!(w.len() == x.len() && w.len() * QK_K == n);
-    let chunks = |a: &BlockIQ2S, q8: &[i8; QK_K]| {
-        let mut sumi = _mm256_setzero_si256();
-        let (qs, signs) = a.qs.split_at(QK_K / 8);
-        for ib in 0..8 {
-            let qh = a.qh[ib] as usize;
-            let g = q4x64(std::array::from_fn(|l| {
-                IQ2S_GRID[qs[4 * ib + l] as usize | (qh << (8 - 2 * l) & 0x300)]
-            }));
-            let s = q4x64(std::array::from_fn(|l| SIGNS8[signs[4 * ib + l] as usize]));
-            let sc = a.scales[ib];
-            let scales = scales16(2 * (sc & 0xF) as i32 + 1, 2 * (sc >> 4) as i32 + 1);
-            sumi = _mm256_add_epi32(sumi, grid_chunk(g, s, &q8[32 * ib..], scales));
-        }
-        sumi
-    };
-    grid_dot(w, x, |a| a.d, chunks, 0.125)
-}
-
-#[target_feature(enable = "avx2,fma")]
-pub(super) fn vec_dot_iq3xxs(n: usize, w: &[u8], x: &[u8]) -> f32 {
-    let (w, x): (&[BlockIQ3XXS], &[BlockQ8K]) = (blocks(w), blocks(x));
-    debug_assert!(w.len() == x.len() && w.len() * QK_K == n);
-    let chunks = |a: &BlockIQ3XXS, q8: &[i8; QK_K]| {
-        let mut sumi = _mm256_setzero_si256();
-        let (q3, gas) = a.qs.split_at(QK_K / 4);
-        for ib in 0..8 {
-            let aux = u32le(gas, 4 * ib);
-            let g = q8x32(std::array::from_fn(|j| {
-                IQ3XXS_GRID[q3[8 * ib + j] as usize]
-            }));
-            let s = q4x64(std::array::from_fn(|l| {
-                KEVEN_SIGNS[(aux >> (7 * l) & 127) as usize]
-            }));
-            let ls = 2 * (aux >> 28) as i32 + 1;
-            sumi = _mm256_add_epi32(sumi, grid_chunk(g, s, &q8[32 * ib..], scales16(ls, ls)));
-        }
-        sumi
-    };
-    grid_dot(w, x, |a| a.d, chunks, 0.25)
-}
-
-#[target_feature(enable = "avx2,fma")]
-pub(super) fn vec_dot_iq3s(n: usize, w: &[u8], x: &[u8]) -> f32 {
-    let (w, x): (&[BlockIQ3S], &[BlockQ8K]) = (blocks(w), blocks(x));
-    debug_assert!(w.len() == x.len() && w.len() * QK_K == n);
-    let chunks = |a: &BlockIQ3S, q8: &[i8; QK_K]| {
-        let mut sumi = _mm256_setzero_si256();
-        for ib in 0..8 {
-            let qh = a.qh[ib] as usize;
-            let g = q8x32(std::array::from_fn(|j| {
-                let (l, hi) = (j / 2, j % 2);
-                let idx = a.qs[8 * ib + j] as usize | (qh << (8 - 2 * l - hi) & 256);
-                IQ3S_GRID[idx]
-            }));
-            let s = q4x64(std::array::from_fn(|l| {
-                SIGNS8[a.signs[4 * ib + l] as usize]
-            }));
-            let ls = 2 * (a.scales[ib / 2] >> (4 * (ib % 2)) & 0xF) as i32 + 1;
-            sumi = _mm256_add_epi32(sumi, grid_chunk(g, s, &q8[32 * ib..], scales16(ls, ls)));
-        }
-        sumi
-    };
-    grid_dot(w, x, |a| a.d, chunks, 1.0)
+    G::MULT * hsum_f32(acc)
 }
 
 /// 32 table values of 16 packed nibbles (low nibbles first, ggml's element order).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn nl_values(qs: &[u8; 16], table: __m128i) -> __m256i {
+pub(super) fn nl_values(qs: &[u8; 16], table: __m128i) -> __m256i {
     let q = load16(qs);
     let m4 = _mm_set1_epi8(0x0F);
     let lo = _mm_shuffle_epi8(table, _mm_and_si128(q, m4));
@@ -264,26 +268,9 @@ fn nl_values(qs: &[u8; 16], table: __m128i) -> __m256i {
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn table16(t: &[i8; 16]) -> __m128i {
+pub(super) fn table16(t: &[i8; 16]) -> __m128i {
     // SAFETY: 16 readable bytes; unaligned load.
     unsafe { _mm_loadu_si128(t.as_ptr().cast()) }
-}
-
-#[target_feature(enable = "avx2,fma")]
-pub(super) fn vec_dot_iq4xs(n: usize, w: &[u8], x: &[u8]) -> f32 {
-    let (w, x): (&[BlockIQ4XS], &[BlockQ8K]) = (blocks(w), blocks(x));
-    debug_assert!(w.len() == x.len() && w.len() * QK_K == n);
-    let table = table16(&KVALUES_IQ4NL);
-    let chunks = |a: &BlockIQ4XS, q8: &[i8; QK_K]| {
-        let mut sumi = _mm256_setzero_si256();
-        for ib in 0..8 {
-            let q = nl_values(a.qs[16 * ib..16 * ib + 16].try_into().unwrap(), table);
-            let ls = iq4xs_scale(a, ib);
-            sumi = _mm256_add_epi32(sumi, signed_chunk(q, &q8[32 * ib..], scales16(ls, ls)));
-        }
-        sumi
-    };
-    grid_dot(w, x, |a| a.d, chunks, 1.0)
 }
 
 /// IQ1 grid rows `idx` (four, element order) as signed bytes.
