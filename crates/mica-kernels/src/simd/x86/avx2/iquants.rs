@@ -109,7 +109,7 @@ fn signed_chunk(q: __m256i, a: &[i8], scales: __m256i) -> __m256i {
 /// `acc = fma(d, f32(lanes), acc)`.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-pub(super) fn fma_lanes(acc: __m256, d: f32, lanes: __m256i) -> __m256 {
+pub(in crate::simd::x86) fn fma_lanes(acc: __m256, d: f32, lanes: __m256i) -> __m256 {
     _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc)
 }
 
@@ -126,7 +126,7 @@ fn bsum_pairs(b: &BlockQ8K) -> __m256i {
 /// `madd(maddubs(g, sign(a, s)), sc)` to the block's lanes: `g` the weights' magnitudes as
 /// unsigned bytes, `s` their signs (applied to the activations `a`), `sc` the i16 scale of
 /// each half; the dot product is `MULT · hsum(Σ_blocks fma(d_w·d_x, lanes, acc))`.
-pub(super) trait GridChunks {
+pub(in crate::simd::x86) trait GridChunks {
     type B: crate::quant::Block;
     const MULT: f32;
     fn d(b: &Self::B) -> [u8; 2];
@@ -140,7 +140,7 @@ pub(super) trait GridChunks {
 macro_rules! grid_type {
     ($(#[$doc:meta])* $name:ident, $B:ty, $mult:expr, |$a:ident, $c:ident| $body:block) => {
         $(#[$doc])*
-        pub(super) struct $name;
+        pub(in crate::simd::x86) struct $name;
         impl GridChunks for $name {
             type B = $B;
             const MULT: f32 = $mult;
@@ -233,7 +233,7 @@ grid_type!(
 /// One chunk's lanes from its parts (see [`GridChunks`]).
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) fn parts_lanes(g: __m256i, s: __m256i, sc: __m256i, a: &[i8]) -> __m256i {
+pub(in crate::simd::x86) fn parts_lanes(g: __m256i, s: __m256i, sc: __m256i, a: &[i8]) -> __m256i {
     grid_chunk(g, s, a, sc)
 }
 
@@ -258,7 +258,7 @@ pub(super) fn vec_dot_grid<G: GridChunks>(n: usize, w: &[u8], x: &[u8]) -> f32 {
 /// 32 table values of 16 packed nibbles (low nibbles first, ggml's element order).
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) fn nl_values(qs: &[u8; 16], table: __m128i) -> __m256i {
+pub(in crate::simd::x86) fn nl_values(qs: &[u8; 16], table: __m128i) -> __m256i {
     let q = load16(qs);
     let m4 = _mm_set1_epi8(0x0F);
     let lo = _mm_shuffle_epi8(table, _mm_and_si128(q, m4));
@@ -268,7 +268,7 @@ pub(super) fn nl_values(qs: &[u8; 16], table: __m128i) -> __m256i {
 
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) fn table16(t: &[i8; 16]) -> __m128i {
+pub(in crate::simd::x86) fn table16(t: &[i8; 16]) -> __m128i {
     // SAFETY: 16 readable bytes; unaligned load.
     unsafe { _mm_loadu_si128(t.as_ptr().cast()) }
 }

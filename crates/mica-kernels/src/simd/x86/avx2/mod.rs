@@ -41,6 +41,9 @@ use crate::DType;
 use crate::simd::{DotPath, Kernels, Packing};
 
 pub(super) use dot::{legacy_dot, q4_0_bytes, q5_0_bytes, q5_1_bytes};
+pub(super) use iquants::{
+    GridChunks, IQ2S, IQ2XS, IQ2XXS, IQ3S, IQ3XXS, IQ4XS, nl_values, table16,
+};
 pub(super) use kquants::{finish_q4k, hsum_i32x4, min_lanes_k4, offset_lanes_q6k};
 
 /// True when this CPU can run the kernels of this tier.
