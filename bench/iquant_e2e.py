@@ -14,6 +14,7 @@ llama.cpp requires one), mica writes IQ4_XS (with and without). For every file:
   computation (bench/llama_cpp_perplexity.py).
 
 Usage: bench/.venv/bin/python bench/iquant_e2e.py WORK_DIR [--models-dir DIR] [-t THREADS]
+       [--golden shared/golden/smollm2-135m-instruct-q4_1.json]
 (build mica first: cargo build --release -p mica-cli)
 """
 import argparse
@@ -195,6 +196,7 @@ def main():
     ap.add_argument("work")
     ap.add_argument("--models-dir", default=os.environ.get("MICA_TEST_MODELS", "/work/main/models"))
     ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--golden", default=str(GOLDEN), help="the golden prompts (shared/golden)")
     a = ap.parse_args()
     w = Path(a.work)
     w.mkdir(parents=True, exist_ok=True)
@@ -226,7 +228,7 @@ def main():
             types = sorted({TYPE_NAMES.get(v[0], v[0]) for v in lt.values()})
             print(f"{tag}: {len(lt)} tensors, types {types}; mica's type equal on {same_type}, "
                   f"bytes equal on {same_bytes}")
-    cases = [c for c in json.load(open(GOLDEN))["cases"] if c.get("prompt")]
+    cases = [c for c in json.load(open(a.golden))["cases"] if c.get("prompt")]
     text = REPO / "fixtures/text/GPL-3"
     rows = []
     for label, p in files.items():
