@@ -121,6 +121,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         sampling,
         stop: args.stop.clone(),
         ignore_eos: args.ignore_eos,
+        logit_bias: Vec::new(),
     };
 
     let mut session = Session::new(&lm, n_ctx, threads);

@@ -1,6 +1,7 @@
 //! The serving engine: many requests on one model, continuously batched.
 //!
-//! The engine owns the model's compute on its own thread (ARCHITECTURE decision 4); callers
+//! The engine owns the model's compute on its own thread (so that no model work runs on a
+//! caller's async executor); callers
 //! talk to it through an [`EngineHandle`] (submit) and an [`EventSink`] per request (tokens
 //! out), so it needs no async runtime. Each iteration of its loop is vLLM v1's step:
 //! 1. **schedule** — [`Scheduler::schedule`] picks how many tokens each sequence gets under
@@ -9,9 +10,17 @@
 //!    [`KvCache`], and one ragged [`Batch`] of every scheduled token through the forward
 //!    pass (attention per sequence, [`AttentionPolicy::PerSequence`], so results do not
 //!    depend on the rest of the batch);
-//! 3. **update** — per sequence: record computed tokens (full blocks enter the prefix cache,
-//!    generated ones too), sample with the request's own seeded sampler, stream text through
-//!    stop strings, finish on EOS / stop / max tokens / context, and free.
+//! 3. **update** ([`update`]) — per sequence: record computed tokens (full blocks enter the
+//!    prefix cache, generated ones too), choose tokens with the sequence's own
+//!    [`SequenceDecoder`](crate::decoder::SequenceDecoder) (processors, seeded sampler, stop
+//!    strings, finish on EOS / stop / max tokens / context), stream them, and free.
+//!
+//! **Multi-token steps.** A greedy request may carry a [`Proposer`](crate::proposer::Proposer):
+//! after each step that leaves it decoding, its draft is put after its last token
+//! ([`Scheduler::set_draft`]), and the next step computes both with logits at every
+//! position. The decoder keeps the drafted tokens the model agrees with plus the model's own
+//! next token; the scheduler rolls the rest back ([`Scheduler::accept_draft`]). The tokens
+//! are those of one-token steps; only the number of steps changes.
 //!
 //! A request whose sink reports its client gone is cancelled at the next step and its blocks
 //! return to the pool at once.
@@ -25,19 +34,25 @@
 //! layers are rewritten when those positions are next computed), nothing is sampled and no
 //! block enters the prefix cache; its decodes simply run again in the next step, which the
 //! new request's prompt joins. Results are the same as if the step had never been planned.
+//! A sequence's draft stays in place through an abandoned step and is verified by the step
+//! that runs again.
 
-use crate::error::EngineError;
-use crate::generate::{FinishReason, GenerateParams, StopMatcher};
+mod update;
+
+use crate::decoder::SequenceDecoder;
+use crate::error::{ConfigError, EngineError, ParamError};
+use crate::generate::GenerateParams;
 use crate::kv_manager::BlockManager;
 use crate::metrics::{EngineMetrics, RequestStatus};
-pub use crate::request::{Event, EventSink, Request, SubmitError, TokenLogprob, Usage};
-use crate::sampler::{Sampler, log_softmax};
+use crate::proposer::Proposer;
+pub use crate::request::{
+    Event, EventSink, ProcessorFactory, Request, RequestError, SubmitError, TokenLogprob, Usage,
+};
 use crate::scheduler::{Lane, ReqId, Scheduler, SchedulerConfig};
 use crate::step_gate::StepGate;
 use mica_kernels::ThreadPool;
 use mica_models::blocks::attention::AttentionPolicy;
 use mica_models::kv_cache::BLOCK_SIZE;
-use mica_models::tokenizer::{DecodeOptions, TokenStreamDecoder};
 use mica_models::{Batch, KvCache, LoadedModel, Workspace};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
@@ -85,6 +100,8 @@ pub struct EngineHandle {
     gate: Arc<StepGate>,
     next_id: AtomicU64,
     cfg: EngineConfig,
+    /// Width of the model's logits (bounds logit-bias token ids).
+    n_vocab: usize,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -97,30 +114,28 @@ impl EngineHandle {
         // A lone sequence must always fit: cap the context at what the pool holds.
         cfg.n_ctx = cfg.n_ctx.min(cfg.kv_blocks * BLOCK_SIZE);
         if cfg.n_ctx < 2 {
-            return Err(EngineError::Params(format!(
-                "the KV memory holds {} blocks of {BLOCK_SIZE} positions: too small for any request",
-                cfg.kv_blocks
-            )));
+            return Err(ConfigError::KvTooSmall {
+                blocks: cfg.kv_blocks,
+                block_size: BLOCK_SIZE,
+            }
+            .into());
         }
         let sc = &cfg.scheduler;
         if sc.max_batch_tokens < sc.max_running + 2 * sc.min_chunk {
-            return Err(EngineError::Params(format!(
-                "the step token budget ({}) must be at least the running sequences ({}) plus {}",
-                sc.max_batch_tokens,
-                sc.max_running,
-                2 * sc.min_chunk
-            )));
+            return Err(ConfigError::StepBudget {
+                budget: sc.max_batch_tokens,
+                running: sc.max_running,
+                min: 2 * sc.min_chunk,
+            }
+            .into());
         }
         if cfg.abandon_every == 1 {
-            return Err(EngineError::Params(
-                "abandoning every step would never finish one (abandon_every must be 0 or at least 2)".into(),
-            ));
+            return Err(ConfigError::AbandonEveryStep.into());
         }
         if cfg.n_threads == 0 {
-            return Err(EngineError::Params(
-                "the thread count must be positive".into(),
-            ));
+            return Err(ConfigError::NoThreads.into());
         }
+        let n_vocab = model.model.config.n_vocab;
         let metrics = Arc::new(EngineMetrics::default());
         metrics.kv_blocks_total.store(cfg.kv_blocks as u64, Relaxed);
         let queued: Arc<[AtomicUsize; 3]> = Arc::new(Default::default());
@@ -135,7 +150,7 @@ impl EngineHandle {
         let thread = std::thread::Builder::new()
             .name("mica-engine".into())
             .spawn(move || core.run())
-            .map_err(|e| EngineError::Params(format!("cannot start the engine thread: {e}")))?;
+            .map_err(EngineError::Thread)?;
         Ok(EngineHandle {
             tx: Mutex::new(tx),
             metrics,
@@ -143,6 +158,7 @@ impl EngineHandle {
             gate,
             next_id: AtomicU64::new(1),
             cfg,
+            n_vocab,
             thread: Mutex::new(Some(thread)),
         })
     }
@@ -166,17 +182,20 @@ impl EngineHandle {
             self.metrics.count_request(lane, RequestStatus::Rejected);
             Err(e)
         };
-        if let Err(e) = req.params.sampling.validate() {
-            return reject(SubmitError::Params(e));
+        if let Err(e) = req.params.validate(self.n_vocab) {
+            return reject(e.into());
         }
         if req.prompt.is_empty() {
-            return reject(SubmitError::Params("the prompt is empty".into()));
+            return reject(ParamError::EmptyPrompt.into());
         }
         if req.n == 0 || req.n > self.cfg.max_n {
-            return reject(SubmitError::Params(format!(
-                "n must be between 1 and {}, got {}",
-                self.cfg.max_n, req.n
-            )));
+            return reject(
+                ParamError::N {
+                    n: req.n,
+                    max: self.cfg.max_n,
+                }
+                .into(),
+            );
         }
         if req.prompt.len() >= self.cfg.n_ctx {
             return reject(SubmitError::PromptTooLong {
@@ -226,10 +245,7 @@ impl Drop for EngineHandle {
 struct Choice {
     group: ReqId,
     index: usize,
-    sampler: Sampler,
-    decoder: TokenStreamDecoder,
-    stops: StopMatcher,
-    generated: usize,
+    decoder: SequenceDecoder,
     last_token_at: Option<Instant>,
 }
 
@@ -238,6 +254,8 @@ struct Group {
     sink: Box<dyn EventSink>,
     lane: Lane,
     params: GenerateParams,
+    processors: Option<ProcessorFactory>,
+    proposer: Option<Box<dyn Proposer>>,
     logprobs: Option<usize>,
     n: usize,
     /// Completions still to fork once the prompt is computed.
@@ -271,6 +289,8 @@ struct Core {
     groups: HashMap<ReqId, Group>,
     batch: Batch,
     logits: Vec<f32>,
+    /// Tokens chosen for one sequence in a step (reused).
+    chosen: Vec<u32>,
     /// Generated-token counts of recent steps, for the tokens/s gauge.
     recent: VecDeque<(Instant, usize)>,
     stopping: bool,
@@ -308,6 +328,7 @@ impl Core {
             groups: HashMap::new(),
             batch: Batch::new(),
             logits: Vec::new(),
+            chosen: Vec::new(),
             recent: VecDeque::new(),
             stopping: false,
             gate: shared.gate,
@@ -328,15 +349,16 @@ impl Core {
             if let Err(e) = self.step() {
                 // A failed forward pass fails the requests it carried; the engine goes on.
                 let ids: Vec<ReqId> = self.groups.keys().copied().collect();
+                let e = Arc::new(e);
                 for g in ids {
-                    self.fail_group(g, &e.to_string());
+                    self.fail_group(g, RequestError::Step(e.clone()));
                 }
             }
             self.publish();
         }
         let ids: Vec<ReqId> = self.groups.keys().copied().collect();
         for g in ids {
-            self.fail_group(g, "the server is shutting down");
+            self.fail_group(g, RequestError::ShuttingDown);
         }
     }
 
@@ -383,23 +405,36 @@ impl Core {
             n,
             logprobs,
             mut sink,
+            processors,
+            proposer,
         } = req;
         self.metrics
             .prompt_tokens
             .fetch_add(prompt.len() as u64, Relaxed);
         let prompt_len = prompt.len();
+        let decoder = self.new_decoder(0, &params, processors.as_ref(), &prompt);
         if let Err(e) = self.sched.add(id, lane, prompt, now) {
             self.queued[lane.index()].fetch_sub(1, Relaxed);
             self.metrics.count_request(lane, RequestStatus::Rejected);
-            sink.send(Event::Error(e.to_string()));
+            sink.send(Event::Error(e.into()));
             return;
         }
-        self.choices.insert(id, self.new_choice(id, 0, &params));
+        self.choices.insert(
+            id,
+            Choice {
+                group: id,
+                index: 0,
+                decoder,
+                last_token_at: None,
+            },
+        );
         self.groups.insert(
             id,
             Group {
                 sink,
                 lane,
+                processors,
+                proposer,
                 logprobs,
                 n,
                 to_fork: n - 1,
@@ -414,23 +449,6 @@ impl Core {
                 params,
             },
         );
-    }
-
-    fn new_choice(&self, group: ReqId, index: usize, params: &GenerateParams) -> Choice {
-        let mut sampling = params.sampling.clone();
-        sampling.seed = sampling.seed.wrapping_add(index as u64);
-        Choice {
-            group,
-            index,
-            sampler: Sampler::new(sampling),
-            decoder: self
-                .model
-                .tokenizer
-                .stream_decoder(DecodeOptions { skip_special: true }),
-            stops: StopMatcher::new(&params.stop),
-            generated: 0,
-            last_token_at: None,
-        }
     }
 
     /// Cancels requests whose client went away.
@@ -468,9 +486,11 @@ impl Core {
             self.kv
                 .set_table(s.slot, self.sched.blocks(s.id), s.start)?;
             let seq = self.sched.get(s.id).expect("scheduled");
+            // Logits at the last token, and at each drafted token after it.
+            let first_out = s.n - 1 - s.draft;
             for (j, &t) in seq.tokens[s.start..s.start + s.n].iter().enumerate() {
-                let last = j + 1 == s.n;
-                self.batch.push(t, s.start + j, s.slot, last && s.sample);
+                self.batch
+                    .push(t, s.start + j, s.slot, s.sample && j >= first_out);
             }
             let g = self.choices[&s.id].group;
             if let Some(group) = self.groups.get_mut(&g)
@@ -489,35 +509,7 @@ impl Core {
             return Ok(());
         }
         self.metrics.steps.fetch_add(1, Relaxed);
-
-        // Update.
-        let n_vocab = self.model.model.config.n_vocab;
-        let mut row = 0;
-        let mut generated = 0;
-        let all_logits = std::mem::take(&mut self.logits);
-        for s in &plan.seqs {
-            self.sched.on_computed(s.id, s.n);
-            if !s.sample {
-                continue;
-            }
-            let r = row;
-            row += 1;
-            let Some(g) = self.choices.get(&s.id).map(|c| c.group) else {
-                continue;
-            };
-            // Completions beyond the first share the prompt's blocks from here on.
-            let forks = self.groups.get(&g).map_or(0, |gr| gr.to_fork);
-            let mut ids = vec![s.id];
-            if forks > 0 {
-                ids.extend(self.fork_group(g, s.id));
-            }
-            for id in ids {
-                let logits = &all_logits[r * n_vocab..(r + 1) * n_vocab];
-                generated += usize::from(self.sample_one(id, logits));
-            }
-        }
-        self.logits = all_logits;
-        self.record_rate(now, generated);
+        self.update(&plan.seqs, now);
         Ok(())
     }
 
@@ -551,219 +543,5 @@ impl Core {
         self.logits.clear();
         self.logits.extend_from_slice(logits);
         Ok(true)
-    }
-
-    /// Creates the other completions of group `g` as forks of `parent`.
-    fn fork_group(&mut self, g: ReqId, parent: ReqId) -> Vec<ReqId> {
-        let Some(group) = self.groups.get_mut(&g) else {
-            return Vec::new();
-        };
-        let (n, params) = (group.n, group.params.clone());
-        group.to_fork = 0;
-        let mut out = Vec::new();
-        for index in 1..n {
-            let child = g + index as u64;
-            if self.sched.fork(parent, child) {
-                out.push(child);
-            } else {
-                // No free slot: the completion queues on its own (its prompt then hits the
-                // prefix cache).
-                let tokens = self.sched.get(parent).map(|s| s.tokens.clone());
-                let lane = self.groups[&g].lane;
-                if let Some(t) = tokens
-                    && self.sched.add(child, lane, t, Instant::now()).is_err()
-                {
-                    continue;
-                }
-            }
-            let c = self.new_choice(g, index, &params);
-            self.choices.insert(child, c);
-            if let Some(group) = self.groups.get_mut(&g) {
-                group.live += 1;
-            }
-        }
-        out
-    }
-
-    /// Samples the next token of sequence `id`, streams it, and finishes the sequence when
-    /// it should stop. Returns whether a token was produced.
-    fn sample_one(&mut self, id: ReqId, logits: &[f32]) -> bool {
-        let Some(seq) = self.sched.get(id) else {
-            return false;
-        };
-        let history = &seq.tokens;
-        let Some(choice) = self.choices.get_mut(&id) else {
-            return false;
-        };
-        let Some(group) = self.groups.get_mut(&choice.group) else {
-            return false;
-        };
-        let token = choice.sampler.sample(logits, history);
-        let logprob = group.logprobs.map(|k| token_logprob(logits, token, k));
-        let tok = &self.model.tokenizer;
-        choice.generated += 1;
-        group.usage.completion_tokens += 1;
-        self.metrics.generated_tokens.fetch_add(1, Relaxed);
-        if !group.first_token {
-            group.first_token = true;
-            let ttft = Instant::now().saturating_duration_since(group.arrival);
-            self.metrics.ttft[group.lane.index()].observe(ttft.as_secs_f64());
-        }
-        let at = Instant::now();
-        if let Some(prev) = choice.last_token_at {
-            self.metrics
-                .tpot
-                .observe(at.duration_since(prev).as_secs_f64());
-        }
-        choice.last_token_at = Some(at);
-
-        let params = &group.params;
-        let mut finish = None;
-        let mut text = String::new();
-        if !params.ignore_eos && tok.is_eog(token) {
-            finish = Some(FinishReason::Eos);
-        } else {
-            let piece = choice.decoder.push(token).unwrap_or_default();
-            let (ready, hit) = choice.stops.push(&piece);
-            text = ready;
-            if hit {
-                finish = Some(FinishReason::Stop);
-            }
-        }
-        let alive = group.sink.send(Event::Token {
-            index: choice.index,
-            token,
-            text,
-            logprob,
-        });
-        if !alive {
-            let g = choice.group;
-            self.end_group(g, RequestStatus::Cancelled);
-            return true;
-        }
-        if finish.is_none() {
-            if choice.generated >= params.max_tokens {
-                finish = Some(FinishReason::Length);
-            } else if history.len() + 1 >= self.n_ctx {
-                finish = Some(FinishReason::Context);
-            }
-        }
-        match finish {
-            Some(f) => self.finish_choice(id, f),
-            None => self.sched.append_token(id, token),
-        }
-        true
-    }
-
-    /// Ends one completion; the group ends with its last one.
-    fn finish_choice(&mut self, id: ReqId, finish: FinishReason) {
-        self.sched.finish(id);
-        let Some(mut choice) = self.choices.remove(&id) else {
-            return;
-        };
-        let Some(group) = self.groups.get_mut(&choice.group) else {
-            return;
-        };
-        let text = if finish == FinishReason::Stop {
-            String::new()
-        } else {
-            choice.stops.flush(&choice.decoder.finish())
-        };
-        group.sink.send(Event::Done {
-            index: choice.index,
-            finish,
-            text,
-        });
-        group.live -= 1;
-        if group.live == 0 && group.to_fork == 0 {
-            let usage = group.usage;
-            // Counted before the client hears the end, so metrics read after a response
-            // already include it.
-            if let Some(mut group) = self.end_group(choice.group, RequestStatus::Ok) {
-                group.sink.send(Event::Finished { usage });
-            }
-        }
-    }
-
-    fn fail_group(&mut self, g: ReqId, msg: &str) {
-        if let Some(group) = self.groups.get_mut(&g) {
-            group.sink.send(Event::Error(msg.to_string()));
-        }
-        self.end_group(g, RequestStatus::Error);
-    }
-
-    /// Removes a request and every sequence of it, freeing their blocks.
-    /// Returns the removed request, if it was still there.
-    fn end_group(&mut self, g: ReqId, status: RequestStatus) -> Option<Group> {
-        let ids: Vec<ReqId> = self
-            .choices
-            .iter()
-            .filter(|(_, c)| c.group == g)
-            .map(|(&id, _)| id)
-            .collect();
-        for id in ids {
-            self.sched.finish(id);
-            self.choices.remove(&id);
-        }
-        let group = self.groups.remove(&g)?;
-        if !group.admitted {
-            self.queued[group.lane.index()].fetch_sub(1, Relaxed);
-        }
-        self.metrics.count_request(group.lane, status);
-        Some(group)
-    }
-
-    fn record_rate(&mut self, now: Instant, generated: usize) {
-        self.recent.push_back((now, generated));
-        while self
-            .recent
-            .front()
-            .is_some_and(|(t, _)| now.duration_since(*t) > Duration::from_secs(5))
-        {
-            self.recent.pop_front();
-        }
-        let span = self
-            .recent
-            .front()
-            .map_or(0.0, |(t, _)| now.duration_since(*t).as_secs_f64());
-        let total: usize = self.recent.iter().map(|(_, n)| n).sum();
-        self.metrics
-            .set_tokens_per_s(if span > 0.0 { total as f64 / span } else { 0.0 });
-    }
-
-    /// Copies scheduler and cache state into the metrics.
-    fn publish(&self) {
-        let m = &self.metrics;
-        let w = self.sched.waiting_by_lane();
-        for lane in Lane::ALL {
-            m.waiting[lane.index()].store(w[lane.index()] as u64, Relaxed);
-        }
-        m.running.store(self.sched.n_running() as u64, Relaxed);
-        let kv = self.sched.kv();
-        m.kv_blocks_used.store(kv.n_used() as u64, Relaxed);
-        m.kv_blocks_cached.store(kv.n_cached() as u64, Relaxed);
-        let st = kv.stats();
-        m.prefix_queried_tokens.store(st.queried_tokens, Relaxed);
-        m.prefix_hit_tokens.store(st.hit_tokens, Relaxed);
-    }
-}
-
-/// Log-probability of `token` and the `k` most likely tokens, from raw logits.
-fn token_logprob(logits: &[f32], token: u32, k: usize) -> TokenLogprob {
-    let lp = log_softmax(logits);
-    let mut top: Vec<(u32, f32)> = Vec::new();
-    if k > 0 {
-        let mut idx: Vec<u32> = (0..lp.len() as u32).collect();
-        let k = k.min(idx.len());
-        idx.select_nth_unstable_by(k - 1, |&a, &b| {
-            lp[b as usize].total_cmp(&lp[a as usize]).then(a.cmp(&b))
-        });
-        idx.truncate(k);
-        idx.sort_by(|&a, &b| lp[b as usize].total_cmp(&lp[a as usize]).then(a.cmp(&b)));
-        top = idx.into_iter().map(|i| (i, lp[i as usize])).collect();
-    }
-    TokenLogprob {
-        logprob: lp[token as usize],
-        top,
     }
 }

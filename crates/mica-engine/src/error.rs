@@ -1,4 +1,7 @@
-//! The error type of `mica-engine`.
+//! The errors of `mica-engine`: [`EngineError`] for the library's calls, [`ParamError`] for
+//! a request parameter out of range (naming the [`Param`], so a server can fill an API's
+//! `param` field and a binding raise the matching exception), [`ConfigError`] for engine
+//! settings that cannot work.
 
 use mica_models::ModelError;
 use mica_models::tokenizer::TokenizerError;
@@ -14,7 +17,107 @@ pub enum EngineError {
     )]
     PromptTooLong { tokens: usize, n_ctx: usize },
     #[error("invalid parameters: {0}")]
-    Params(String),
+    Params(#[from] ParamError),
+    #[error("invalid parameters: {0}")]
+    Config(#[from] ConfigError),
+    #[error("cannot start the engine thread: {0}")]
+    Thread(#[source] std::io::Error),
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+/// A request parameter, by the name the OpenAI-style APIs give it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Param {
+    Temperature,
+    TopP,
+    MinP,
+    RepeatPenalty,
+    PresencePenalty,
+    FrequencyPenalty,
+    LogitBias,
+    Prompt,
+    N,
+}
+
+impl Param {
+    /// The API field name (`top_p`, `logit_bias`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Param::Temperature => "temperature",
+            Param::TopP => "top_p",
+            Param::MinP => "min_p",
+            Param::RepeatPenalty => "repeat_penalty",
+            Param::PresencePenalty => "presence_penalty",
+            Param::FrequencyPenalty => "frequency_penalty",
+            Param::LogitBias => "logit_bias",
+            Param::Prompt => "prompt",
+            Param::N => "n",
+        }
+    }
+}
+
+/// A request parameter out of range: one variant per rule.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ParamError {
+    #[error("temperature must be a finite number, got {0}")]
+    Temperature(f32),
+    #[error("top-p must be between 0 and 1, got {0}")]
+    TopP(f32),
+    #[error("min-p must be between 0 and 1, got {0}")]
+    MinP(f32),
+    #[error("repeat penalty must be positive, got {0}")]
+    RepeatPenalty(f32),
+    #[error("presence penalty must be finite, got {0}")]
+    PresencePenalty(f32),
+    #[error("frequency penalty must be finite, got {0}")]
+    FrequencyPenalty(f32),
+    #[error("the logit bias of token {token} must be finite, got {bias}")]
+    LogitBiasValue { token: u32, bias: f32 },
+    #[error("logit bias names token {token}, but the vocabulary has {n_vocab} tokens")]
+    LogitBiasToken { token: u32, n_vocab: usize },
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("n must be between 1 and {max}, got {n}")]
+    N { n: usize, max: usize },
+}
+
+impl ParamError {
+    /// The parameter at fault.
+    pub fn param(&self) -> Param {
+        match self {
+            ParamError::Temperature(_) => Param::Temperature,
+            ParamError::TopP(_) => Param::TopP,
+            ParamError::MinP(_) => Param::MinP,
+            ParamError::RepeatPenalty(_) => Param::RepeatPenalty,
+            ParamError::PresencePenalty(_) => Param::PresencePenalty,
+            ParamError::FrequencyPenalty(_) => Param::FrequencyPenalty,
+            ParamError::LogitBiasValue { .. } | ParamError::LogitBiasToken { .. } => {
+                Param::LogitBias
+            }
+            ParamError::EmptyPrompt => Param::Prompt,
+            ParamError::N { .. } => Param::N,
+        }
+    }
+}
+
+/// Engine settings that cannot work ([`EngineHandle::start`](crate::EngineHandle::start)).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error(
+        "the KV memory holds {blocks} blocks of {block_size} positions: too small for any request"
+    )]
+    KvTooSmall { blocks: usize, block_size: usize },
+    #[error(
+        "the step token budget ({budget}) must be at least the running sequences ({running}) plus {min}"
+    )]
+    StepBudget {
+        budget: usize,
+        running: usize,
+        min: usize,
+    },
+    #[error("abandoning every step would never finish one (abandon_every must be 0 or at least 2)")]
+    AbandonEveryStep,
+    #[error("the thread count must be positive")]
+    NoThreads,
+}

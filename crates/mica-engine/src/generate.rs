@@ -1,13 +1,18 @@
-//! Generating text for one sequence: prompt processing in batches, then token-by-token
-//! decoding with a sampler, stop conditions (end-of-generation tokens, stop strings, token
-//! limit, full context) and streamed UTF-8-safe text.
+//! Generating text for one sequence: prompt processing in batches, then decoding through a
+//! [`SequenceDecoder`] (logits processors, sampler, stop strings, finish rules, streamed
+//! UTF-8-safe text), one token per forward pass, or several when a [`Proposer`] drafts
+//! tokens to verify.
 
-use crate::error::{EngineError, Result};
-use crate::sampler::{Sampler, SamplingParams};
+use crate::decoder::SequenceDecoder;
+use crate::error::{EngineError, ParamError, Result};
+use crate::processor::LogitsProcessor;
+use crate::proposer::Proposer;
+use crate::sampler::SamplingParams;
 use mica_kernels::ThreadPool;
 use mica_models::blocks::attention::AttentionPolicy;
-use mica_models::tokenizer::{DecodeOptions, TokenStreamDecoder};
+use mica_models::tokenizer::TokenStreamDecoder;
 use mica_models::{Batch, KvCache, LoadedModel, SeqId, Workspace};
+use std::ops::Deref;
 use std::time::{Duration, Instant};
 
 /// Prompt tokens per forward pass (llama.cpp's default micro-batch).
@@ -22,6 +27,9 @@ pub struct GenerateParams {
     pub stop: Vec<String>,
     /// Keep going past end-of-generation tokens.
     pub ignore_eos: bool,
+    /// `(token, bias)`: added to the token's logit before the penalties and the sampler
+    /// (a [`LogitBias`](crate::processor::LogitBias) processor).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for GenerateParams {
@@ -31,7 +39,25 @@ impl Default for GenerateParams {
             sampling: SamplingParams::default(),
             stop: Vec::new(),
             ignore_eos: false,
+            logit_bias: Vec::new(),
         }
+    }
+}
+
+impl GenerateParams {
+    /// Checks the sampling parameters and the logit bias (finite values, token ids below
+    /// `n_vocab`), naming the parameter at fault.
+    pub fn validate(&self, n_vocab: usize) -> std::result::Result<(), ParamError> {
+        self.sampling.validate()?;
+        for &(token, bias) in &self.logit_bias {
+            if token as usize >= n_vocab {
+                return Err(ParamError::LogitBiasToken { token, n_vocab });
+            }
+            if !bias.is_finite() {
+                return Err(ParamError::LogitBiasValue { token, bias });
+            }
+        }
+        Ok(())
     }
 }
 
@@ -99,6 +125,8 @@ pub struct Timings {
     pub prompt_time: Duration,
     pub gen_tokens: usize,
     pub gen_time: Duration,
+    /// Forward passes of the generation (fewer than `gen_tokens` when drafts were accepted).
+    pub gen_passes: usize,
 }
 
 impl Timings {
@@ -121,8 +149,12 @@ pub struct Generation {
 
 /// A model with a thread pool, a KV cache and buffers: runs generations for one sequence,
 /// reusing the cached prefix of the previous conversation when the new prompt extends it.
-pub struct Session<'m> {
-    pub model: &'m LoadedModel,
+///
+/// `M` is how the session holds its model: a borrow (`Session<&LoadedModel>`, for a caller
+/// that owns the model) or a shared handle (`Session<Arc<LoadedModel>>`, for one that hands
+/// the session around on its own, as the `mica` facade and the bindings do).
+pub struct Session<M: Deref<Target = LoadedModel> + Clone> {
+    pub model: M,
     pool: ThreadPool,
     kv: KvCache,
     ws: Workspace,
@@ -134,13 +166,13 @@ pub struct Session<'m> {
     logits: Vec<f32>,
 }
 
-impl<'m> Session<'m> {
+impl<M: Deref<Target = LoadedModel> + Clone> Session<M> {
     /// A session with a context of `n_ctx` tokens on `n_threads` threads.
-    pub fn new(model: &'m LoadedModel, n_ctx: usize, n_threads: usize) -> Session<'m> {
+    pub fn new(model: M, n_ctx: usize, n_threads: usize) -> Session<M> {
         Session {
+            kv: KvCache::new(&model.model.config, n_ctx, 1),
             model,
             pool: ThreadPool::new(n_threads),
-            kv: KvCache::new(&model.model.config, n_ctx, 1),
             ws: Workspace::default(),
             seq: 0,
             cached: Vec::new(),
@@ -198,17 +230,42 @@ impl<'m> Session<'m> {
         Ok(())
     }
 
+    /// Forgets cached positions `len..` (e.g. drafted tokens the model did not confirm
+    /// after an [`eval`](Session::eval) with logits at every position).
+    pub fn truncate(&mut self, len: usize) {
+        self.kv.truncate(self.seq, len);
+        self.cached.truncate(len);
+    }
+
+    /// The tokens whose keys and values are cached, in order.
+    pub fn cached(&self) -> &[u32] {
+        &self.cached
+    }
+
     /// Generates a continuation of `prompt`. `on_text` receives text as it becomes final
     /// (whole UTF-8 characters, never part of a stop string); return `false` from it to stop.
     pub fn generate(
         &mut self,
         prompt: &[u32],
         params: &GenerateParams,
+        on_text: impl FnMut(&str) -> bool,
+    ) -> Result<Generation> {
+        self.generate_with(prompt, params, Hooks::default(), on_text)
+    }
+
+    /// [`Session::generate`] with extra logits processors (after the logit bias and the
+    /// penalties) and a proposer whose drafts are verified several tokens per forward pass
+    /// (greedy sampling only; the tokens are the same as without it).
+    pub fn generate_with(
+        &mut self,
+        prompt: &[u32],
+        params: &GenerateParams,
+        hooks: Hooks<'_>,
         mut on_text: impl FnMut(&str) -> bool,
     ) -> Result<Generation> {
-        params.sampling.validate().map_err(EngineError::Params)?;
+        params.validate(self.model.model.config.n_vocab)?;
         if prompt.is_empty() {
-            return Err(EngineError::Params("the prompt is empty".into()));
+            return Err(ParamError::EmptyPrompt.into());
         }
         let n_ctx = self.kv.n_ctx();
         if prompt.len() >= n_ctx {
@@ -217,7 +274,6 @@ impl<'m> Session<'m> {
                 n_ctx,
             });
         }
-        let tok = &self.model.tokenizer;
 
         // Reuse the longest cached prefix; always recompute at least the last prompt token
         // so there are logits to sample from.
@@ -228,8 +284,7 @@ impl<'m> Session<'m> {
             .take_while(|(a, b)| a == b)
             .count()
             .min(prompt.len() - 1);
-        self.kv.truncate(self.seq, common);
-        self.cached.truncate(common);
+        self.truncate(common);
 
         let t0 = Instant::now();
         self.eval_into(&prompt[common..], false)?;
@@ -239,47 +294,69 @@ impl<'m> Session<'m> {
             ..Default::default()
         };
 
-        let mut sampler = Sampler::new(params.sampling.clone());
-        let mut history: Vec<u32> = prompt.to_vec();
-        let mut output_ids = Vec::new();
-        let mut decoder = tok.stream_decoder(DecodeOptions { skip_special: true });
-        let mut stops = StopMatcher::new(&params.stop);
-        let mut text = String::new();
-        let t1 = Instant::now();
-        let finish = loop {
-            if output_ids.len() >= params.max_tokens {
-                break FinishReason::Length;
-            }
-            let next = sampler.sample(&self.logits, &history);
-            output_ids.push(next);
-            history.push(next);
-            if !params.ignore_eos && tok.is_eog(next) {
-                break FinishReason::Eos;
-            }
-            let piece = decoder.push(next)?;
-            let (ready, hit) = stops.push(&piece);
-            text.push_str(&ready);
-            if !ready.is_empty() && !on_text(&ready) {
-                break FinishReason::Cancelled;
-            }
-            if hit {
-                break FinishReason::Stop;
-            }
-            if output_ids.len() >= params.max_tokens {
-                break FinishReason::Length;
-            }
-            if self.kv.seq_len(self.seq) + 1 > n_ctx {
-                break FinishReason::Context;
-            }
-            self.eval_into(&[next], false)?;
-        };
-        if !matches!(finish, FinishReason::Stop | FinishReason::Cancelled) {
-            let tail = stops.flush(&decoder.finish());
-            if !tail.is_empty() {
-                text.push_str(&tail);
-                on_text(&tail);
-            }
+        // The last output token is never evaluated, so the history may reach n_ctx + 1.
+        // A handle of our own (a copied borrow or a cloned `Arc`), so the decoder's borrow
+        // of the tokenizer does not hold `self`.
+        let model = self.model.clone();
+        let mut dec = SequenceDecoder::new(&model.tokenizer, params, prompt, n_ctx + 1);
+        for p in hooks.processors {
+            dec.push_processor(p);
         }
+        let mut proposer = hooks.proposer;
+        let mut text = String::new();
+        // Each pass: `self.logits` holds a row per token of `[newest token, draft...]`, and
+        // the cache every position up to the last of them.
+        let (mut draft, mut chosen, mut step) = (Vec::new(), Vec::new(), Vec::new());
+        let t1 = Instant::now();
+        let finish = 'decode: loop {
+            if params.max_tokens == 0 {
+                break FinishReason::Length;
+            }
+            dec.choose(&self.logits, &draft, &mut chosen);
+            for &token in &chosen {
+                let c = dec.commit(token);
+                if let Some(e) = c.undecodable {
+                    return Err(e.into());
+                }
+                if !c.text.is_empty() {
+                    text.push_str(&c.text);
+                    if !on_text(&c.text) {
+                        break 'decode FinishReason::Cancelled;
+                    }
+                }
+                if let Some(f) = c.finish {
+                    break 'decode f;
+                }
+            }
+            // Keep the cache of the drafted tokens the model agreed with; the newest token
+            // goes into the next pass with a new draft.
+            let history = dec.history();
+            self.truncate(history.len() - 1);
+            draft.clear();
+            if let Some(p) = proposer.as_deref_mut() {
+                let max = dec.max_draft();
+                if max > 0 {
+                    draft = p.propose(history, max);
+                    draft.truncate(max);
+                }
+            }
+            step.clear();
+            step.push(history[history.len() - 1]);
+            step.extend_from_slice(&draft);
+            self.eval_into(&step, !draft.is_empty())?;
+            timings.gen_passes += 1;
+        };
+        if !draft.is_empty() {
+            // The last pass ended the generation part-way through its draft: drop the cache
+            // of the tokens after the newest one, as a one-token pass leaves it.
+            self.truncate(dec.history().len() - 1);
+        }
+        let tail = dec.tail(finish);
+        if !tail.is_empty() {
+            text.push_str(&tail);
+            on_text(&tail);
+        }
+        let output_ids = dec.generated().to_vec();
         timings.gen_tokens = output_ids.len();
         timings.gen_time = t1.elapsed();
         Ok(Generation {
@@ -291,56 +368,13 @@ impl<'m> Session<'m> {
     }
 }
 
-/// Holds back text that might be the start of a stop string.
-pub(crate) struct StopMatcher {
-    stops: Vec<String>,
-    pending: String,
-}
-
-impl StopMatcher {
-    pub(crate) fn new(stops: &[String]) -> Self {
-        StopMatcher {
-            stops: stops.to_vec(),
-            pending: String::new(),
-        }
-    }
-
-    /// Adds text; returns what is safe to emit and whether a stop string was found (in which
-    /// case the returned text ends right before it).
-    pub(crate) fn push(&mut self, piece: &str) -> (String, bool) {
-        self.pending.push_str(piece);
-        let stops = self.stops.iter().filter(|s| !s.is_empty());
-        if let Some(at) = stops.filter_map(|s| self.pending.find(s.as_str())).min() {
-            let out = self.pending[..at].to_string();
-            self.pending.clear();
-            return (out, true);
-        }
-        // Keep the longest suffix that is a prefix of some stop string.
-        let mut keep = 0;
-        for s in &self.stops {
-            for (i, _) in self.pending.char_indices() {
-                let suffix = &self.pending[i..];
-                if suffix.len() <= keep {
-                    break;
-                }
-                if s.starts_with(suffix) {
-                    keep = suffix.len();
-                    break;
-                }
-            }
-        }
-        let cut = self.pending.len() - keep;
-        let out = self.pending[..cut].to_string();
-        self.pending.drain(..cut);
-        (out, false)
-    }
-
-    /// Everything still held back, plus `tail`.
-    pub(crate) fn flush(&mut self, tail: &str) -> String {
-        let mut s = std::mem::take(&mut self.pending);
-        s.push_str(tail);
-        s
-    }
+/// Extensions of one [`Session::generate_with`] call.
+#[derive(Default)]
+pub struct Hooks<'a> {
+    /// Run in order after the built-in processors (logit bias, penalties).
+    pub processors: Vec<Box<dyn LogitsProcessor>>,
+    /// Drafts tokens to verify several per forward pass (greedy sampling only).
+    pub proposer: Option<&'a mut dyn Proposer>,
 }
 
 /// The decoder type, re-exported for callers that stream tokens themselves.
@@ -348,7 +382,7 @@ pub type StreamDecoder = TokenStreamDecoder;
 
 #[cfg(test)]
 mod tests {
-    use super::{BudgetError, StopMatcher, completion_budget};
+    use super::{BudgetError, completion_budget};
 
     #[test]
     fn completion_budget_is_the_request_or_the_room_left() {
@@ -364,21 +398,5 @@ mod tests {
                 n_ctx: 100
             })
         );
-    }
-
-    #[test]
-    fn stop_strings_across_pieces() {
-        let stops = vec!["</end>".to_string(), "STOP".to_string()];
-        let mut m = StopMatcher::new(&stops);
-        assert_eq!(m.push("hello </"), ("hello ".to_string(), false));
-        assert_eq!(m.push("en"), (String::new(), false));
-        assert_eq!(m.push("d> after"), (String::new(), true));
-
-        let mut m = StopMatcher::new(&stops);
-        assert_eq!(m.push("a</b"), ("a</b".to_string(), false));
-        assert_eq!(m.push("ST"), (String::new(), false));
-        assert_eq!(m.push("X"), ("STX".to_string(), false));
-        assert_eq!(m.push("é ST"), ("é ".to_string(), false));
-        assert_eq!(m.flush("!"), "ST!");
     }
 }

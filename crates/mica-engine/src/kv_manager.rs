@@ -239,6 +239,30 @@ impl BlockManager {
         }
     }
 
+    /// Shrinks `seq` to positions `0..len` (drafted tokens the model rejected): blocks past
+    /// them are released, and a block that is no longer full leaves the prefix cache when
+    /// `seq` alone holds it (its tail will be rewritten; a block shared with another
+    /// sequence is copied before the write instead, see [`BlockManager::allocate`]).
+    pub fn truncate(&mut self, seq: &mut SeqBlocks, len: usize) {
+        let keep = self.blocks_for(len);
+        if seq.blocks.len() > keep {
+            // Tail first, as in `free`.
+            for &b in seq.blocks[keep..].iter().rev() {
+                self.release(b);
+            }
+            seq.blocks.truncate(keep);
+        }
+        let full = len / self.block_size;
+        if seq.hashes.len() > full {
+            seq.hashes.truncate(full);
+            if let Some(&b) = seq.blocks.get(full)
+                && self.meta[b as usize].refs == 1
+            {
+                self.forget(b);
+            }
+        }
+    }
+
     /// Shares every block of `seq` with a new sequence (copy-on-write on the next write).
     pub fn fork(&mut self, seq: &SeqBlocks) -> SeqBlocks {
         for &b in &seq.blocks {
@@ -251,20 +275,25 @@ impl BlockManager {
     pub fn free(&mut self, seq: &mut SeqBlocks) {
         // Tail first: the tail of a sequence is evicted before its prefix.
         for &b in seq.blocks.iter().rev() {
-            let m = &mut self.meta[b as usize];
-            m.refs -= 1;
-            if m.refs == 0 {
-                if m.hash.is_some() {
-                    self.clock += 1;
-                    m.stamp = Some(self.clock);
-                    self.evictable.insert(self.clock, b);
-                } else {
-                    self.free_plain.push(b);
-                }
-            }
+            self.release(b);
         }
         seq.blocks.clear();
         seq.hashes.clear();
+    }
+
+    /// Drops one reference to `b`; at zero it becomes free (evictable if cached).
+    fn release(&mut self, b: BlockId) {
+        let m = &mut self.meta[b as usize];
+        m.refs -= 1;
+        if m.refs == 0 {
+            if m.hash.is_some() {
+                self.clock += 1;
+                m.stamp = Some(self.clock);
+                self.evictable.insert(self.clock, b);
+            } else {
+                self.free_plain.push(b);
+            }
+        }
     }
 
     /// Drops every unreferenced cached block (e.g. when the model is unloaded).
@@ -455,5 +484,43 @@ mod tests {
         m.free(&mut a);
         assert_eq!(m.n_free(), 4);
         assert_eq!(m.n_cached(), 1);
+    }
+
+    #[test]
+    fn truncate_releases_the_tail_and_unregisters_a_partial_block() {
+        let mut m = BlockManager::new(6, 4);
+        let p = toks(12, 2);
+        let mut a = SeqBlocks::default();
+        assert!(m.allocate(&mut a, 0, 12, &mut Vec::new()));
+        m.cache_full_blocks(&mut a, &p, 12);
+        assert_eq!((m.n_used(), m.n_cached()), (3, 3));
+        // Back to 10 positions: block 2 (8..12) is kept but no longer full, so it leaves
+        // the cache; nothing is released.
+        m.truncate(&mut a, 10);
+        assert_eq!((a.len(), m.n_used(), m.n_cached()), (3, 3, 2));
+        // Back to 4: blocks 1 and 2 released; block 1 was full and stays cached (its
+        // content is still that of its tokens).
+        m.truncate(&mut a, 4);
+        assert_eq!((a.len(), m.n_used(), m.n_cached()), (1, 1, 2));
+        let mut b = SeqBlocks::default();
+        assert_eq!(m.match_prefix(&mut b, &p), 8, "blocks 0 and 1 still match");
+        m.free(&mut b);
+        // Re-registering after regrowth works through the kept hash chain.
+        assert!(m.allocate(&mut a, 4, 12, &mut Vec::new()));
+        m.cache_full_blocks(&mut a, &p, 12);
+        m.free(&mut a);
+        assert_eq!(m.n_used(), 0);
+        // A shared partial block stays cached: the next write copies it.
+        let mut c = SeqBlocks::default();
+        assert_eq!(m.match_prefix(&mut c, &p), 8);
+        let mut d = m.fork(&c);
+        m.truncate(&mut d, 6);
+        assert_eq!(m.n_cached(), 3);
+        let mut copies = Vec::new();
+        assert!(m.allocate(&mut d, 6, 7, &mut copies));
+        assert_eq!(copies, vec![(c.blocks[1], d.blocks[1])]);
+        m.free(&mut c);
+        m.free(&mut d);
+        assert_eq!(m.n_used(), 0);
     }
 }

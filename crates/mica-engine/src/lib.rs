@@ -1,26 +1,36 @@
-//! mica-engine: running models. The sampler; generation for one session (prompt processing,
-//! decoding, stop conditions, streaming); and the serving engine — the paged KV block
-//! manager with prefix caching, the step scheduler with priority lanes, and the continuous
-//! batching loop that runs many requests through one forward pass per step.
+//! mica-engine: running models. The per-sequence decoder (logits processors, sampler, stop
+//! strings, finish rules); generation for one session (prompt processing, decoding,
+//! streaming, speculative verification through a proposer); and the serving engine — the
+//! paged KV block manager with prefix caching, the step scheduler with priority lanes and
+//! multi-token steps, and the continuous batching loop that runs many requests through one
+//! forward pass per step.
 
+pub mod decoder;
 pub mod engine;
 pub mod error;
 pub mod generate;
 pub mod kv_manager;
 pub mod metrics;
+pub mod processor;
+pub mod proposer;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;
 mod step_gate;
 
+pub use decoder::{Commit, MAX_DRAFT, SequenceDecoder};
 pub use engine::{
-    EngineConfig, EngineHandle, Event, EventSink, Request, SubmitError, TokenLogprob, Usage,
+    EngineConfig, EngineHandle, Event, EventSink, ProcessorFactory, Request, RequestError,
+    SubmitError, TokenLogprob, Usage,
 };
-pub use error::{EngineError, Result};
+pub use error::{ConfigError, EngineError, Param, ParamError, Result};
 pub use generate::{
-    BudgetError, FinishReason, GenerateParams, Generation, Session, Timings, completion_budget,
+    BudgetError, FinishReason, GenerateParams, Generation, Hooks, Session, Timings,
+    completion_budget,
 };
 pub use kv_manager::{BlockManager, SeqBlocks};
 pub use metrics::{EngineMetrics, RequestStatus};
+pub use processor::{LogitBias, LogitsProcessor, Penalties};
+pub use proposer::Proposer;
 pub use sampler::{Sampler, SamplingParams, random_seed};
 pub use scheduler::{Lane, SchedulePolicy, Scheduler, SchedulerConfig};

@@ -116,6 +116,10 @@ pub struct EngineMetrics {
     pub prefix_queried_tokens: AtomicU64,
     pub prefix_hit_tokens: AtomicU64,
     pub preemptions: AtomicU64,
+    /// Drafted tokens verified (multi-token steps of requests with a proposer).
+    pub draft_tokens: AtomicU64,
+    /// Of those, tokens the model agreed with.
+    pub accepted_draft_tokens: AtomicU64,
 }
 
 impl Default for EngineMetrics {
@@ -139,6 +143,8 @@ impl Default for EngineMetrics {
             prefix_queried_tokens: z(),
             prefix_hit_tokens: z(),
             preemptions: z(),
+            draft_tokens: z(),
+            accepted_draft_tokens: z(),
         }
     }
 }
@@ -288,6 +294,18 @@ impl EngineMetrics {
                 "Sequences preempted (KV freed, recomputed later).",
                 "counter",
                 self.preemptions.load(Relaxed),
+            ),
+            (
+                "mica_draft_tokens_total",
+                "Drafted tokens verified in multi-token steps.",
+                "counter",
+                self.draft_tokens.load(Relaxed),
+            ),
+            (
+                "mica_accepted_draft_tokens_total",
+                "Drafted tokens the model agreed with.",
+                "counter",
+                self.accepted_draft_tokens.load(Relaxed),
             ),
         ];
         for (name, help, kind, v) in simple {

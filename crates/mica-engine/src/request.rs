@@ -1,8 +1,17 @@
 //! What callers exchange with the serving engine: a [`Request`], the [`Event`]s that come
-//! back through its [`EventSink`], and why a submission can be refused ([`SubmitError`]).
+//! back through its [`EventSink`], why a submission can be refused ([`SubmitError`]) and why
+//! an accepted request can fail ([`RequestError`]).
 
+use crate::error::{EngineError, ParamError};
 use crate::generate::{FinishReason, GenerateParams};
-use crate::scheduler::Lane;
+use crate::processor::LogitsProcessor;
+use crate::proposer::Proposer;
+use crate::scheduler::{AddError, Lane};
+use std::sync::Arc;
+
+/// Builds the extra logits processors of completion `index` of a request (each of its `n`
+/// completions gets its own, since processors may keep per-sequence state).
+pub type ProcessorFactory = Box<dyn Fn(usize) -> Vec<Box<dyn LogitsProcessor>> + Send>;
 
 /// What to generate for one request.
 pub struct Request {
@@ -14,6 +23,11 @@ pub struct Request {
     /// Report each token's log-probability, with this many alternatives.
     pub logprobs: Option<usize>,
     pub sink: Box<dyn EventSink>,
+    /// Logits processors run after the logit bias and the penalties.
+    pub processors: Option<ProcessorFactory>,
+    /// Drafts tokens for the engine to verify several per step (greedy requests only; the
+    /// tokens generated are the same as without it). Asked for each completion's history.
+    pub proposer: Option<Box<dyn Proposer>>,
 }
 
 /// Log-probability of a generated token and of the most likely alternatives.
@@ -53,7 +67,21 @@ pub enum Event {
     /// Every completion ended.
     Finished { usage: Usage },
     /// The request failed.
-    Error(String),
+    Error(RequestError),
+}
+
+/// Why an accepted request failed.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum RequestError {
+    /// The scheduler could not take the request (e.g. it needs more KV blocks than the pool
+    /// has).
+    #[error(transparent)]
+    Admission(#[from] AddError),
+    /// A forward pass carrying the request failed.
+    #[error(transparent)]
+    Step(Arc<EngineError>),
+    #[error("the server is shutting down")]
+    ShuttingDown,
 }
 
 /// Where a request's events go. `send` returns false once the receiver is gone.
@@ -73,7 +101,7 @@ pub enum SubmitError {
     )]
     PromptTooLong { tokens: usize, n_ctx: usize },
     #[error("invalid parameters: {0}")]
-    Params(String),
+    Params(#[from] ParamError),
     #[error("the engine has stopped")]
     Stopped,
 }

@@ -4,7 +4,15 @@
 //! penalties → top-k → top-p → min-p → temperature → draw. Temperature ≤ 0 is greedy (the
 //! highest logit, lowest id on ties). Every random draw comes from a ChaCha20 stream seeded
 //! by the request, so the same seed, prompt and model give the same tokens.
+//!
+//! The penalties are a [`LogitsProcessor`] ([`Penalties`]): a
+//! [`SequenceDecoder`](crate::decoder::SequenceDecoder) runs them with its other processors
+//! and then calls [`Sampler::sample_processed`] for the rest of the chain;
+//! [`Sampler::sample`] runs both for callers without a decoder.
 
+use crate::error::ParamError;
+use crate::processor::{LogitsProcessor, Penalties};
+use mica_kernels::ops::{LogSoftmaxRounding, log_softmax_into};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
@@ -55,23 +63,30 @@ impl SamplingParams {
         }
     }
 
+    /// Whether tokens are chosen greedily (temperature ≤ 0).
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0
+    }
+
     /// Checks ranges, naming the parameter at fault.
-    pub fn validate(&self) -> Result<(), String> {
-        let bad = |name: &str, v: f32, range: &str| Err(format!("{name} must be {range}, got {v}"));
+    pub fn validate(&self) -> Result<(), ParamError> {
         if !self.temperature.is_finite() {
-            return bad("temperature", self.temperature, "a finite number");
+            return Err(ParamError::Temperature(self.temperature));
         }
         if !(0.0..=1.0).contains(&self.top_p) {
-            return bad("top-p", self.top_p, "between 0 and 1");
+            return Err(ParamError::TopP(self.top_p));
         }
         if !(0.0..=1.0).contains(&self.min_p) {
-            return bad("min-p", self.min_p, "between 0 and 1");
+            return Err(ParamError::MinP(self.min_p));
         }
         if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
-            return bad("repeat penalty", self.repeat_penalty, "positive");
+            return Err(ParamError::RepeatPenalty(self.repeat_penalty));
         }
-        if !self.presence_penalty.is_finite() || !self.frequency_penalty.is_finite() {
-            return Err("presence and frequency penalties must be finite".into());
+        if !self.presence_penalty.is_finite() {
+            return Err(ParamError::PresencePenalty(self.presence_penalty));
+        }
+        if !self.frequency_penalty.is_finite() {
+            return Err(ParamError::FrequencyPenalty(self.frequency_penalty));
         }
         Ok(())
     }
@@ -89,15 +104,21 @@ pub struct Sampler {
     params: SamplingParams,
     rng: ChaCha20Rng,
     cands: Vec<Candidate>,
+    /// The penalties of `params` (`None` when inactive), for [`Sampler::sample`].
+    penalties: Option<Penalties>,
+    /// Penalized logits (`[n_vocab]`), reused by [`Sampler::sample`].
+    scratch: Vec<f32>,
 }
 
 impl Sampler {
     pub fn new(params: SamplingParams) -> Sampler {
         let rng = ChaCha20Rng::seed_from_u64(params.seed);
         Sampler {
+            penalties: Penalties::from_params(&params),
             params,
             rng,
             cands: Vec::new(),
+            scratch: Vec::new(),
         }
     }
 
@@ -108,10 +129,23 @@ impl Sampler {
     /// Picks the next token. `history` is every token so far (prompt and output); the
     /// penalties look at its last `penalty_last_n` entries.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let Some(pen) = &mut self.penalties else {
+            return self.sample_processed(logits);
+        };
+        let mut l = std::mem::take(&mut self.scratch);
+        l.clear();
+        l.extend_from_slice(logits);
+        pen.process(history, &mut l);
+        let t = self.sample_processed(&l);
+        self.scratch = l;
+        t
+    }
+
+    /// The chain after the penalties (top-k → top-p → min-p → temperature → draw; greedy:
+    /// the highest logit), for logits that processors have already adjusted.
+    pub fn sample_processed(&mut self, logits: &[f32]) -> u32 {
         let p = &self.params;
-        let penalize =
-            p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
-        if p.temperature <= 0.0 && !penalize {
+        if p.is_greedy() {
             return argmax(logits);
         }
         self.cands.clear();
@@ -120,13 +154,6 @@ impl Sampler {
                 id: i as u32,
                 logit: l,
             }));
-        if penalize {
-            let start = history.len().saturating_sub(p.penalty_last_n);
-            apply_penalties(&mut self.cands, &history[start..], p);
-        }
-        if p.temperature <= 0.0 {
-            return best(&self.cands).id;
-        }
         truncate(&mut self.cands, p);
         let u: f64 = self.rng.random();
         draw(&self.cands, p.temperature, u)
@@ -135,8 +162,11 @@ impl Sampler {
     /// The candidates left after penalties and truncation (top-k, top-p, min-p), most likely
     /// first: the set a draw is made from. For tests and diagnostics.
     pub fn candidates(&mut self, logits: &[f32], history: &[u32]) -> Vec<Candidate> {
-        let p = self.params.clone();
-        let mut c: Vec<Candidate> = logits
+        let mut l = logits.to_vec();
+        if let Some(pen) = &mut self.penalties {
+            pen.process(history, &mut l);
+        }
+        let mut c: Vec<Candidate> = l
             .iter()
             .enumerate()
             .map(|(i, &l)| Candidate {
@@ -144,9 +174,7 @@ impl Sampler {
                 logit: l,
             })
             .collect();
-        let start = history.len().saturating_sub(p.penalty_last_n);
-        apply_penalties(&mut c, &history[start..], &p);
-        truncate(&mut c, &p);
+        truncate(&mut c, &self.params);
         c
     }
 }
@@ -160,39 +188,6 @@ pub fn argmax(logits: &[f32]) -> u32 {
         }
     }
     best as u32
-}
-
-fn best(c: &[Candidate]) -> Candidate {
-    let mut b = c[0];
-    for &x in c {
-        if x.logit > b.logit || (x.logit == b.logit && x.id < b.id) {
-            b = x;
-        }
-    }
-    b
-}
-
-/// llama.cpp's penalties: repeat (divide positive, multiply negative), then frequency ×
-/// count and presence once, for tokens seen in `recent`.
-fn apply_penalties(c: &mut [Candidate], recent: &[u32], p: &SamplingParams) {
-    if recent.is_empty() {
-        return;
-    }
-    let mut counts: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
-    for &t in recent {
-        *counts.entry(t).or_default() += 1;
-    }
-    for cand in c.iter_mut() {
-        let Some(&n) = counts.get(&cand.id) else {
-            continue;
-        };
-        if cand.logit <= 0.0 {
-            cand.logit *= p.repeat_penalty;
-        } else {
-            cand.logit /= p.repeat_penalty;
-        }
-        cand.logit -= n as f32 * p.frequency_penalty + p.presence_penalty;
-    }
 }
 
 /// Sorts descending and applies top-k, top-p and min-p, always keeping at least one token.
@@ -250,10 +245,9 @@ fn draw(c: &[Candidate], t: f32, u: f64) -> u32 {
 
 /// Natural-log softmax over the whole vocabulary (for reporting log-probabilities).
 pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
-    let lse = max as f64 + sum.ln();
-    logits.iter().map(|&l| (l as f64 - lse) as f32).collect()
+    let mut out = vec![0.0f32; logits.len()];
+    log_softmax_into(logits, LogSoftmaxRounding::ExpF64, &mut out);
+    out
 }
 
 /// A fresh seed for a run that asked for none: the process's random hasher over the clock,
@@ -406,7 +400,76 @@ mod tests {
             top_p: 1.5,
             ..Default::default()
         };
-        assert!(p.validate().unwrap_err().contains("top-p"));
+        let err = p.validate().unwrap_err();
+        assert!(err.to_string().contains("top-p"));
+        assert_eq!(err.param(), crate::error::Param::TopP);
         assert!(SamplingParams::default().validate().is_ok());
+    }
+
+    /// The chain as it was before the penalties became a processor: penalties applied to
+    /// the candidates, then greedy `best` or truncation and a draw.
+    fn reference_sample(p: &SamplingParams, rng: &mut ChaCha20Rng, l: &[f32], h: &[u32]) -> u32 {
+        let mut c: Vec<Candidate> = l
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| Candidate {
+                id: i as u32,
+                logit: l,
+            })
+            .collect();
+        let recent = &h[h.len().saturating_sub(p.penalty_last_n)..];
+        let mut counts = std::collections::HashMap::<u32, u32>::new();
+        for &t in recent {
+            *counts.entry(t).or_default() += 1;
+        }
+        for cand in c.iter_mut() {
+            let Some(&n) = counts.get(&cand.id) else {
+                continue;
+            };
+            if cand.logit <= 0.0 {
+                cand.logit *= p.repeat_penalty;
+            } else {
+                cand.logit /= p.repeat_penalty;
+            }
+            cand.logit -= n as f32 * p.frequency_penalty + p.presence_penalty;
+        }
+        if p.temperature <= 0.0 {
+            let mut b = c[0];
+            for &x in &c {
+                if x.logit > b.logit || (x.logit == b.logit && x.id < b.id) {
+                    b = x;
+                }
+            }
+            return b.id;
+        }
+        truncate(&mut c, p);
+        let u: f64 = rng.random();
+        draw(&c, p.temperature, u)
+    }
+
+    #[test]
+    fn penalties_as_a_processor_give_the_chain_s_tokens() {
+        for temperature in [0.0, 0.7] {
+            let p = SamplingParams {
+                temperature,
+                repeat_penalty: 1.3,
+                presence_penalty: 0.4,
+                frequency_penalty: 0.2,
+                penalty_last_n: 16,
+                seed: 21,
+                ..Default::default()
+            };
+            let mut s = Sampler::new(p.clone());
+            let mut rng = ChaCha20Rng::seed_from_u64(p.seed);
+            let mut noise = ChaCha20Rng::seed_from_u64(5);
+            let mut history: Vec<u32> = vec![3, 3, 7];
+            for _ in 0..300 {
+                // Peaked logits over 64 tokens, some negative.
+                let l: Vec<f32> = (0..64).map(|_| noise.random::<f32>() * 6.0 - 2.0).collect();
+                let want = reference_sample(&p, &mut rng, &l, &history);
+                assert_eq!(s.sample(&l, &history), want);
+                history.push(want);
+            }
+        }
     }
 }

@@ -17,6 +17,14 @@
 //!    prompt throughput. A step whose prompt work is all of a lower lane than a request
 //!    that arrives while it runs is abandoned by the engine ([`StepPlan::prompt_lane`]).
 //!
+//! **Drafts** (multi-token steps): a decoding sequence may carry drafted tokens after its
+//! last one ([`Scheduler::set_draft`]). The step then computes the last token and the draft
+//! together ([`Scheduled::draft`]), when the budget and free blocks allow without preempting
+//! anyone (else the draft is dropped and the sequence decodes one token); drafted tokens
+//! never enter the prefix cache. [`Scheduler::accept_draft`] then keeps the part the model
+//! confirmed and rolls the rest back: tokens dropped, computed count and blocks shrunk.
+//! A preempted sequence loses its draft.
+//!
 //! **Chunks** are all of what is left when it fits, else at least [`SchedulerConfig::min_chunk`]
 //! tokens leaving none or at least as many for later. With `min_chunk` = attention's
 //! tiled-path threshold, a prompt's tokens take the same attention path (tiled for prompts of
@@ -134,6 +142,8 @@ pub struct Sequence {
     pub prompt_len: usize,
     /// Tokens whose keys and values are in the cache.
     pub n_computed: usize,
+    /// Drafted tokens at the end of `tokens` (not yet confirmed by the model).
+    pub n_draft: usize,
     /// Prompt tokens found in the prefix cache at first admission.
     pub cached_tokens: usize,
     pub blocks: SeqBlocks,
@@ -150,6 +160,16 @@ impl Sequence {
     pub fn remaining(&self) -> usize {
         self.tokens.len() - self.n_computed
     }
+
+    /// Whether the sequence is decoding: only its last token and its draft are uncomputed.
+    pub fn is_decoding(&self) -> bool {
+        self.remaining() == 1 + self.n_draft
+    }
+
+    /// The drafted tokens after the last token.
+    pub fn draft(&self) -> &[u32] {
+        &self.tokens[self.tokens.len() - self.n_draft..]
+    }
 }
 
 /// One sequence's share of a step.
@@ -162,6 +182,9 @@ pub struct Scheduled {
     pub n: usize,
     /// Whether the step computes the last known token, so a new token is sampled.
     pub sample: bool,
+    /// Drafted tokens among the last of the `n` (with `sample`): logits are wanted at the
+    /// last `draft + 1` positions.
+    pub draft: usize,
 }
 
 /// What one step runs.
@@ -284,6 +307,7 @@ impl Scheduler {
                 tokens,
                 prompt_len,
                 n_computed: 0,
+                n_draft: 0,
                 cached_tokens: 0,
                 blocks: SeqBlocks::default(),
                 slot: None,
@@ -388,9 +412,11 @@ impl Scheduler {
         let mut plan = StepPlan::default();
         let mut budget = self.cfg.max_batch_tokens;
 
-        // 1. Decoding sequences, one token each.
+        // 1. Decoding sequences, one token each; then their drafts, in what budget and free
+        //    blocks are left (a draft never takes a block another sequence needs).
         let mut running = self.running.clone();
         self.order(&mut running, now);
+        let mut drafts = Vec::new();
         for &id in &running {
             if budget == 0 {
                 break;
@@ -398,12 +424,19 @@ impl Scheduler {
             let Some(s) = self.seqs.get(&id) else {
                 continue;
             };
-            if s.slot.is_none() || s.remaining() != 1 {
+            if s.slot.is_none() || !s.is_decoding() {
                 continue;
+            }
+            if s.n_draft > 0 {
+                drafts.push((id, s.draft().to_vec()));
+                self.drop_draft(id);
             }
             if self.grow(id, 1, &mut plan, &mut budget) {
                 budget -= 1;
             }
+        }
+        for (id, draft) in drafts {
+            self.schedule_draft(id, draft, &mut plan, &mut budget);
         }
 
         // 2. Prompts: running ones part-way, then waiting ones, in one priority order.
@@ -411,7 +444,7 @@ impl Scheduler {
             .running
             .iter()
             .copied()
-            .filter(|id| self.seqs[id].remaining() > 1)
+            .filter(|id| !self.seqs[id].is_decoding())
             .chain(self.waiting.iter().copied())
             .collect();
         self.order(&mut cands, now);
@@ -438,7 +471,7 @@ impl Scheduler {
                 }
             }
             if s.slot.is_some() {
-                if s.remaining() <= 1 || plan.seqs.iter().any(|p| p.id == id) {
+                if s.is_decoding() || plan.seqs.iter().any(|p| p.id == id) {
                     continue;
                 }
                 let cap =
@@ -469,26 +502,68 @@ impl Scheduler {
         plan
     }
 
+    /// Gives running sequence `id` room for `n` more tokens and schedules it, if the pool
+    /// has the blocks (preempting no one).
+    fn try_grow(&mut self, id: ReqId, n: usize, plan: &mut StepPlan) -> bool {
+        let s = self.seqs.get_mut(&id).expect("running");
+        let (start, end) = (s.n_computed, s.n_computed + n);
+        if !self
+            .kv
+            .allocate(&mut s.blocks, start, end, &mut plan.copies)
+        {
+            return false;
+        }
+        plan.seqs.push(Scheduled {
+            id,
+            slot: s.slot.expect("running"),
+            start,
+            n,
+            sample: end == s.tokens.len(),
+            draft: 0,
+        });
+        true
+    }
+
+    /// Puts `draft` back after decoding sequence `id` (scheduled for its last token in
+    /// `plan`) and adds it to the step, if the budget and the free blocks hold it;
+    /// otherwise the draft is dropped.
+    fn schedule_draft(
+        &mut self,
+        id: ReqId,
+        draft: Vec<u32>,
+        plan: &mut StepPlan,
+        budget: &mut usize,
+    ) {
+        let k = draft.len();
+        let Some(p) = plan.seqs.iter_mut().find(|p| p.id == id) else {
+            return;
+        };
+        let Some(s) = self.seqs.get_mut(&id) else {
+            return;
+        };
+        let start = s.n_computed;
+        if k > *budget
+            || !self
+                .kv
+                .allocate(&mut s.blocks, start, start + 1 + k, &mut plan.copies)
+        {
+            return;
+        }
+        s.tokens.extend_from_slice(&draft);
+        s.n_draft = k;
+        p.n += k;
+        p.draft = k;
+        *budget -= k;
+    }
+
     /// Gives running sequence `id` room for `n` more tokens and schedules it, preempting
     /// sequences of its lane or lower when the pool is full. False if it was preempted itself.
     fn grow(&mut self, id: ReqId, n: usize, plan: &mut StepPlan, budget: &mut usize) -> bool {
         loop {
-            let s = self.seqs.get_mut(&id).expect("running");
-            let (start, end) = (s.n_computed, s.n_computed + n);
-            if self
-                .kv
-                .allocate(&mut s.blocks, start, end, &mut plan.copies)
-            {
-                plan.seqs.push(Scheduled {
-                    id,
-                    slot: s.slot.expect("running"),
-                    start,
-                    n,
-                    sample: end == s.tokens.len(),
-                });
+            if self.try_grow(id, n, plan) {
                 return true;
             }
-            let lane = s.lane;
+            let lane = self.seqs[&id].lane;
             let victim = self.victim(|v| v.lane >= lane);
             let Some(victim) = victim else { return false };
             self.preempt(victim, plan, budget);
@@ -554,6 +629,7 @@ impl Scheduler {
             start: hit,
             n,
             sample: hit + n == s.tokens.len(),
+            draft: 0,
         });
         *budget -= n;
         true
@@ -573,6 +649,7 @@ impl Scheduler {
 
     /// Sends a running sequence back to waiting, releasing its blocks and slot.
     fn preempt(&mut self, id: ReqId, plan: &mut StepPlan, budget: &mut usize) {
+        self.drop_draft(id);
         let s = self.seqs.get_mut(&id).expect("running");
         self.kv.free(&mut s.blocks);
         s.n_computed = 0;
@@ -598,12 +675,61 @@ impl Scheduler {
     }
 
     /// Records that a step computed `n` tokens of `id`, and registers its newly full blocks
-    /// in the prefix cache.
+    /// in the prefix cache (up to its draft, which waits for [`Scheduler::accept_draft`]).
     pub fn on_computed(&mut self, id: ReqId, n: usize) {
         if let Some(s) = self.seqs.get_mut(&id) {
             s.n_computed = (s.n_computed + n).min(s.tokens.len());
+            let confirmed = s.n_computed.min(s.tokens.len() - s.n_draft);
             self.kv
-                .cache_full_blocks(&mut s.blocks, &s.tokens, s.n_computed);
+                .cache_full_blocks(&mut s.blocks, &s.tokens, confirmed);
+        }
+    }
+
+    /// Puts `draft` (tokens guessed to follow) after decoding sequence `id`'s last token,
+    /// replacing any earlier draft: the next step computes the last token and the draft
+    /// together, with logits at each position. False, changing nothing, unless `id` is
+    /// running and decoding.
+    pub fn set_draft(&mut self, id: ReqId, draft: &[u32]) -> bool {
+        let ok = self
+            .seqs
+            .get(&id)
+            .is_some_and(|s| s.slot.is_some() && s.is_decoding());
+        if ok {
+            self.drop_draft(id);
+            let s = self.seqs.get_mut(&id).expect("checked");
+            s.tokens.extend_from_slice(draft);
+            s.n_draft = draft.len();
+        }
+        ok
+    }
+
+    /// After a step computed `id`'s last token and its draft: the first `accepted` drafted
+    /// tokens stand, the rest are dropped with their cache positions (computed count rolled
+    /// back, blocks past the new length released), and the full blocks confirmed now enter
+    /// the prefix cache. The caller then appends the model's own next token.
+    pub fn accept_draft(&mut self, id: ReqId, accepted: usize) {
+        let Some(s) = self.seqs.get_mut(&id) else {
+            return;
+        };
+        let keep = s.tokens.len() - s.n_draft + accepted.min(s.n_draft);
+        s.tokens.truncate(keep);
+        s.n_draft = 0;
+        s.n_computed = s.n_computed.min(keep);
+        self.kv.truncate(&mut s.blocks, s.n_computed);
+        self.kv
+            .cache_full_blocks(&mut s.blocks, &s.tokens, s.n_computed);
+    }
+
+    /// Drops `id`'s draft (no cache positions of it are kept).
+    fn drop_draft(&mut self, id: ReqId) {
+        if let Some(s) = self.seqs.get_mut(&id)
+            && s.n_draft > 0
+        {
+            let keep = s.tokens.len() - s.n_draft;
+            s.tokens.truncate(keep);
+            s.n_draft = 0;
+            s.n_computed = s.n_computed.min(keep);
+            self.kv.truncate(&mut s.blocks, keep);
         }
     }
 
@@ -629,13 +755,15 @@ impl Scheduler {
         let blocks = self.kv.fork(&p.blocks);
         let slot = self.free_slots.pop().expect("checked above");
         self.started += 1;
+        let known = p.tokens.len() - p.n_draft;
         let seq = Sequence {
             id: child,
             lane: p.lane,
             arrival: p.arrival,
-            tokens: p.tokens.clone(),
+            tokens: p.tokens[..known].to_vec(),
             prompt_len: p.prompt_len,
-            n_computed: p.n_computed,
+            n_computed: p.n_computed.min(known),
+            n_draft: 0,
             cached_tokens: p.cached_tokens,
             blocks,
             slot: Some(slot),

@@ -1,12 +1,14 @@
 //! The serving engine on a real model: batch invariance against one-at-a-time generation,
-//! prefix-cache reuse, cancellation freeing blocks, several completions of one prompt, and
-//! abandoned steps (forced, or for an arriving interactive request) changing no result.
+//! prefix-cache reuse, cancellation freeing blocks, several completions of one prompt,
+//! abandoned steps (forced, or for an arriving interactive request) changing no result,
+//! multi-token steps verifying drafted tokens, logits processors, parameter errors.
 
 mod common;
 
 use mica_engine::{
-    EngineConfig, EngineHandle, Event, EventSink, FinishReason, GenerateParams, Lane, Request,
-    SamplingParams, SchedulerConfig, Session,
+    EngineConfig, EngineHandle, Event, EventSink, FinishReason, GenerateParams, Hooks, Lane,
+    LogitsProcessor, Param, ProcessorFactory, Proposer, Request, SamplingParams, SchedulerConfig,
+    Session, SubmitError,
 };
 use mica_models::LoadedModel;
 use std::sync::Arc;
@@ -62,6 +64,7 @@ fn greedy(max_tokens: usize) -> GenerateParams {
         sampling: SamplingParams::greedy(),
         stop: Vec::new(),
         ignore_eos: false,
+        logit_bias: Vec::new(),
     }
 }
 
@@ -126,6 +129,8 @@ fn submit_in(
         n,
         logprobs: None,
         sink: Box::new(ChanSink(tx)),
+        processors: None,
+        proposer: None,
     })
     .unwrap();
     rx
@@ -151,7 +156,7 @@ fn sixteen_concurrent_requests_match_one_at_a_time() {
         .collect();
     let n_gen = 24;
     let mut alone = Vec::new();
-    let mut session = Session::new(&lm, 2048, 2);
+    let mut session = Session::new(&*lm, 2048, 2);
     for p in &prompts {
         session.reset();
         let g = session.generate(p, &greedy(n_gen), |_| true).unwrap();
@@ -239,6 +244,8 @@ fn cancelled_request_frees_its_blocks() {
         n: 1,
         logprobs: None,
         sink: Box::new(DropSink(tx, flag.clone())),
+        processors: None,
+        proposer: None,
     })
     .unwrap();
     for _ in 0..5 {
@@ -366,4 +373,341 @@ fn interactive_arrivals_abandon_bulk_steps_without_changing_results() {
         count(&e.metrics().abandoned_steps) > 0,
         "an interactive arrival abandoned a bulk step"
     );
+}
+
+/// Proposes the next tokens of a known continuation of `prompt` (`lookahead` at a time):
+/// every draft is right until the continuation runs out.
+struct Oracle {
+    prompt_len: usize,
+    continuation: Vec<u32>,
+    lookahead: usize,
+}
+
+impl Proposer for Oracle {
+    fn propose(&mut self, history: &[u32], max: usize) -> Vec<u32> {
+        let done = history.len() - self.prompt_len;
+        let end = (done + self.lookahead.min(max)).min(self.continuation.len());
+        self.continuation[done.min(end)..end].to_vec()
+    }
+}
+
+/// Proposes `lookahead` pseudo-random tokens, except that every third draft starts with
+/// `right` correct tokens of the continuation (so some drafts are partly accepted).
+struct Noisy {
+    oracle: Oracle,
+    n_vocab: u32,
+    state: u64,
+    calls: usize,
+    right: usize,
+}
+
+impl Proposer for Noisy {
+    fn propose(&mut self, history: &[u32], max: usize) -> Vec<u32> {
+        self.calls += 1;
+        let mut d = if self.calls.is_multiple_of(3) {
+            let mut good = self.oracle.propose(history, max);
+            good.truncate(self.right);
+            good
+        } else {
+            Vec::new()
+        };
+        while d.len() < self.oracle.lookahead.min(max) {
+            self.state = self
+                .state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            d.push((self.state >> 33) as u32 % self.n_vocab);
+        }
+        d
+    }
+}
+
+fn submit_with(
+    e: &EngineHandle,
+    prompt: Vec<u32>,
+    params: GenerateParams,
+    proposer: Option<Box<dyn Proposer>>,
+    processors: Option<ProcessorFactory>,
+) -> Receiver<Event> {
+    let (tx, rx) = channel();
+    e.submit(Request {
+        prompt,
+        params,
+        lane: Lane::Interactive,
+        n: 1,
+        logprobs: Some(2),
+        sink: Box::new(ChanSink(tx)),
+        processors,
+        proposer,
+    })
+    .unwrap();
+    rx
+}
+
+fn short_prompts(lm: &LoadedModel) -> Vec<Vec<u32>> {
+    [
+        "The capital of France is",
+        "Write a list of three colors:",
+        "def fibonacci(n):",
+        "Once upon a time, in a small village,",
+    ]
+    .iter()
+    .map(|t| lm.tokenizer.encode(t, true, true).unwrap())
+    .collect()
+}
+
+fn long_greedy(n: usize) -> GenerateParams {
+    GenerateParams {
+        ignore_eos: true,
+        ..greedy(n)
+    }
+}
+
+/// A proposer that knows the greedy continuation: the tokens are exactly plain greedy's, in
+/// far fewer steps (several drafted tokens accepted per step).
+#[test]
+fn right_drafts_give_greedy_tokens_in_fewer_steps() {
+    let lm = model();
+    let prompt = short_prompts(&lm).swap_remove(0);
+    let n_gen = 24;
+    let plain = engine(&lm, 256);
+    let want = collect(submit(&plain, prompt.clone(), long_greedy(n_gen), 1), 1);
+    let plain_steps = count(&plain.metrics().steps);
+    assert_eq!(want.tokens[0].len(), n_gen);
+
+    let e = engine(&lm, 256);
+    let oracle = Oracle {
+        prompt_len: prompt.len(),
+        continuation: want.tokens[0].clone(),
+        lookahead: 4,
+    };
+    let rx = submit_with(&e, prompt, long_greedy(n_gen), Some(Box::new(oracle)), None);
+    let out = collect(rx, 1);
+    assert_eq!(out.tokens, want.tokens);
+    assert_eq!(out.text, want.text);
+    assert_eq!(out.finish, want.finish);
+    let steps = count(&e.metrics().steps);
+    // 1 prompt step, then 5 tokens a step.
+    assert!(2 * steps < plain_steps, "{steps} steps vs {plain_steps}");
+    let m = e.metrics();
+    assert!(count(&m.accepted_draft_tokens) > 0);
+    assert_eq!(count(&m.accepted_draft_tokens), count(&m.draft_tokens));
+    assert_eq!(count(&m.generated_tokens), n_gen as u64);
+}
+
+/// Wrong, partly right and right drafts, a sampled request with a proposer (which takes
+/// none) and plain requests in one batch: every output is what it is alone, drafts were
+/// rejected (rolled back) and accepted, and every block is free at the end. Then the same
+/// with every second step abandoned.
+#[test]
+fn wrong_drafts_are_rolled_back_in_a_mixed_batch() {
+    let lm = model();
+    let prompts = short_prompts(&lm);
+    let n_gen = 20;
+    let sampled = GenerateParams {
+        sampling: SamplingParams {
+            temperature: 0.9,
+            seed: 11,
+            ..Default::default()
+        },
+        ..long_greedy(n_gen)
+    };
+    let params = |i: usize| {
+        if i == 3 {
+            sampled.clone()
+        } else {
+            long_greedy(n_gen)
+        }
+    };
+    let solo = engine(&lm, 512);
+    let want: Vec<Out> = (0..prompts.len())
+        .map(|i| collect(submit(&solo, prompts[i].clone(), params(i), 1), 1))
+        .collect();
+    let n_vocab = lm.model.config.n_vocab as u32;
+    let oracle = |i: usize, lookahead| Oracle {
+        prompt_len: prompts[i].len(),
+        continuation: want[i].tokens[0].clone(),
+        lookahead,
+    };
+    for abandon_every in [0, 2] {
+        let e = engine_abandoning(&lm, 512, abandon_every);
+        let proposers: Vec<Option<Box<dyn Proposer>>> = vec![
+            Some(Box::new(Noisy {
+                oracle: oracle(0, 6),
+                n_vocab,
+                state: 1,
+                calls: 0,
+                right: 0,
+            })),
+            Some(Box::new(Noisy {
+                oracle: oracle(1, 5),
+                n_vocab,
+                state: 2,
+                calls: 0,
+                right: 3,
+            })),
+            Some(Box::new(oracle(2, 3))),
+            Some(Box::new(oracle(3, 3))),
+        ];
+        let rxs: Vec<_> = proposers
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| submit_with(&e, prompts[i].clone(), params(i), p, None))
+            .chain([submit(&e, prompts[0].clone(), long_greedy(n_gen), 1)])
+            .collect();
+        for (i, rx) in rxs.into_iter().enumerate() {
+            let out = collect(rx, 1);
+            let w = &want[i % prompts.len()];
+            assert_eq!(
+                out.tokens, w.tokens,
+                "request {i}, abandon_every {abandon_every}"
+            );
+            assert_eq!(out.text, w.text, "request {i}");
+        }
+        let m = e.metrics();
+        let (drafted, accepted) = (count(&m.draft_tokens), count(&m.accepted_draft_tokens));
+        assert!(
+            accepted > 0 && accepted < drafted,
+            "{accepted} of {drafted}"
+        );
+        if abandon_every > 0 {
+            assert!(count(&m.abandoned_steps) > 0);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(count(&m.kv_blocks_used), 0, "every block released");
+    }
+}
+
+/// Bans whatever token comes first in the logits it is shown, after `skip` positions.
+struct BanTop {
+    skip: usize,
+    seen: usize,
+    banned: Arc<std::sync::Mutex<Vec<u32>>>,
+}
+
+impl LogitsProcessor for BanTop {
+    fn process(&mut self, _history: &[u32], logits: &mut [f32]) {
+        self.seen += 1;
+        if self.seen > self.skip {
+            let top = mica_engine::sampler::argmax(logits);
+            logits[top as usize] = f32::NEG_INFINITY;
+            self.banned.lock().unwrap().push(top);
+        }
+    }
+}
+
+/// Logit bias and a custom processor act the same in the engine as in a `Session`, and
+/// change the greedy tokens.
+#[test]
+fn processors_and_logit_bias_match_a_session() {
+    let lm = model();
+    let prompt = short_prompts(&lm).swap_remove(0);
+    let n_gen = 12;
+    let boost = lm.tokenizer.encode(" banana", false, true).unwrap()[0];
+    let biased = GenerateParams {
+        logit_bias: vec![(boost, 30.0)],
+        ..long_greedy(n_gen)
+    };
+    let mut s = Session::new(&*lm, 512, 2);
+    let plain = s.generate(&prompt, &long_greedy(n_gen), |_| true).unwrap();
+    let g = s.generate(&prompt, &biased, |_| true).unwrap();
+    assert_eq!(g.output_ids, vec![boost; n_gen]);
+    let banned = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let ban = |banned: &Arc<std::sync::Mutex<Vec<u32>>>| BanTop {
+        skip: 2,
+        seen: 0,
+        banned: banned.clone(),
+    };
+    let hooks = Hooks {
+        processors: vec![Box::new(ban(&banned))],
+        proposer: None,
+    };
+    let g_ban = s
+        .generate_with(&prompt, &long_greedy(n_gen), hooks, |_| true)
+        .unwrap();
+    assert_eq!(g_ban.output_ids[..2], plain.output_ids[..2]);
+    assert_ne!(g_ban.output_ids, plain.output_ids);
+    for (t, b) in g_ban.output_ids[2..]
+        .iter()
+        .zip(banned.lock().unwrap().iter())
+    {
+        assert_ne!(t, b, "a banned token was chosen");
+    }
+
+    let e = engine(&lm, 256);
+    let out = collect(submit(&e, prompt.clone(), biased, 1), 1);
+    assert_eq!(out.tokens[0], g.output_ids);
+    let engine_banned = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let eb = engine_banned.clone();
+    let factory: ProcessorFactory = Box::new(move |_| {
+        vec![Box::new(BanTop {
+            skip: 2,
+            seen: 0,
+            banned: eb.clone(),
+        }) as Box<dyn LogitsProcessor>]
+    });
+    let rx = submit_with(&e, prompt, long_greedy(n_gen), None, Some(factory));
+    assert_eq!(collect(rx, 1).tokens[0], g_ban.output_ids);
+}
+
+/// Invalid parameters are refused at submission, naming the parameter.
+#[test]
+fn invalid_parameters_name_the_parameter() {
+    let lm = model();
+    let e = engine(&lm, 64);
+    let n_vocab = lm.model.config.n_vocab;
+    let (tx, _rx) = channel();
+    let try_submit = |params: GenerateParams, prompt: Vec<u32>, n: usize| {
+        e.submit(Request {
+            prompt,
+            params,
+            lane: Lane::Interactive,
+            n,
+            logprobs: None,
+            sink: Box::new(ChanSink(tx.clone())),
+            processors: None,
+            proposer: None,
+        })
+        .unwrap_err()
+    };
+    let cases = [
+        (
+            GenerateParams {
+                logit_bias: vec![(n_vocab as u32, 1.0)],
+                ..greedy(4)
+            },
+            vec![1],
+            1,
+            Param::LogitBias,
+        ),
+        (
+            GenerateParams {
+                logit_bias: vec![(3, f32::NAN)],
+                ..greedy(4)
+            },
+            vec![1],
+            1,
+            Param::LogitBias,
+        ),
+        (
+            GenerateParams {
+                sampling: SamplingParams {
+                    min_p: 2.0,
+                    ..SamplingParams::greedy()
+                },
+                ..greedy(4)
+            },
+            vec![1],
+            1,
+            Param::MinP,
+        ),
+        (greedy(4), vec![], 1, Param::Prompt),
+        (greedy(4), vec![1], 0, Param::N),
+    ];
+    for (params, prompt, n, param) in cases {
+        match try_submit(params, prompt, n) {
+            SubmitError::Params(p) => assert_eq!(p.param(), param, "{p}"),
+            other => panic!("expected a parameter error, got {other}"),
+        }
+    }
 }

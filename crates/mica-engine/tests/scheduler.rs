@@ -1,5 +1,6 @@
 //! The step scheduler without a model: token budget, chunked prompts, priority lanes and
-//! aging, preemption order, prefix-cache admission, FIFO for comparison.
+//! aging, preemption order, prefix-cache admission, FIFO for comparison, drafted tokens
+//! (multi-token steps) accepted in part and rolled back.
 
 use mica_engine::scheduler::{Scheduled, prefill_chunk};
 use mica_engine::{BlockManager, Lane, SchedulePolicy, Scheduler, SchedulerConfig};
@@ -401,4 +402,121 @@ fn interactive_work_shrinks_low_lane_steps() {
     let mut f = sched(SchedulePolicy::Fifo, 256, 512);
     f.add(1, Lane::Bulk, prompt(1000, 1), t0).unwrap();
     assert_eq!(f.schedule(t0).prompt_lane, None);
+}
+
+#[test]
+fn drafts_are_verified_with_variable_acceptance_and_rolled_back() {
+    let t0 = Instant::now();
+    let mut s = sched(SchedulePolicy::Priority, 256, 64);
+    let p = prompt(30, 5);
+    s.add(1, Lane::Interactive, p.clone(), t0).unwrap();
+    assert!(
+        !s.set_draft(1, &[1, 2]),
+        "no draft while the prompt is waiting"
+    );
+    let plan = s.schedule(t0);
+    complete(&mut s, &plan.seqs);
+    assert_eq!(s.kv().n_used(), 2);
+
+    // A draft of 5: the last token and the draft in one step, logits at all six.
+    assert!(s.set_draft(1, &[11, 12, 13, 14, 15]));
+    assert_eq!(s.get(1).unwrap().draft(), &[11, 12, 13, 14, 15]);
+    let plan = s.schedule(t0);
+    assert_eq!(ids(&plan.seqs), vec![(1, 6)]);
+    assert_eq!((plan.seqs[0].start, plan.seqs[0].draft), (30, 5));
+    assert!(plan.seqs[0].sample);
+    assert_eq!(s.kv().n_used(), 3, "positions 30..36 reach a third block");
+    // An abandoned step changes nothing: the same step is planned again.
+    let again = s.schedule(t0);
+    assert_eq!(again.seqs, plan.seqs);
+    s.on_computed(1, 6);
+    assert_eq!(
+        s.kv().n_cached(),
+        1,
+        "block 1 holds drafted tokens: not cached before they are confirmed"
+    );
+    // Two drafted tokens stand, three are dropped.
+    s.accept_draft(1, 2);
+    let q = s.get(1).unwrap();
+    assert_eq!((q.tokens.len(), q.n_computed, q.n_draft), (33, 33, 0));
+    assert_eq!(&q.tokens[30..], &[7, 11, 12]);
+    assert_eq!(s.kv().n_cached(), 2, "block 1 (0..32) confirmed and cached");
+    s.append_token(1, 20);
+
+    // A long draft, all rejected: the block it took is released.
+    let long: Vec<u32> = (100..115).collect();
+    assert!(s.set_draft(1, &long));
+    let plan = s.schedule(t0);
+    assert_eq!(ids(&plan.seqs), vec![(1, 16)]);
+    assert_eq!(s.kv().n_used(), 4, "positions 33..49 reach a fourth block");
+    s.on_computed(1, 16);
+    s.accept_draft(1, 0);
+    let q = s.get(1).unwrap();
+    assert_eq!((q.tokens.len(), q.n_computed), (34, 34));
+    assert_eq!(s.kv().n_used(), 3);
+    s.append_token(1, 21);
+    let plan = s.schedule(t0);
+    assert_eq!(ids(&plan.seqs), vec![(1, 1)]);
+    assert_eq!(plan.seqs[0].draft, 0);
+    complete(&mut s, &plan.seqs);
+
+    // The rejected drafts never reached the prefix cache: a prompt continuing with them
+    // (block 2 then holds what the sequence's block 2 held during the step) finds the two
+    // confirmed blocks only.
+    let mut known = s.get(1).unwrap().tokens.clone();
+    s.finish(1);
+    assert_eq!(s.kv().n_used(), 0);
+    known.truncate(34);
+    known.extend(&long);
+    known.push(1);
+    s.add(2, Lane::Interactive, known, t0).unwrap();
+    let plan = s.schedule(t0);
+    assert_eq!(plan.seqs[0].start, 32);
+}
+
+#[test]
+fn drafts_never_preempt_and_yield_to_the_budget() {
+    let t0 = Instant::now();
+    // Two 16-token prompts in a pool of 4 blocks: their decodes take all four.
+    let mut s = sched(SchedulePolicy::Priority, 256, 4);
+    s.add(1, Lane::Interactive, prompt(16, 1), t0).unwrap();
+    s.add(2, Lane::Interactive, prompt(16, 2), t0).unwrap();
+    let plan = s.schedule(t0);
+    complete(&mut s, &plan.seqs);
+    assert!(s.set_draft(1, &[1; 20]));
+    let plan = s.schedule(t0);
+    assert!(
+        plan.preempted.is_empty(),
+        "a draft takes no other sequence's block"
+    );
+    assert_eq!(ids(&plan.seqs), vec![(1, 1), (2, 1)]);
+    assert_eq!(s.get(1).unwrap().n_draft, 0, "dropped");
+    complete(&mut s, &plan.seqs);
+
+    // A draft larger than the step budget is dropped too; one that fits is scheduled
+    // after every plain decode.
+    let mut s = sched(SchedulePolicy::Priority, 256, 64);
+    s.add(1, Lane::Interactive, prompt(16, 1), t0).unwrap();
+    s.add(2, Lane::Interactive, prompt(16, 2), t0).unwrap();
+    let plan = s.schedule(t0);
+    complete(&mut s, &plan.seqs);
+    assert!(s.set_draft(1, &[1; 255]));
+    let plan = s.schedule(t0);
+    assert_eq!(ids(&plan.seqs), vec![(1, 1), (2, 1)]);
+    complete(&mut s, &plan.seqs);
+    assert!(s.set_draft(1, &[1; 254]));
+    let plan = s.schedule(t0);
+    assert_eq!(ids(&plan.seqs), vec![(1, 255), (2, 1)]);
+    assert_eq!(plan.n_tokens(), 256);
+
+    // A preempted sequence loses its draft (it is recomputed as a prompt).
+    let mut s = full_pool(
+        SchedulePolicy::Priority,
+        [Lane::Bulk, Lane::Interactive, Lane::Bulk],
+    );
+    assert!(s.set_draft(3, &[9, 9]));
+    let plan = s.schedule(Instant::now() + Duration::from_millis(10));
+    assert_eq!(plan.preempted, vec![3]);
+    let q = s.get(3).unwrap();
+    assert_eq!((q.tokens.len(), q.n_draft, q.n_computed), (33, 0, 0));
 }

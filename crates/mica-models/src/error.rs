@@ -47,6 +47,20 @@ pub enum ModelError {
         expected: Vec<u64>,
         got: Vec<u64>,
     },
+    /// A Hugging Face model GGUF (as llama.cpp reads it) cannot describe faithfully.
+    #[error("{path}: cannot write this {class} model as GGUF '{gguf}': {reason}")]
+    Unconvertible {
+        path: PathBuf,
+        class: String,
+        gguf: String,
+        reason: String,
+    },
+    #[error("{path}: checkpoint tensor '{tensor}' {msg}")]
+    CheckpointTensor {
+        path: PathBuf,
+        tensor: String,
+        msg: String,
+    },
     #[error("{path}: metadata '{key}': {msg}")]
     Config {
         path: PathBuf,

@@ -41,10 +41,37 @@ impl NameTable {
         }
         canonical.to_string()
     }
+
+    /// The canonical name of a checkpoint tensor (the table read backwards), with its layer
+    /// index; `None` when the table does not list it.
+    pub fn to_canonical(&self, file: &str) -> Option<(String, Option<usize>)> {
+        if let Some((c, _)) = self.global.iter().find(|(_, f)| *f == file) {
+            return Some((c.to_string(), None));
+        }
+        let (pre, post) = self.layer_prefix.split_once("{i}")?;
+        let (i, suffix) = file.strip_prefix(pre)?.split_once(post)?;
+        let layer: usize = i.parse().ok()?;
+        let canonical = |c: &str| Some((format!("blk.{layer}.{c}"), Some(layer)));
+        if let Some((c, _)) = self.layer.iter().find(|(_, f)| *f == suffix) {
+            return canonical(c);
+        }
+        // Per-expert names: `{e}` stands for the expert index in both forms.
+        for (c, f) in self.layer {
+            if let Some((fpre, fpost)) = f.split_once("{e}")
+                && let Some(e) = suffix
+                    .strip_prefix(fpre)
+                    .and_then(|r| r.strip_suffix(fpost))
+                && e.parse::<usize>().is_ok()
+            {
+                return canonical(&c.replace("{e}", e));
+            }
+        }
+        None
+    }
 }
 
-/// LLaMA-style decoders in transformers (`LlamaForCausalLM`, `MistralForCausalLM`,
-/// `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `Gemma3ForCausalLM`...): the shared names.
+/// The per-layer names LLaMA-style decoders in transformers share (`LlamaForCausalLM`,
+/// `Qwen2ForCausalLM`, `Gemma3ForCausalLM`...), followed by a family's `$extra` pairs.
 macro_rules! decoder_layer_names {
     ($($extra:expr),* $(,)?) => {
         &[
@@ -66,152 +93,14 @@ macro_rules! decoder_layer_names {
     };
 }
 
-const DECODER_GLOBAL: &[(&str, &str)] = &[
+pub(crate) use decoder_layer_names;
+
+/// The whole-model names LLaMA-style decoders in transformers share.
+pub const DECODER_GLOBAL: &[(&str, &str)] = &[
     ("token_embd.weight", "model.embed_tokens.weight"),
     ("output_norm.weight", "model.norm.weight"),
     ("output.weight", "lm_head.weight"),
 ];
-
-/// LLaMA, Mistral, Qwen2, Qwen3.
-pub static LLAMA_HF: NameTable = NameTable {
-    layer_prefix: "model.layers.{i}.",
-    global: DECODER_GLOBAL,
-    layer: decoder_layer_names![("ffn_norm.weight", "post_attention_layernorm.weight")],
-};
-
-/// Gemma 3: pre- and post-norms around both sub-blocks.
-pub static GEMMA3_HF: NameTable = NameTable {
-    layer_prefix: "model.layers.{i}.",
-    global: DECODER_GLOBAL,
-    layer: decoder_layer_names![
-        (
-            "post_attention_norm.weight",
-            "post_attention_layernorm.weight"
-        ),
-        ("ffn_norm.weight", "pre_feedforward_layernorm.weight"),
-        ("post_ffw_norm.weight", "post_feedforward_layernorm.weight"),
-    ],
-};
-
-/// Phi-3: fused `qkv_proj` and `gate_up_proj` (split by row ranges at load).
-pub static PHI3_HF: NameTable = NameTable {
-    layer_prefix: "model.layers.{i}.",
-    global: DECODER_GLOBAL,
-    layer: &[
-        ("attn_norm.weight", "input_layernorm.weight"),
-        ("attn_qkv.weight", "self_attn.qkv_proj.weight"),
-        ("attn_output.weight", "self_attn.o_proj.weight"),
-        ("ffn_norm.weight", "post_attention_layernorm.weight"),
-        ("ffn_up.weight", "mlp.gate_up_proj.weight"),
-        ("ffn_down.weight", "mlp.down_proj.weight"),
-    ],
-};
-
-/// Qwen2-MoE / Qwen3-MoE: one set of matrices per expert (`mlp.experts.{e}.*`), the router
-/// (`mlp.gate`), a shared expert and its gate (Qwen2-MoE).
-pub static QWEN_MOE_HF: NameTable = NameTable {
-    layer_prefix: "model.layers.{i}.",
-    global: DECODER_GLOBAL,
-    layer: decoder_layer_names![
-        ("ffn_norm.weight", "post_attention_layernorm.weight"),
-        ("ffn_gate_inp.weight", "mlp.gate.weight"),
-        (
-            "ffn_gate_exp.{e}.weight",
-            "mlp.experts.{e}.gate_proj.weight"
-        ),
-        ("ffn_up_exp.{e}.weight", "mlp.experts.{e}.up_proj.weight"),
-        (
-            "ffn_down_exp.{e}.weight",
-            "mlp.experts.{e}.down_proj.weight"
-        ),
-        (
-            "ffn_gate_shexp.weight",
-            "mlp.shared_expert.gate_proj.weight"
-        ),
-        ("ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight"),
-        (
-            "ffn_down_shexp.weight",
-            "mlp.shared_expert.down_proj.weight"
-        ),
-        ("ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight"),
-    ],
-};
-
-/// Mixtral: the router `block_sparse_moe.gate`, experts `block_sparse_moe.experts.{e}.w1`
-/// (gate), `w3` (up), `w2` (down).
-pub static MIXTRAL_HF: NameTable = NameTable {
-    layer_prefix: "model.layers.{i}.",
-    global: DECODER_GLOBAL,
-    layer: decoder_layer_names![
-        ("ffn_norm.weight", "post_attention_layernorm.weight"),
-        ("ffn_gate_inp.weight", "block_sparse_moe.gate.weight"),
-        (
-            "ffn_gate_exp.{e}.weight",
-            "block_sparse_moe.experts.{e}.w1.weight"
-        ),
-        (
-            "ffn_up_exp.{e}.weight",
-            "block_sparse_moe.experts.{e}.w3.weight"
-        ),
-        (
-            "ffn_down_exp.{e}.weight",
-            "block_sparse_moe.experts.{e}.w2.weight"
-        ),
-    ],
-};
-
-/// GPT-2 (`transformer.h.{i}.*`): fused `c_attn` (Conv1D, `[in, out]`, transposed at
-/// load), learned positions `wpe`, LayerNorms with biases, head tied to `wte`.
-pub static GPT2_HF: NameTable = NameTable {
-    layer_prefix: "transformer.h.{i}.",
-    global: &[
-        ("token_embd.weight", "transformer.wte.weight"),
-        ("position_embd.weight", "transformer.wpe.weight"),
-        ("output_norm.weight", "transformer.ln_f.weight"),
-        ("output_norm.bias", "transformer.ln_f.bias"),
-        ("output.weight", "lm_head.weight"),
-    ],
-    layer: &[
-        ("attn_norm.weight", "ln_1.weight"),
-        ("attn_norm.bias", "ln_1.bias"),
-        ("attn_qkv.weight", "attn.c_attn.weight"),
-        ("attn_qkv.bias", "attn.c_attn.bias"),
-        ("attn_output.weight", "attn.c_proj.weight"),
-        ("attn_output.bias", "attn.c_proj.bias"),
-        ("ffn_norm.weight", "ln_2.weight"),
-        ("ffn_norm.bias", "ln_2.bias"),
-        ("ffn_up.weight", "mlp.c_fc.weight"),
-        ("ffn_up.bias", "mlp.c_fc.bias"),
-        ("ffn_down.weight", "mlp.c_proj.weight"),
-        ("ffn_down.bias", "mlp.c_proj.bias"),
-    ],
-};
-
-/// GPT-NeoX / Pythia (`gpt_neox.layers.{i}.*`): fused `query_key_value` (rows interleaved
-/// per head, regrouped at load), LayerNorms with biases, untied `embed_out`.
-pub static GPTNEOX_HF: NameTable = NameTable {
-    layer_prefix: "gpt_neox.layers.{i}.",
-    global: &[
-        ("token_embd.weight", "gpt_neox.embed_in.weight"),
-        ("output_norm.weight", "gpt_neox.final_layer_norm.weight"),
-        ("output_norm.bias", "gpt_neox.final_layer_norm.bias"),
-        ("output.weight", "embed_out.weight"),
-    ],
-    layer: &[
-        ("attn_norm.weight", "input_layernorm.weight"),
-        ("attn_norm.bias", "input_layernorm.bias"),
-        ("attn_qkv.weight", "attention.query_key_value.weight"),
-        ("attn_qkv.bias", "attention.query_key_value.bias"),
-        ("attn_output.weight", "attention.dense.weight"),
-        ("attn_output.bias", "attention.dense.bias"),
-        ("ffn_norm.weight", "post_attention_layernorm.weight"),
-        ("ffn_norm.bias", "post_attention_layernorm.bias"),
-        ("ffn_up.weight", "mlp.dense_h_to_4h.weight"),
-        ("ffn_up.bias", "mlp.dense_h_to_4h.bias"),
-        ("ffn_down.weight", "mlp.dense_4h_to_h.weight"),
-        ("ffn_down.bias", "mlp.dense_4h_to_h.bias"),
-    ],
-};
 
 #[cfg(test)]
 mod tests {
@@ -219,6 +108,8 @@ mod tests {
 
     #[test]
     fn maps_global_and_layer_names() {
+        use crate::arch::gemma3::HF_NAMES as GEMMA3_HF;
+        use crate::arch::llama::HF_NAMES as LLAMA_HF;
         assert_eq!(
             LLAMA_HF.to_file("token_embd.weight"),
             "model.embed_tokens.weight"
@@ -239,5 +130,34 @@ mod tests {
             LLAMA_HF.to_file("blk.1.unknown.weight"),
             "blk.1.unknown.weight"
         );
+    }
+
+    #[test]
+    fn maps_checkpoint_names_back() {
+        use crate::arch::llama::HF_NAMES as LLAMA_HF;
+        use crate::arch::qwen2moe::HF_NAMES as QWEN_MOE_HF;
+        let back = |t: &NameTable, n: &str| t.to_canonical(n);
+        assert_eq!(
+            back(&LLAMA_HF, "model.layers.12.self_attn.q_proj.weight"),
+            Some(("blk.12.attn_q.weight".into(), Some(12)))
+        );
+        assert_eq!(
+            back(&LLAMA_HF, "model.embed_tokens.weight"),
+            Some(("token_embd.weight".into(), None))
+        );
+        assert_eq!(
+            back(&QWEN_MOE_HF, "model.layers.1.mlp.experts.3.up_proj.weight"),
+            Some(("blk.1.ffn_up_exp.3.weight".into(), Some(1)))
+        );
+        assert_eq!(
+            QWEN_MOE_HF.to_file("blk.1.ffn_up_exp.3.weight"),
+            "model.layers.1.mlp.experts.3.up_proj.weight"
+        );
+        assert_eq!(
+            back(&QWEN_MOE_HF, "model.layers.1.mlp.experts.x.up_proj.weight"),
+            None
+        );
+        assert_eq!(back(&LLAMA_HF, "model.layers.x.mlp.up_proj.weight"), None);
+        assert_eq!(back(&LLAMA_HF, "model.layers.1.mystery"), None);
     }
 }

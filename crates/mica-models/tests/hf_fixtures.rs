@@ -7,9 +7,9 @@
 //! The fixtures are float32 checkpoints, so mica runs them with `Numerics::F32` (f32 KV
 //! cache, f32 attention, GELU by its formula): measured max |Δlogit| (transformers 5.23,
 //! x86-64 AVX-512) llama 7.1e-6, mistral 4.9e-6, qwen2 5.0e-6, qwen3 5.6e-6, phi3 3.7e-6,
-//! qwen2moe 4.5e-6, gemma3 2.5e-6, gemma3_swa6 5.4e-6, gpt2 2.9e-6, gptneox 2.0e-6 (the GGUF
-//! copies within 1e-7 of the folders); with llama.cpp's numerics (f16 cache) they were
-//! 3.8e-3..8.4e-3.
+//! qwen2moe 4.5e-6, gemma3 2.5e-6, gemma3_swa6 5.4e-6, gpt2 2.9e-6, gptneox 2.0e-6, gemma2
+//! 3.0e-6 (the GGUF copies within 1e-7 of the folders); with llama.cpp's numerics (f16
+//! cache) they were 3.8e-3..8.4e-3.
 
 use mica_kernels::ThreadPool;
 use mica_models::blocks::attention::AttentionPolicy;
@@ -531,4 +531,23 @@ fn gpt2_gguf_matches_transformers() {
 #[test]
 fn gptneox_gguf_matches_transformers() {
     check_gguf("gptneox");
+}
+
+/// Gemma 2, the family added as one file (`arch/gemma2.rs`) and one registry entry to test
+/// the family descriptor: local and global layers alternating (window 5), attention and
+/// final logit soft-capping, pre/post norms, GeGLU, tied head.
+#[test]
+fn gemma2_matches_transformers() {
+    check("gemma2");
+    // The attention soft-cap bites on the fixture: without it the logits move.
+    let (mut model, exp, want) = load("gemma2");
+    assert_eq!(model.config.attn_softcap, Some(2.0));
+    model.config.attn_softcap = None;
+    let seq = ids(&exp["sequences"][0]);
+    let n = seq.len() * model.config.n_vocab;
+    let off = max_diff("gemma2 (no attention cap)", &model, &seq, 64, &want[..n]);
+    assert!(
+        off > 10.0 * MAX_ABS,
+        "attention cap has no effect: {off:.2e}"
+    );
 }

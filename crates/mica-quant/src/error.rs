@@ -106,33 +106,9 @@ pub enum QuantError {
     #[error("a sensitivity thread panicked")]
     ThreadPanicked,
 
-    // ---- Hugging Face folders.
-    #[error(
-        "{}: converting {arch} folders is not supported yet ({supported} are); mica can still \
-         run the folder directly (mica run -m {})",
-        dir.display(),
-        dir.display()
-    )]
-    UnsupportedFamily {
-        dir: PathBuf,
-        arch: String,
-        supported: String,
-    },
-    #[error("{}: the checkpoint has no token embedding '{tensor}'", dir.display())]
-    NoTokenEmbedding { dir: PathBuf, tensor: String },
-    #[error("tensor '{tensor}' vanished from the checkpoint")]
-    CheckpointTensorMissing { tensor: String },
-    #[error("tensor '{tensor}': unsupported type")]
-    CheckpointTensorType { tensor: String },
-    #[error("tensor '{tensor}' has type {ggml_type}; mica converts F32, F16 and BF16 checkpoints")]
-    CheckpointDtype { tensor: String, ggml_type: String },
-    #[error(
-        "tensor '{tensor}' of the checkpoint has no GGUF name in mica's {arch} table; \
-         converting it would lose it"
-    )]
-    UnmappedTensor { tensor: String, arch: String },
-    #[error("cannot split {rows} rows into {heads} heads of an even size")]
-    PermuteHeads { rows: usize, heads: usize },
+    // ---- Hugging Face folders: what the folder's family cannot write as GGUF, or a
+    // checkpoint tensor it cannot convert, is a `Model` error (`ModelError::Unconvertible`,
+    // `ModelError::CheckpointTensor`), raised where the family descriptors are.
 
     // ---- Calibration, importance matrices and the KL probe.
     #[error("--calibrate runs the source model, which failed to load: {cause}")]

@@ -55,6 +55,8 @@ pub fn start(loaded: Arc<Loaded>, req: GenRequest) -> Result<Running, ApiError> 
         n: req.n,
         logprobs: req.logprobs,
         sink: Box::new(ChannelSink(tx)),
+        processors: None,
+        proposer: None,
     })?;
     Ok(Running {
         rx,
@@ -115,7 +117,7 @@ pub async fn collect(mut running: Running, n: usize) -> Result<Collected, ApiErr
                     first_token,
                 });
             }
-            Event::Error(e) => return Err(ApiError::internal(e)),
+            Event::Error(e) => return Err(ApiError::internal(e.to_string())),
         }
     }
     Err(ApiError::unavailable(

@@ -117,7 +117,9 @@ impl From<SubmitError> for ApiError {
                 a.code = Some("context_length_exceeded");
                 a
             }
-            SubmitError::Params(_) => ApiError::bad_request(None, e.to_string()),
+            SubmitError::Params(p) => {
+                ApiError::bad_request(Some(p.param().as_str()), e.to_string())
+            }
             SubmitError::Stopped => ApiError::unavailable(e.to_string(), 5),
         }
     }

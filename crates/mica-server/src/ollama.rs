@@ -108,12 +108,13 @@ fn params(o: &Options, max_tokens: usize) -> Result<GenerateParams, ApiError> {
     };
     sampling
         .validate()
-        .map_err(|e| ApiError::bad_request(Some("options"), e))?;
+        .map_err(|e| ApiError::bad_request(Some("options"), e.to_string()))?;
     Ok(GenerateParams {
         max_tokens,
         sampling,
         stop: o.stop.as_ref().map(StopField::to_vec).unwrap_or_default(),
         ignore_eos: false,
+        logit_bias: Vec::new(),
     })
 }
 
@@ -337,7 +338,7 @@ impl StreamFormat for Ndjson {
                 };
                 format!("{}\n", self.final_object(&usage, finish, r.started))
             }
-            Event::Error(e) => format!("{}\n", json!({ "error": e })),
+            Event::Error(e) => format!("{}\n", json!({ "error": e.to_string() })),
         }
     }
     fn finish(&mut self, _r: &Running) -> String {

@@ -148,6 +148,7 @@ fn params(c: &Common, max_tokens: usize) -> Result<GenerateParams, ApiError> {
         },
         stop: c.stop.as_ref().map(StopField::to_vec).unwrap_or_default(),
         ignore_eos: false,
+        logit_bias: Vec::new(),
     })
 }
 
@@ -519,7 +520,9 @@ impl StreamFormat for ChatStream {
                 self.chunk(json!([]), Some(usage_json(&usage)))
             }
             Event::Finished { .. } => String::new(),
-            Event::Error(e) => data(&json!({"error": {"message": e, "type": "server_error"}})),
+            Event::Error(e) => {
+                data(&json!({"error": {"message": e.to_string(), "type": "server_error"}}))
+            }
         }
     }
     fn finish(&mut self, _r: &Running) -> String {
@@ -575,7 +578,7 @@ impl StreamFormat for CompletionStream {
                 self.chunk(json!([]), Some(usage_json(&usage)))
             }
             Event::Finished { .. } => String::new(),
-            Event::Error(e) => data(&json!({"error": {"message": e, "type": "server_error"}})),
+            Event::Error(e) => data(&json!({"error": {"message": e.to_string(), "type": "server_error"}})),
         }
     }
     fn finish(&mut self, _r: &Running) -> String {

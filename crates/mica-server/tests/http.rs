@@ -25,6 +25,7 @@ fn session_greedy(prompt_text: &str, max_tokens: usize) -> String {
         sampling: SamplingParams::greedy(),
         stop: vec![],
         ignore_eos: false,
+        logit_bias: vec![],
     };
     s.generate(&prompt, &params, |_| true).unwrap().text
 }

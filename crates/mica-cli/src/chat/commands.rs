@@ -25,6 +25,7 @@ impl Settings {
             sampling: self.sampling.params(seed),
             stop: Vec::new(),
             ignore_eos: false,
+            logit_bias: Vec::new(),
         }
     }
 }

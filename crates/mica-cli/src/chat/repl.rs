@@ -72,7 +72,7 @@ pub enum Outcome {
 /// Everything one model's chat loop works with.
 pub struct Chat<'a, 'm> {
     pub lm: &'m LoadedModel,
-    pub session: Session<'m>,
+    pub session: Session<&'m LoadedModel>,
     pub model_name: &'a str,
     pub model_path: &'a std::path::Path,
     pub conv: &'a mut Conversation,

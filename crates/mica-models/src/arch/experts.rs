@@ -10,6 +10,7 @@
 //! Shared experts are `ffn_{gate,up,down}_shexp`, their gate `ffn_gate_inp_shexp`.
 
 use super::decoder::{Parts, build_with, gguf_start};
+use super::family::GgufKeys;
 use crate::error::{ModelError, Result};
 use crate::hf::HfFolder;
 use crate::model::{Expert, Ffn, Model, Moe};
@@ -217,4 +218,58 @@ pub fn no_experts(file: &GgufFile, arch: &str) -> ModelError {
         key: format!("{arch}.expert_count"),
         msg: "missing (required by this mixture-of-experts architecture)".into(),
     }
+}
+
+/// The expert keys of a GGUF file for a loaded mixture-of-experts model:
+/// `expert_count`, `expert_used_count`, and with `ff_keys` (Qwen-MoE)
+/// `expert_feed_forward_length` and `expert_shared_feed_forward_length`. llama.cpp's graphs
+/// make every layer sparse and renormalize the top-k weights or not by architecture
+/// (`renormalizes`), so a model that differs cannot be written.
+pub fn gguf_keys(
+    model: &Model,
+    keys: &mut GgufKeys,
+    renormalizes: bool,
+    ff_keys: bool,
+) -> std::result::Result<(), String> {
+    let moe: Vec<Option<&Moe>> = model
+        .layers
+        .iter()
+        .map(|l| match &l.ffn {
+            Ffn::Moe(m) => Some(m),
+            _ => None,
+        })
+        .collect();
+    let dense: Vec<usize> = (0..moe.len()).filter(|&i| moe[i].is_none()).collect();
+    let Some(Some(first)) = moe.iter().find(|m| m.is_some()) else {
+        return Err("the model has no sparse layer".into());
+    };
+    if !dense.is_empty() {
+        return Err(format!(
+            "layers {dense:?} are dense (mlp_only_layers / decoder_sparse_step); llama.cpp's \
+             {} graph makes every layer a mixture of experts",
+            keys.arch
+        ));
+    }
+    if first.norm_topk != renormalizes {
+        return Err(format!(
+            "the top-k expert weights are {}renormalized (norm_topk_prob); llama.cpp's {} \
+             graph {}",
+            if first.norm_topk { "" } else { "not " },
+            keys.arch,
+            if renormalizes {
+                "always renormalizes them"
+            } else {
+                "never does"
+            }
+        ));
+    }
+    keys.u32("expert_count", first.experts.len());
+    keys.u32("expert_used_count", first.top_k);
+    if ff_keys {
+        keys.u32("expert_feed_forward_length", first.experts[0].up.out_dim());
+        if let Some(s) = &first.shared {
+            keys.u32("expert_shared_feed_forward_length", s.up.out_dim());
+        }
+    }
+    Ok(())
 }

@@ -18,12 +18,42 @@
 
 use super::Source;
 use super::decoder::{Parts, build, gguf_start, token_embedding};
+use super::family::{Family, GgufHints, GgufKeys, PLAIN};
 use crate::config::{Activation, ModelConfig, RopeConfig};
 use crate::error::{ModelError, Result};
+use crate::hf::HfFolder;
 use crate::model::Model;
-use crate::names::GEMMA3_HF;
+use crate::names::{DECODER_GLOBAL, NameTable, decoder_layer_names};
 use mica_formats::MetaValue;
 use mica_kernels::ops::RopeStyle;
+
+pub(super) static FAMILY: Family = Family {
+    name: "gemma3",
+    gguf_archs: &["gemma3"],
+    hf_classes: &["Gemma3ForCausalLM"],
+    hf_names: &HF_NAMES,
+    load,
+    gguf: GgufHints {
+        arch: "gemma3",
+        norm_plus_one: true,
+        keys: gguf_keys,
+        ..PLAIN
+    },
+};
+
+/// Gemma 3: pre- and post-norms around both sub-blocks.
+pub(crate) static HF_NAMES: NameTable = NameTable {
+    layer_prefix: "model.layers.{i}.",
+    global: DECODER_GLOBAL,
+    layer: decoder_layer_names![
+        (
+            "post_attention_norm.weight",
+            "post_attention_layernorm.weight"
+        ),
+        ("ffn_norm.weight", "pre_feedforward_layernorm.weight"),
+        ("post_ffw_norm.weight", "post_feedforward_layernorm.weight"),
+    ],
+};
 
 const PARTS: Parts = Parts {
     qk_norm: true,
@@ -37,7 +67,7 @@ const PARTS: Parts = Parts {
 /// Every `DEFAULT_PATTERN`-th layer is global unless the model says otherwise.
 const DEFAULT_PATTERN: usize = 6;
 
-pub(super) fn load(src: &Source, arch: &str) -> Result<Model> {
+fn load(src: &Source, arch: &str) -> Result<Model> {
     let (w, cfg, tok_embd, file) = match src {
         Source::Gguf(file) => {
             let (w, mut cfg, tok_embd) = gguf_start(file, arch, RopeStyle::Neox)?;
@@ -62,12 +92,7 @@ pub(super) fn load(src: &Source, arch: &str) -> Result<Model> {
                 None => pattern(cfg.n_layer, DEFAULT_PATTERN),
             };
             let local_base = file.get_f32(&key("rope.freq_base_swa")).unwrap_or(10000.0);
-            // llama.cpp: 1/sqrt(n_embd / n_head) for the 62-layer (27B) model.
-            let q_scale = if cfg.n_layer == 62 {
-                1.0 / ((cfg.n_embd / cfg.n_head) as f32).sqrt()
-            } else {
-                1.0 / (cfg.head_dim as f32).sqrt()
-            };
+            let q_scale = gguf_q_scale(&cfg);
             let final_cap = file
                 .get_f32(&key("final_logit_softcapping"))
                 .filter(|&c| c > 0.0);
@@ -75,7 +100,7 @@ pub(super) fn load(src: &Source, arch: &str) -> Result<Model> {
             (w, cfg, tok_embd, Some((*file).clone()))
         }
         Source::Hf(hf) => {
-            let mut w = hf.weights(arch, &GEMMA3_HF);
+            let mut w = hf.weights(arch, &HF_NAMES);
             w.norm_offset = 1.0;
             let tok_embd = token_embedding(&w, hf.config.hidden_size.unwrap_or(0))?;
             let mut cfg = hf.decoder_config(arch, tok_embd.rows)?;
@@ -104,6 +129,53 @@ pub(super) fn load(src: &Source, arch: &str) -> Result<Model> {
         }
     };
     build(&w, cfg, tok_embd, PARTS, file)
+}
+
+/// The query scale llama.cpp applies to a `gemma3` file: `1/sqrt(head_dim)`, or
+/// `1/sqrt(n_embd / n_head)` for the 62-layer (27B) model.
+fn gguf_q_scale(cfg: &ModelConfig) -> f32 {
+    if cfg.n_layer == 62 {
+        1.0 / ((cfg.n_embd / cfg.n_head) as f32).sqrt()
+    } else {
+        1.0 / (cfg.head_dim as f32).sqrt()
+    }
+}
+
+/// What a `gemma3` file says beyond the shared keys: the window, the local RoPE base and
+/// the final soft-cap. llama.cpp fixes the rest — every 6th layer global, the query scale
+/// ([`gguf_q_scale`]) — so a model that differs cannot be written.
+fn gguf_keys(model: &Model, _: &HfFolder, keys: &mut GgufKeys) -> std::result::Result<(), String> {
+    let cfg = &model.config;
+    let want = pattern(cfg.n_layer, DEFAULT_PATTERN);
+    let is_local: Vec<bool> = cfg.layer_window.iter().map(Option::is_some).collect();
+    let window = cfg.layer_window.iter().flatten().next().copied();
+    match window {
+        Some(w) if is_local == want && cfg.layer_window.iter().flatten().all(|&x| x == w) => {
+            keys.u32("attention.sliding_window", w);
+        }
+        _ => {
+            return Err(format!(
+                "llama.cpp's gemma3 makes every {DEFAULT_PATTERN}th layer global and the others \
+                 local with one sliding window; this model's layers are {:?} (layer_types / \
+                 sliding_window)",
+                cfg.layer_window
+            ));
+        }
+    }
+    if let Some(local) = &cfg.rope_local {
+        keys.f32("rope.freq_base_swa", local.freq_base);
+    }
+    let (got, want) = (cfg.q_scale.unwrap_or(1.0), gguf_q_scale(cfg));
+    if (got - want).abs() > 1e-6 * want {
+        return Err(format!(
+            "the queries are scaled by {got} (query_pre_attn_scalar), and GGUF has no key for \
+             it: llama.cpp's gemma3 scales by {want}"
+        ));
+    }
+    if let Some(c) = cfg.final_softcap {
+        keys.f32("final_logit_softcapping", c);
+    }
+    Ok(())
 }
 
 /// `[n_layer]` whether each layer is local: all but every `n`-th (llama.cpp's

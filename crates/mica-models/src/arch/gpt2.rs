@@ -13,13 +13,71 @@
 
 use super::Source;
 use super::decoder::{Parts, build, gguf_layer_norm_eps, gguf_start, token_embedding};
+use super::family::{Family, GgufHints, GgufKeys, PLAIN};
 use crate::config::{Activation, ModelConfig, NormKind};
 use crate::error::Result;
 use crate::hf::HfFolder;
 use crate::model::Model;
-use crate::names::GPT2_HF;
+use crate::names::NameTable;
 use crate::weights::{WeightLoader, transpose};
 use mica_kernels::ops::RopeStyle;
+
+pub(super) static FAMILY: Family = Family {
+    name: "gpt2",
+    gguf_archs: &["gpt2"],
+    hf_classes: &["GPT2LMHeadModel"],
+    hf_names: &HF_NAMES,
+    load,
+    gguf: GgufHints {
+        arch: "gpt2",
+        transposed: &[
+            "attn_qkv.weight",
+            "attn_output.weight",
+            "ffn_up.weight",
+            "ffn_down.weight",
+        ],
+        keys: gguf_keys,
+        ..PLAIN
+    },
+};
+
+/// GPT-2 (`transformer.h.{i}.*`): fused `c_attn` (Conv1D, `[in, out]`, transposed at
+/// load), learned positions `wpe`, LayerNorms with biases, head tied to `wte`.
+static HF_NAMES: NameTable = NameTable {
+    layer_prefix: "transformer.h.{i}.",
+    global: &[
+        ("token_embd.weight", "transformer.wte.weight"),
+        ("position_embd.weight", "transformer.wpe.weight"),
+        ("output_norm.weight", "transformer.ln_f.weight"),
+        ("output_norm.bias", "transformer.ln_f.bias"),
+        ("output.weight", "lm_head.weight"),
+    ],
+    layer: &[
+        ("attn_norm.weight", "ln_1.weight"),
+        ("attn_norm.bias", "ln_1.bias"),
+        ("attn_qkv.weight", "attn.c_attn.weight"),
+        ("attn_qkv.bias", "attn.c_attn.bias"),
+        ("attn_output.weight", "attn.c_proj.weight"),
+        ("attn_output.bias", "attn.c_proj.bias"),
+        ("ffn_norm.weight", "ln_2.weight"),
+        ("ffn_norm.bias", "ln_2.bias"),
+        ("ffn_up.weight", "mlp.c_fc.weight"),
+        ("ffn_up.bias", "mlp.c_fc.bias"),
+        ("ffn_down.weight", "mlp.c_proj.weight"),
+        ("ffn_down.bias", "mlp.c_proj.bias"),
+    ],
+};
+
+/// No keys of its own; llama.cpp's `gpt2` graph computes GELU by the tanh approximation
+/// (GGUF has no key for another activation).
+fn gguf_keys(model: &Model, _: &HfFolder, _: &mut GgufKeys) -> std::result::Result<(), String> {
+    match model.config.act {
+        Activation::GeluTanh => Ok(()),
+        other => Err(format!(
+            "the MLP uses {other:?}; llama.cpp's gpt2 computes the tanh GELU (gelu_new)"
+        )),
+    }
+}
 
 const PARTS: Parts = Parts {
     qk_norm: false,
@@ -30,7 +88,7 @@ const PARTS: Parts = Parts {
     plain_mlp: true,
 };
 
-pub(super) fn load(src: &Source, arch: &str) -> Result<Model> {
+fn load(src: &Source, arch: &str) -> Result<Model> {
     let (w, mut cfg, tok_embd, file) = match src {
         Source::Gguf(file) => {
             let (w, mut cfg, tok_embd) = gguf_start(file, arch, RopeStyle::Neox)?;
@@ -39,7 +97,7 @@ pub(super) fn load(src: &Source, arch: &str) -> Result<Model> {
             (w, cfg, tok_embd, Some((*file).clone()))
         }
         Source::Hf(hf) => {
-            let mut w = hf.weights(arch, &GPT2_HF);
+            let mut w = hf.weights(arch, &HF_NAMES);
             let tok_embd = token_embedding(&w, hf.config.hidden_size.unwrap_or(0))?;
             let mut cfg = hf.decoder_config(arch, tok_embd.rows)?;
             cfg.act = hf_activation(hf)?;

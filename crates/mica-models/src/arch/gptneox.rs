@@ -17,13 +17,69 @@
 
 use super::Source;
 use super::decoder::{Parts, build, gguf_layer_norm_eps, gguf_start, token_embedding};
+use super::family::{Family, GgufHints, GgufKeys, PLAIN};
 use super::gpt2::hf_activation;
 use crate::config::{Activation, ModelConfig, NormKind};
 use crate::error::Result;
+use crate::hf::HfFolder;
 use crate::model::Model;
-use crate::names::GPTNEOX_HF;
+use crate::names::NameTable;
 use crate::weights::{WeightLoader, reorder_rows};
 use mica_kernels::ops::RopeStyle;
+
+pub(super) static FAMILY: Family = Family {
+    name: "gptneox",
+    gguf_archs: &["gptneox"],
+    hf_classes: &["GPTNeoXForCausalLM"],
+    hf_names: &HF_NAMES,
+    load,
+    gguf: GgufHints {
+        arch: "gptneox",
+        qkv_per_head: true,
+        keys: gguf_keys,
+        ..PLAIN
+    },
+};
+
+/// GPT-NeoX / Pythia (`gpt_neox.layers.{i}.*`): fused `query_key_value` (rows interleaved
+/// per head, regrouped at load), LayerNorms with biases, untied `embed_out`.
+static HF_NAMES: NameTable = NameTable {
+    layer_prefix: "gpt_neox.layers.{i}.",
+    global: &[
+        ("token_embd.weight", "gpt_neox.embed_in.weight"),
+        ("output_norm.weight", "gpt_neox.final_layer_norm.weight"),
+        ("output_norm.bias", "gpt_neox.final_layer_norm.bias"),
+        ("output.weight", "embed_out.weight"),
+    ],
+    layer: &[
+        ("attn_norm.weight", "input_layernorm.weight"),
+        ("attn_norm.bias", "input_layernorm.bias"),
+        ("attn_qkv.weight", "attention.query_key_value.weight"),
+        ("attn_qkv.bias", "attention.query_key_value.bias"),
+        ("attn_output.weight", "attention.dense.weight"),
+        ("attn_output.bias", "attention.dense.bias"),
+        ("ffn_norm.weight", "post_attention_layernorm.weight"),
+        ("ffn_norm.bias", "post_attention_layernorm.bias"),
+        ("ffn_up.weight", "mlp.dense_h_to_4h.weight"),
+        ("ffn_up.bias", "mlp.dense_h_to_4h.bias"),
+        ("ffn_down.weight", "mlp.dense_4h_to_h.weight"),
+        ("ffn_down.bias", "mlp.dense_4h_to_h.bias"),
+    ],
+};
+
+/// `gptneox.use_parallel_residual`. The GGUF path computes the exact (`erf`) GELU, so a
+/// model with another activation cannot be written.
+fn gguf_keys(model: &Model, _: &HfFolder, keys: &mut GgufKeys) -> std::result::Result<(), String> {
+    let cfg = &model.config;
+    if cfg.act != Activation::GeluErf {
+        return Err(format!(
+            "the MLP uses {:?}; a gptneox file is run with the exact GELU (hidden_act 'gelu')",
+            cfg.act
+        ));
+    }
+    keys.bool("use_parallel_residual", cfg.parallel_residual);
+    Ok(())
+}
 
 const PARTS: Parts = Parts {
     qk_norm: false,
@@ -34,7 +90,7 @@ const PARTS: Parts = Parts {
     plain_mlp: true,
 };
 
-pub(super) fn load(src: &Source, arch: &str) -> Result<Model> {
+fn load(src: &Source, arch: &str) -> Result<Model> {
     let (w, mut cfg, tok_embd, file) = match src {
         Source::Gguf(file) => {
             let (w, mut cfg, tok_embd) = gguf_start(file, arch, RopeStyle::Neox)?;
@@ -46,7 +102,7 @@ pub(super) fn load(src: &Source, arch: &str) -> Result<Model> {
             (w, cfg, tok_embd, Some((*file).clone()))
         }
         Source::Hf(hf) => {
-            let mut w = hf.weights(arch, &GPTNEOX_HF);
+            let mut w = hf.weights(arch, &HF_NAMES);
             let tok_embd = token_embedding(&w, hf.config.hidden_size.unwrap_or(0))?;
             let mut cfg = hf.decoder_config(arch, tok_embd.rows)?;
             cfg.parallel_residual = hf.config.use_parallel_residual.unwrap_or(true);

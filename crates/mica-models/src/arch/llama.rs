@@ -1,4 +1,5 @@
-//! LLaMA family (LLaMA 1-3, SmolLM, TinyLlama, Mistral), Qwen2 / Qwen2.5 and Qwen3.
+//! LLaMA family (LLaMA 1-3, SmolLM, TinyLlama, Mistral); its loader also builds Qwen2 /
+//! Qwen2.5 ([`super::qwen2`]) and Qwen3 ([`super::qwen3`]).
 //!
 //! Pre-norm decoder: RMSNorm → attention (GQA, RoPE) → residual → RMSNorm → SwiGLU MLP →
 //! residual; final RMSNorm and an output head that may be tied to the token embedding.
@@ -13,30 +14,66 @@
 use super::Source;
 use super::decoder::{Parts, build, gguf_start, token_embedding};
 use super::experts;
+use super::family::{Family, GgufHints, GgufKeys, GgufWarning, PLAIN};
 use crate::error::Result;
+use crate::hf::HfFolder;
 use crate::model::Model;
-use crate::names::LLAMA_HF;
+use crate::names::{DECODER_GLOBAL, NameTable, decoder_layer_names};
 use mica_kernels::ops::RopeStyle;
+
+pub(super) static FAMILY: Family = Family {
+    name: "llama",
+    gguf_archs: &["llama", "mistral"],
+    hf_classes: &["LlamaForCausalLM", "MistralForCausalLM"],
+    hf_names: &HF_NAMES,
+    load: load_llama,
+    gguf: GgufHints {
+        arch: "llama",
+        permute_qk: true,
+        keys: window_dropped,
+        ..PLAIN
+    },
+};
+
+/// LLaMA, Mistral, Qwen2, Qwen3.
+pub(crate) static HF_NAMES: NameTable = NameTable {
+    layer_prefix: "model.layers.{i}.",
+    global: DECODER_GLOBAL,
+    layer: decoder_layer_names![("ffn_norm.weight", "post_attention_layernorm.weight")],
+};
 
 pub(super) fn load_llama(src: &Source, arch: &str) -> Result<Model> {
     load(src, arch, RopeStyle::Normal, Parts::default())
 }
 
-pub(super) fn load_qwen2(src: &Source, arch: &str) -> Result<Model> {
-    load(src, arch, RopeStyle::Neox, Parts::default())
-}
-
-pub(super) fn load_qwen3(src: &Source, arch: &str) -> Result<Model> {
-    let parts = Parts {
-        qk_norm: true,
-        ..Parts::default()
-    };
-    load(src, arch, RopeStyle::Neox, parts)
+/// The GGUF architectures of this loader (`llama`, `qwen2`, `qwen3`) have no sliding
+/// window: a model that has one is written without it (as llama.cpp's converter does),
+/// with a warning.
+pub(super) fn window_dropped(
+    model: &Model,
+    _: &HfFolder,
+    keys: &mut GgufKeys,
+) -> std::result::Result<(), String> {
+    let cfg = &model.config;
+    if let Some(w) = cfg
+        .layer_window
+        .iter()
+        .flatten()
+        .copied()
+        .filter(|&w| w < cfg.n_ctx_train)
+        .min()
+    {
+        keys.warnings.push(GgufWarning::SlidingWindowDropped {
+            window: w,
+            arch: keys.arch,
+        });
+    }
+    Ok(())
 }
 
 /// `gguf_style`: how the family's GGUF files rotate (transformers checkpoints always rotate
-/// halves).
-fn load(src: &Source, arch: &str, gguf_style: RopeStyle, parts: Parts) -> Result<Model> {
+/// halves). Shared by Qwen2 and Qwen3.
+pub(super) fn load(src: &Source, arch: &str, gguf_style: RopeStyle, parts: Parts) -> Result<Model> {
     match src {
         Source::Gguf(file) => {
             // Mixtral (and other MoE files of these architectures): stacked experts,
@@ -50,7 +87,7 @@ fn load(src: &Source, arch: &str, gguf_style: RopeStyle, parts: Parts) -> Result
             build(&w, cfg, tok_embd, parts, Some((*file).clone()))
         }
         Source::Hf(hf) => {
-            let w = hf.weights(arch, &LLAMA_HF);
+            let w = hf.weights(arch, &HF_NAMES);
             let tok_embd = token_embedding(&w, hf.config.hidden_size.unwrap_or(0))?;
             let mut cfg = hf.decoder_config(arch, tok_embd.rows)?;
             let c = &hf.config;

@@ -9,17 +9,65 @@
 
 use super::Source;
 use super::decoder::{Parts, build_with, token_embedding};
-use super::experts::MoeSpec;
+use super::experts::{self, MoeSpec};
+use super::family::{Family, GgufHints, GgufKeys, PLAIN};
+use super::llama::window_dropped;
 use crate::error::Result;
+use crate::hf::HfFolder;
 use crate::model::Model;
-use crate::names::MIXTRAL_HF;
+use crate::names::{DECODER_GLOBAL, NameTable, decoder_layer_names};
 
-pub(super) fn load(src: &Source, arch: &str) -> Result<Model> {
+pub(super) static FAMILY: Family = Family {
+    name: "mixtral",
+    gguf_archs: &[],
+    hf_classes: &["MixtralForCausalLM"],
+    hf_names: &HF_NAMES,
+    load,
+    gguf: GgufHints {
+        arch: "llama",
+        permute_qk: true,
+        stack_experts: true,
+        keys: gguf_keys,
+        ..PLAIN
+    },
+};
+
+/// Mixtral: the router `block_sparse_moe.gate`, experts `block_sparse_moe.experts.{e}.w1`
+/// (gate), `w3` (up), `w2` (down).
+static HF_NAMES: NameTable = NameTable {
+    layer_prefix: "model.layers.{i}.",
+    global: DECODER_GLOBAL,
+    layer: decoder_layer_names![
+        ("ffn_norm.weight", "post_attention_layernorm.weight"),
+        ("ffn_gate_inp.weight", "block_sparse_moe.gate.weight"),
+        (
+            "ffn_gate_exp.{e}.weight",
+            "block_sparse_moe.experts.{e}.w1.weight"
+        ),
+        (
+            "ffn_up_exp.{e}.weight",
+            "block_sparse_moe.experts.{e}.w3.weight"
+        ),
+        (
+            "ffn_down_exp.{e}.weight",
+            "block_sparse_moe.experts.{e}.w2.weight"
+        ),
+    ],
+};
+
+/// `llama.expert_count` / `expert_used_count` (llama.cpp renormalizes a `llama` file's top-k
+/// weights); the sliding window is dropped, as for every `llama` file.
+fn gguf_keys(model: &Model, hf: &HfFolder, keys: &mut GgufKeys) -> std::result::Result<(), String> {
+    experts::gguf_keys(model, keys, true, false)?;
+    window_dropped(model, hf, keys)
+}
+
+fn load(src: &Source, arch: &str) -> Result<Model> {
     let hf = match src {
         Source::Gguf(_) => return super::llama::load_llama(src, arch),
         Source::Hf(hf) => hf,
     };
-    let w = hf.weights(arch, &MIXTRAL_HF);
+    let w = hf.weights(arch, &HF_NAMES);
     let tok_embd = token_embedding(&w, hf.config.hidden_size.unwrap_or(0))?;
     let mut cfg = hf.decoder_config(arch, tok_embd.rows)?;
     cfg.layer_window = hf.layer_windows(cfg.n_layer, true, None)?;

@@ -1,17 +1,14 @@
-//! The architecture registry: maps a model's architecture name — GGUF
-//! `general.architecture` or a Hugging Face `architectures` entry — to the function that
-//! turns its tensors and hyper-parameters into a [`Model`]. One line per alias.
+//! The architecture registry: one [`Family`] descriptor per family file, listed in
+//! [`REGISTRY`]. A model's architecture name — GGUF `general.architecture` or a Hugging
+//! Face `architectures` entry — is looked up there and the family's loader builds the
+//! [`Model`]. Adding a family is one file declaring its descriptor plus one line here.
 
 mod decoder;
 mod experts;
-mod gemma3;
-mod gpt2;
-mod gptneox;
-mod llama;
-mod mixtral;
-mod phi3;
-mod qwen2moe;
-mod qwen3moe;
+pub mod family;
+pub mod to_gguf;
+
+pub use family::{Family, GgufHints, GgufKeys, GgufWarning};
 
 use crate::config::Numerics;
 use crate::error::{ModelError, Result};
@@ -26,55 +23,64 @@ pub enum Source<'a> {
     Hf(&'a HfFolder),
 }
 
-type Loader = fn(&Source, &str) -> Result<Model>;
+/// Declares each family module (`arch/<family>.rs`, which defines `FAMILY`) and lists its
+/// descriptor in [`REGISTRY`], in this order.
+macro_rules! registry {
+    ($($family:ident),* $(,)?) => {
+        $(pub(crate) mod $family;)*
 
-/// Architecture names mica can run: GGUF names first, then transformers class names.
-const REGISTRY: &[(&str, Loader)] = &[
-    ("llama", llama::load_llama),
-    ("mistral", llama::load_llama),
-    ("qwen2", llama::load_qwen2),
-    ("qwen3", llama::load_qwen3),
-    ("gemma3", gemma3::load),
-    ("phi3", phi3::load),
-    ("qwen2moe", qwen2moe::load),
-    ("qwen3moe", qwen3moe::load),
-    ("gpt2", gpt2::load),
-    ("gptneox", gptneox::load),
-    ("LlamaForCausalLM", llama::load_llama),
-    ("MistralForCausalLM", llama::load_llama),
-    ("Qwen2ForCausalLM", llama::load_qwen2),
-    ("Qwen3ForCausalLM", llama::load_qwen3),
-    ("Gemma3ForCausalLM", gemma3::load),
-    ("Phi3ForCausalLM", phi3::load),
-    ("Qwen2MoeForCausalLM", qwen2moe::load),
-    ("Qwen3MoeForCausalLM", qwen3moe::load),
-    ("MixtralForCausalLM", mixtral::load),
-    ("GPT2LMHeadModel", gpt2::load),
-    ("GPTNeoXForCausalLM", gptneox::load),
-];
-
-/// Names of the supported architectures.
-pub fn supported() -> Vec<&'static str> {
-    REGISTRY.iter().map(|(n, _)| *n).collect()
+        /// Every family mica runs.
+        pub static REGISTRY: &[&Family] = &[$(&$family::FAMILY),*];
+    };
 }
 
-fn dispatch(src: &Source, path: &std::path::Path, arch: &str) -> Result<Model> {
-    match REGISTRY.iter().find(|(n, _)| *n == arch) {
-        Some((_, load)) => {
-            let mut model = load(src, arch)?;
-            // A float32 checkpoint is run in float32 throughout (its reference is float32);
-            // anything stored narrower keeps llama.cpp's rounding.
-            if model.float32_weights() {
-                model.config.numerics = Numerics::F32;
-            }
-            Ok(model)
-        }
-        None => Err(ModelError::UnknownArchitecture {
+registry![
+    llama, qwen2, qwen3, gemma3, phi3, qwen2moe, qwen3moe, mixtral, gpt2, gptneox, gemma2,
+];
+
+/// The family whose GGUF files name themselves `arch` (`general.architecture`).
+pub fn by_gguf(arch: &str) -> Option<&'static Family> {
+    REGISTRY
+        .iter()
+        .copied()
+        .find(|f| f.gguf_archs.contains(&arch))
+}
+
+/// The family of the transformers class `class` (`architectures[0]` of config.json).
+pub fn by_hf(class: &str) -> Option<&'static Family> {
+    REGISTRY
+        .iter()
+        .copied()
+        .find(|f| f.hf_classes.contains(&class))
+}
+
+/// Names of the supported architectures: GGUF names first, then transformers class names.
+pub fn supported() -> Vec<&'static str> {
+    let gguf = REGISTRY.iter().flat_map(|f| f.gguf_archs.iter().copied());
+    let hf = REGISTRY.iter().flat_map(|f| f.hf_classes.iter().copied());
+    gguf.chain(hf).collect()
+}
+
+fn dispatch(
+    family: Option<&Family>,
+    src: &Source,
+    path: &std::path::Path,
+    arch: &str,
+) -> Result<Model> {
+    let Some(family) = family else {
+        return Err(ModelError::UnknownArchitecture {
             path: path.to_path_buf(),
             arch: arch.to_string(),
             supported: supported().join(", "),
-        }),
+        });
+    };
+    let mut model = (family.load)(src, arch)?;
+    // A float32 checkpoint is run in float32 throughout (its reference is float32);
+    // anything stored narrower keeps llama.cpp's rounding.
+    if model.float32_weights() {
+        model.config.numerics = Numerics::F32;
     }
+    Ok(model)
 }
 
 /// Builds the model a GGUF file describes.
@@ -87,11 +93,41 @@ pub fn load_gguf(file: Arc<GgufFile>) -> Result<Model> {
             msg: "missing: the file does not say which architecture it holds".into(),
         })?
         .to_string();
-    dispatch(&Source::Gguf(&file), file.path(), &arch)
+    dispatch(by_gguf(&arch), &Source::Gguf(&file), file.path(), &arch)
 }
 
 /// Builds the model a Hugging Face folder describes (`architectures[0]` of config.json).
 pub fn load_hf(folder: &HfFolder) -> Result<Model> {
     let arch = folder.architecture()?.to_string();
-    dispatch(&Source::Hf(folder), &folder.config_path(), &arch)
+    dispatch(
+        by_hf(&arch),
+        &Source::Hf(folder),
+        &folder.config_path(),
+        &arch,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every name belongs to one family, and the lookups find it.
+    #[test]
+    fn names_are_unique_and_found() {
+        let names = supported();
+        for (i, n) in names.iter().enumerate() {
+            assert!(!names[..i].contains(n), "'{n}' registered twice");
+        }
+        for f in REGISTRY {
+            for a in f.gguf_archs {
+                assert!(std::ptr::eq(by_gguf(a).unwrap(), *f), "{a}");
+            }
+            for c in f.hf_classes {
+                assert!(std::ptr::eq(by_hf(c).unwrap(), *f), "{c}");
+            }
+            assert!(!f.gguf.arch.is_empty(), "{}: no GGUF architecture", f.name);
+        }
+        assert!(by_gguf("LlamaForCausalLM").is_none());
+        assert!(by_hf("llama").is_none());
+    }
 }

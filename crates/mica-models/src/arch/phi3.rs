@@ -14,11 +14,73 @@
 
 use super::Source;
 use super::decoder::{Parts, build, gguf_start, token_embedding};
+use super::family::{Family, GgufHints, GgufKeys, PLAIN};
 use crate::config::LongRope;
 use crate::error::Result;
+use crate::hf::HfFolder;
 use crate::model::Model;
-use crate::names::PHI3_HF;
+use crate::names::{DECODER_GLOBAL, NameTable};
 use mica_kernels::ops::RopeStyle;
+
+pub(super) static FAMILY: Family = Family {
+    name: "phi3",
+    gguf_archs: &["phi3"],
+    hf_classes: &["Phi3ForCausalLM"],
+    hf_names: &HF_NAMES,
+    load,
+    gguf: GgufHints {
+        arch: "phi3",
+        keys: gguf_keys,
+        ..PLAIN
+    },
+};
+
+/// Phi-3: fused `qkv_proj` and `gate_up_proj` (split by row ranges at load).
+static HF_NAMES: NameTable = NameTable {
+    layer_prefix: "model.layers.{i}.",
+    global: DECODER_GLOBAL,
+    layer: &[
+        ("attn_norm.weight", "input_layernorm.weight"),
+        ("attn_qkv.weight", "self_attn.qkv_proj.weight"),
+        ("attn_output.weight", "self_attn.o_proj.weight"),
+        ("ffn_norm.weight", "post_attention_layernorm.weight"),
+        ("ffn_up.weight", "mlp.gate_up_proj.weight"),
+        ("ffn_down.weight", "mlp.down_proj.weight"),
+    ],
+};
+
+/// `phi3.attention.sliding_window` (0: none; one window for every layer, as llama.cpp's
+/// graph applies it), and LongRoPE's `rope.scaling.original_context_length` and
+/// `rope.scaling.attn_factor` (its factors are tensors). Without LongRoPE, llama.cpp's
+/// converter writes config.json's `original_max_position_embeddings` when it has one.
+fn gguf_keys(
+    model: &Model,
+    hf: &HfFolder,
+    keys: &mut GgufKeys,
+) -> std::result::Result<(), String> {
+    let cfg = &model.config;
+    let first = cfg.layer_window.first().copied().flatten();
+    if cfg.layer_window.iter().any(|&w| w != first) {
+        return Err(format!(
+            "llama.cpp's phi3 applies one sliding window to every layer; this model's layers \
+             have {:?}",
+            cfg.layer_window
+        ));
+    }
+    match &cfg.long_rope {
+        Some(lr) => {
+            keys.u32("rope.scaling.original_context_length", lr.original_ctx);
+            keys.f32("rope.scaling.attn_factor", lr.attn_factor);
+        }
+        None => {
+            if let Some(orig) = hf.config.original_max_position_embeddings {
+                keys.u32("rope.scaling.original_context_length", orig);
+            }
+        }
+    }
+    keys.u32("attention.sliding_window", first.unwrap_or(0));
+    Ok(())
+}
 
 const PARTS: Parts = Parts {
     qk_norm: false,
@@ -29,7 +91,7 @@ const PARTS: Parts = Parts {
     plain_mlp: false,
 };
 
-pub(super) fn load(src: &Source, arch: &str) -> Result<Model> {
+fn load(src: &Source, arch: &str) -> Result<Model> {
     match src {
         Source::Gguf(file) => {
             let (w, mut cfg, tok_embd) = gguf_start(file, arch, RopeStyle::Neox)?;
@@ -51,7 +113,7 @@ pub(super) fn load(src: &Source, arch: &str) -> Result<Model> {
             build(&w, cfg, tok_embd, PARTS, Some((*file).clone()))
         }
         Source::Hf(hf) => {
-            let w = hf.weights(arch, &PHI3_HF);
+            let w = hf.weights(arch, &HF_NAMES);
             let tok_embd = token_embedding(&w, hf.config.hidden_size.unwrap_or(0))?;
             let mut cfg = hf.decoder_config(arch, tok_embd.rows)?;
             cfg.layer_window = hf.layer_windows(cfg.n_layer, true, None)?;

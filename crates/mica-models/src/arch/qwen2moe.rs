@@ -11,12 +11,63 @@
 use super::Source;
 use super::decoder::{Parts, build_with, token_embedding};
 use super::experts;
+use super::family::{Family, GgufHints, GgufKeys, PLAIN};
 use crate::error::Result;
+use crate::hf::HfFolder;
 use crate::model::Model;
-use crate::names::QWEN_MOE_HF;
+use crate::names::{DECODER_GLOBAL, NameTable, decoder_layer_names};
 use mica_kernels::ops::RopeStyle;
 
-pub(super) fn load(src: &Source, arch: &str) -> Result<Model> {
+pub(super) static FAMILY: Family = Family {
+    name: "qwen2moe",
+    gguf_archs: &["qwen2moe"],
+    hf_classes: &["Qwen2MoeForCausalLM"],
+    hf_names: &HF_NAMES,
+    load,
+    gguf: GgufHints {
+        arch: "qwen2moe",
+        stack_experts: true,
+        keys: gguf_keys,
+        ..PLAIN
+    },
+};
+
+/// Qwen2-MoE / Qwen3-MoE: one set of matrices per expert (`mlp.experts.{e}.*`), the router
+/// (`mlp.gate`), a shared expert and its gate (Qwen2-MoE).
+pub(crate) static HF_NAMES: NameTable = NameTable {
+    layer_prefix: "model.layers.{i}.",
+    global: DECODER_GLOBAL,
+    layer: decoder_layer_names![
+        ("ffn_norm.weight", "post_attention_layernorm.weight"),
+        ("ffn_gate_inp.weight", "mlp.gate.weight"),
+        (
+            "ffn_gate_exp.{e}.weight",
+            "mlp.experts.{e}.gate_proj.weight"
+        ),
+        ("ffn_up_exp.{e}.weight", "mlp.experts.{e}.up_proj.weight"),
+        (
+            "ffn_down_exp.{e}.weight",
+            "mlp.experts.{e}.down_proj.weight"
+        ),
+        (
+            "ffn_gate_shexp.weight",
+            "mlp.shared_expert.gate_proj.weight"
+        ),
+        ("ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight"),
+        (
+            "ffn_down_shexp.weight",
+            "mlp.shared_expert.down_proj.weight"
+        ),
+        ("ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight"),
+    ],
+};
+
+/// The expert keys; llama.cpp's `qwen2moe` graph never renormalizes the top-k weights.
+fn gguf_keys(model: &Model, _: &HfFolder, keys: &mut GgufKeys) -> std::result::Result<(), String> {
+    experts::gguf_keys(model, keys, false, true)
+}
+
+fn load(src: &Source, arch: &str) -> Result<Model> {
     load_moe(src, arch, Parts::default(), false)
 }
 
@@ -27,7 +78,7 @@ pub(super) fn load_moe(src: &Source, arch: &str, parts: Parts, gguf_norm: bool) 
         Source::Gguf(file) => experts::load_gguf(file, arch, RopeStyle::Neox, parts, gguf_norm)?
             .ok_or_else(|| experts::no_experts(file, arch)),
         Source::Hf(hf) => {
-            let w = hf.weights(arch, &QWEN_MOE_HF);
+            let w = hf.weights(arch, &HF_NAMES);
             let tok_embd = token_embedding(&w, hf.config.hidden_size.unwrap_or(0))?;
             let mut cfg = hf.decoder_config(arch, tok_embd.rows)?;
             let on = hf.config.use_sliding_window.unwrap_or(false);

@@ -7,11 +7,33 @@
 
 use super::Source;
 use super::decoder::Parts;
-use super::qwen2moe::load_moe;
+use super::experts;
+use super::family::{Family, GgufHints, GgufKeys, PLAIN};
+use super::qwen2moe::{HF_NAMES, load_moe};
 use crate::error::Result;
+use crate::hf::HfFolder;
 use crate::model::Model;
 
-pub(super) fn load(src: &Source, arch: &str) -> Result<Model> {
+pub(super) static FAMILY: Family = Family {
+    name: "qwen3moe",
+    gguf_archs: &["qwen3moe"],
+    hf_classes: &["Qwen3MoeForCausalLM"],
+    hf_names: &HF_NAMES,
+    load,
+    gguf: GgufHints {
+        arch: "qwen3moe",
+        stack_experts: true,
+        keys: gguf_keys,
+        ..PLAIN
+    },
+};
+
+/// The expert keys; llama.cpp's `qwen3moe` graph always renormalizes the top-k weights.
+fn gguf_keys(model: &Model, _: &HfFolder, keys: &mut GgufKeys) -> std::result::Result<(), String> {
+    experts::gguf_keys(model, keys, true, true)
+}
+
+fn load(src: &Source, arch: &str) -> Result<Model> {
     let parts = Parts {
         qk_norm: true,
         ..Parts::default()

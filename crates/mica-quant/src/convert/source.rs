@@ -49,7 +49,7 @@ impl Source {
     pub fn tensors(&self) -> &[TensorInfo] {
         match self {
             Source::File(f) => f.tensors(),
-            Source::Hf(h) => &h.tensors,
+            Source::Hf(h) => h.tensors(),
         }
     }
 

@@ -1,0 +1,156 @@
+//! [`Model`]: an opened model — weights, tokenizer and chat template — shared cheaply
+//! (clones share one copy) by the sessions and engines made from it.
+
+use crate::engine_api::{Engine, EngineOptions};
+use crate::error::Result;
+use crate::session::{Session, SessionOptions};
+use mica_hub::{Hub, Progress, Store};
+use mica_models::chat::ChatMessage;
+use mica_models::{LoadOptions, LoadedModel};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The context a session or engine gets when none is asked for: the model's training
+/// context, at most this many positions (llama.cpp's default is 4096 as well).
+pub const DEFAULT_MAX_CTX: usize = 4096;
+
+/// How to open a model.
+#[derive(Clone, Copy, Debug)]
+pub struct ModelOptions {
+    /// Repack the weights into this CPU's packed layouts at load: faster matrix products
+    /// with bit-identical results, at the cost of reading the whole file up front. Turn it
+    /// off to only inspect a model.
+    pub repack: bool,
+}
+
+impl Default for ModelOptions {
+    fn default() -> Self {
+        ModelOptions { repack: true }
+    }
+}
+
+/// An opened model. Cloning is cheap and shares the weights.
+#[derive(Clone)]
+pub struct Model {
+    lm: Arc<LoadedModel>,
+    path: PathBuf,
+}
+
+impl Model {
+    /// Opens a GGUF or `.mica` file, or a Hugging Face folder (config.json + safetensors +
+    /// tokenizer.json), ready to run.
+    pub fn open(path: impl AsRef<Path>) -> Result<Model> {
+        Self::open_with(path, ModelOptions::default())
+    }
+
+    /// [`Model::open`] with options.
+    pub fn open_with(path: impl AsRef<Path>, opts: ModelOptions) -> Result<Model> {
+        let path = path.as_ref();
+        let lm = LoadedModel::open_with(
+            path,
+            LoadOptions {
+                repack: opts.repack,
+            },
+        )?;
+        Ok(Model {
+            lm: Arc::new(lm),
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Opens what a user named, as every `-m` of the `mica` binary takes it: an existing
+    /// path, a model in `store`, or a catalog / `hf:ORG/REPO[:FILE]` name that is pulled
+    /// into `store` through `hub` first (reporting to `progress`).
+    pub fn from_store(
+        store: &Store,
+        hub: &Hub,
+        name_or_path: &str,
+        progress: Option<&dyn Progress>,
+        opts: ModelOptions,
+    ) -> Result<Model> {
+        let path = store.resolve(name_or_path, hub, progress)?;
+        Self::open_with(path, opts)
+    }
+
+    /// Wraps a model loaded through the lower layers.
+    pub fn from_loaded(lm: Arc<LoadedModel>, path: impl Into<PathBuf>) -> Model {
+        Model {
+            lm,
+            path: path.into(),
+        }
+    }
+
+    /// The file or folder the model came from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The model, tokenizer and chat template of the layer beneath.
+    pub fn loaded(&self) -> &Arc<LoadedModel> {
+        &self.lm
+    }
+
+    /// Rows of the output layer (the logits' length).
+    pub fn n_vocab(&self) -> usize {
+        self.lm.model.config.n_vocab
+    }
+
+    /// The context the model was trained with.
+    pub fn n_ctx_train(&self) -> usize {
+        self.lm.model.config.n_ctx_train
+    }
+
+    /// The context sessions and engines get by default: the training context, at most
+    /// [`DEFAULT_MAX_CTX`].
+    pub fn default_n_ctx(&self) -> usize {
+        self.n_ctx_train().min(DEFAULT_MAX_CTX)
+    }
+
+    /// Text to token ids as llama.cpp tokenizes a prompt: BOS (or EOS) added where the model
+    /// asks for it, special tokens written in the text (`<|im_start|>`) parsed as such.
+    pub fn tokenize(&self, text: &str) -> Result<Vec<u32>> {
+        self.tokenize_with(text, true, true)
+    }
+
+    /// Text to token ids; `add_special` adds BOS/EOS where the model wants them,
+    /// `parse_special` turns special tokens written in the text into those tokens.
+    pub fn tokenize_with(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<u32>> {
+        Ok(self.lm.tokenizer.encode(text, add_special, parse_special)?)
+    }
+
+    /// Token ids to text (special tokens included as their text).
+    pub fn detokenize(&self, ids: &[u32]) -> Result<String> {
+        Ok(self.lm.tokenizer.decode(ids)?)
+    }
+
+    /// The prompt tokens of a conversation, ready for the assistant's answer: rendered with
+    /// the model's chat template (ChatML when the file has none, as llama.cpp does) and
+    /// tokenized.
+    pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+        Ok(self.lm.chat_prompt(messages)?)
+    }
+
+    /// A single-sequence session (its own threads and KV cache).
+    pub fn session(&self, opts: SessionOptions) -> Session {
+        Session::new(self, opts)
+    }
+
+    /// A serving engine for concurrent requests, on its own thread.
+    pub fn engine(&self, opts: EngineOptions) -> Result<Engine> {
+        Engine::start(self, opts)
+    }
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("path", &self.path)
+            .field("n_vocab", &self.n_vocab())
+            .finish_non_exhaustive()
+    }
+}
