@@ -5,13 +5,16 @@
 From the test Q4_1 GGUF: `mica convert --type f16` gives the common source; `mica imatrix`
 computes an importance matrix on fixtures/text/calibration.txt (llama.cpp's GGUF imatrix
 format). llama.cpp then writes IQ4_XS (with and without the imatrix) and IQ2_XS (with it;
-llama.cpp requires one), mica writes IQ4_XS (with and without). For every file:
+llama.cpp requires one), mica writes IQ4_XS (with and without) and IQ2_XS (with it). For every
+file:
 - mica's tensors against llama.cpp's (same type, same bytes) where both wrote the type;
 - greedy tokens (48) of mica and llama.cpp on the golden prompts of
   shared/golden/smollm2-135m-instruct-q4_1.json; at a first difference, llama.cpp's gap
   between its top two logits there (a near-tie when small);
 - perplexity on fixtures/text/GPL-3 at c=256: `mica perplexity` and llama-perplexity's
-  computation (bench/llama_cpp_perplexity.py).
+  computation (bench/llama_cpp_perplexity.py);
+- decode speed: mica's generation tokens/s over the golden runs (mean), and llama.cpp's
+  over the same greedy loop (llama-cpp-python, one token per eval), with the CPU named.
 
 Usage: bench/.venv/bin/python bench/iquant_e2e.py WORK_DIR [--models-dir DIR] [-t THREADS]
        [--golden shared/golden/smollm2-135m-instruct-q4_1.json]
@@ -24,6 +27,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -158,6 +162,7 @@ def llama_greedy(model, cases, n, threads):
         llm.reset()
         llm.eval(c["prompt_ids"])
         out, gaps = [], []
+        t0 = time.perf_counter()
         while len(out) < n:
             logits = np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float32)
             top = np.argsort(logits)[::-1][:2]
@@ -166,6 +171,7 @@ def llama_greedy(model, cases, n, threads):
             if len(out) < n:
                 llm.eval([out[-1]])
         res[c["id"]] = (out, gaps)
+        res.setdefault("_tps", []).append((n - 1) / (time.perf_counter() - t0))
     return res
 
 
@@ -176,6 +182,7 @@ def mica_greedy(model, cases, n, threads):
                            "--ignore-eos", "-t", threads, "--json"]))
         assert o["prompt_ids"] == c["prompt_ids"], (c["id"], o["prompt_ids"])
         res[c["id"]] = o["output_ids"]
+        res.setdefault("_tps", []).append(o["timings"]["gen_tokens_per_s"])
     return res
 
 
@@ -216,18 +223,18 @@ def main():
         if not p.exists():
             llama_quantize(src, p, ft, imat if im else None, t)
         files[f"llama.cpp {tag}"] = p
-        if ft == "iq4_xs":
-            q = w / f"mica-{tag}.gguf"
-            if not q.exists():
-                sh([MICA, "convert", src, "-o", q, "--type", ft, "--quiet", "-t", t]
-                   + (["--imatrix", imat] if im else []))
-            files[f"mica {tag}"] = q
-            lt, mt = tensors(p), tensors(q)
-            same_type = sum(lt[k][0] == mt[k][0] for k in lt)
-            same_bytes = sum(lt[k] == mt[k] for k in lt)
-            types = sorted({TYPE_NAMES.get(v[0], v[0]) for v in lt.values()})
-            print(f"{tag}: {len(lt)} tensors, types {types}; mica's type equal on {same_type}, "
-                  f"bytes equal on {same_bytes}")
+        q = w / f"mica-{tag}.gguf"
+        if not q.exists():
+            sh([MICA, "convert", src, "-o", q, "--type", ft, "--quiet", "-t", t]
+               + (["--imatrix", imat] if im else []))
+        files[f"mica {tag}"] = q
+        lt, mt = tensors(p), tensors(q)
+        same_type = sum(lt[k][0] == mt[k][0] for k in lt)
+        same_bytes = sum(lt[k] == mt[k] for k in lt)
+        types = sorted({TYPE_NAMES.get(v[0], v[0]) for v in lt.values()})
+        differ = sorted({TYPE_NAMES.get(lt[k][0]) for k in lt if lt[k] != mt[k]})
+        print(f"{tag}: {len(lt)} tensors, types {types}; mica's type equal on {same_type}, "
+              f"bytes equal on {same_bytes} (types of the others: {differ})")
     cases = [c for c in json.load(open(a.golden))["cases"] if c.get("prompt")]
     text = REPO / "fixtures/text/GPL-3"
     rows = []
@@ -242,12 +249,24 @@ def main():
             agree.append(f"{c['id']}: " + ("48/48" if k is None else f"first diff at {k}, "
                                               f"llama.cpp top-2 gap {gaps[k]:.4f}"))
         pm, pl = ppl_mica(p, text, 256, t), ppl_llama(p, text, 256, t)
-        rows.append((label, pm, pl, agree))
+        speed = (float(np.mean(mg["_tps"])), float(np.mean(lg["_tps"])))
+        rows.append((label, pm, pl, agree, speed))
         print(f"{label}: PPL mica {pm:.4f} llama.cpp {pl:.4f} ({(pm / pl - 1) * 100:+.3f}%); "
-              + "; ".join(agree), flush=True)
-    print("\n| file | mica PPL | llama.cpp PPL | Δ | greedy |\n|---|---:|---:|---:|---|")
-    for label, pm, pl, agree in rows:
-        print(f"| {label} | {pm:.4f} | {pl:.4f} | {(pm / pl - 1) * 100:+.3f}% | {'; '.join(agree)} |")
+              + "; ".join(agree) + f"; decode tok/s mica {speed[0]:.1f} llama.cpp {speed[1]:.1f}",
+              flush=True)
+    print(f"\nCPU: {cpu_name()}, {t} threads")
+    print("| file | mica PPL | llama.cpp PPL | Δ | greedy | decode tok/s mica / llama.cpp |")
+    print("|---|---:|---:|---:|---|---:|")
+    for label, pm, pl, agree, (sm, sl) in rows:
+        print(f"| {label} | {pm:.4f} | {pl:.4f} | {(pm / pl - 1) * 100:+.3f}% | {'; '.join(agree)} "
+              f"| {sm:.1f} / {sl:.1f} |")
+
+
+def cpu_name():
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
 
 
 TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 10: "Q2_K",

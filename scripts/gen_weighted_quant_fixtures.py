@@ -6,7 +6,9 @@ libggml-base shared library that llama-cpp-python ships (llama.cpp 0c1e57098), o
 512 pseudo-random weights (normal, with a few outliers) and a skewed importance vector
 (log-normal, some columns 100x), and writes
 fixtures/quant/weighted/{x.f32, imp.f32, <TYPE>.bin} (and <TYPE>.noimp.bin, no importance,
-for the types in NOIMP).
+for the types in NOIMP). IQ2_XS, whose quantizer needs the importance and has a grid search
+with more paths, gets 32 more rows of its own (x_grid.f32, including an all-zero row, a
+super-block of tiny values and an all-negative row) written to IQ2_XS.bin.
 
 Usage: bench/.venv/bin/python scripts/gen_weighted_quant_fixtures.py
 """
@@ -54,3 +56,18 @@ for name, t in TYPES.items():
         n = ggml.ggml_quantize_chunk(t, x.ctypes.data, dst, 0, ROWS, COLS, None)
         assert n == size, (name, n, size)
         open(os.path.join(OUT, name + ".noimp.bin"), "wb").write(bytes(dst))
+
+# IQ2_XS: llama.cpp has no unweighted IQ2_XS; more rows exercise its neighbour search.
+xg = (rng.standard_normal((32, COLS)) * 0.02).astype(np.float32)
+xg[rng.random((32, COLS)) < 0.01] *= 8.0
+xg[0, :] = 0.0
+xg[1, :256] = 1e-20
+xg[2] = -np.abs(xg[2])
+xg.tofile(os.path.join(OUT, "x_grid.f32"))
+for name, t in {"IQ2_XS": 17}.items():
+    size = ggml.ggml_row_size(t, COLS) * xg.shape[0]
+    dst = (ctypes.c_uint8 * size)()
+    n = ggml.ggml_quantize_chunk(t, xg.ctypes.data, dst, 0, xg.shape[0], COLS, imp.ctypes.data)
+    assert n == size, (name, n, size)
+    open(os.path.join(OUT, name + ".bin"), "wb").write(bytes(dst))
+    print(name, size, "bytes")

@@ -93,3 +93,37 @@ fn unweighted_quantizers_match_llama_cpp_bytes() {
     }
     assert!(failures.is_empty(), "differ from llama.cpp: {failures:?}");
 }
+
+/// IQ2_XS (llama.cpp writes it only with an importance matrix): 32 rows of their own,
+/// among them an all-zero row, a super-block of tiny values and an all-negative row.
+#[test]
+fn iq2_xs_matches_llama_cpp_bytes() {
+    use mica_kernels::quant::weighted::requires_importance;
+    let x = f32s("x_grid.f32");
+    let imp = f32s("imp.f32");
+    let t = DType::IQ2_XS;
+    assert!(requires_importance(t) && !mica_kernels::quant::can_quantize(t));
+    let want = std::fs::read(dir().join("IQ2_XS.bin")).unwrap();
+    let row = t.row_bytes(COLS).unwrap();
+    assert_eq!(want.len(), row * 32);
+    let mut got = vec![0u8; want.len()];
+    for (xr, out) in x.chunks_exact(COLS).zip(got.chunks_exact_mut(row)) {
+        quantize_row_weighted(t, xr, &imp, out);
+    }
+    let blocks = |b: &[u8]| {
+        b.chunks(t.type_size())
+            .map(<[u8]>::to_vec)
+            .collect::<Vec<_>>()
+    };
+    let differ: Vec<usize> = blocks(&got)
+        .iter()
+        .zip(blocks(&want))
+        .enumerate()
+        .filter(|(_, (a, b))| *a != b)
+        .map(|(i, _)| i)
+        .collect();
+    assert!(
+        differ.is_empty(),
+        "IQ2_XS blocks differ from llama.cpp's: {differ:?}"
+    );
+}

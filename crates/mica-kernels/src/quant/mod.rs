@@ -22,10 +22,12 @@
 //! | `weighted` | quantizers weighted by an importance matrix (Q4_0 ... Q6_K) |
 //! | `iquants` | IQ1_S ... IQ4_XS, TQ1_0, TQ2_0, MXFP4 (dequant, unpacking, dots) |
 //! | `iquants_quantize` | quantizers for IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, MXFP4 |
+//! | `iq2_quantize` | IQ2_XS's quantizer (needs an importance matrix) and its neighbour tables |
 //! | `iq_grids` | the grids and value tables of the i-quants and MXFP4 (ggml's data) |
 
 pub mod blocks;
 pub mod floats;
+pub mod iq2_quantize;
 pub mod iq_grids;
 pub mod iquants;
 pub mod iquants_quantize;
@@ -97,9 +99,10 @@ pub fn dequantize_row(t: DType, src: &[u8], dst: &mut [f32]) {
     }
 }
 
-/// Whether [`quantize_row`] can write `t`: every type but the i-quants whose llama.cpp
-/// quantizer needs an importance matrix or a grid search mica does not implement (IQ1_S,
-/// IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S). Those are read and computed with only.
+/// Whether [`quantize_row`] can write `t`: every type but the grid i-quants (IQ1_S, IQ1_M,
+/// IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S). IQ2_XS is written only with an importance matrix
+/// ([`weighted::quantize_row_weighted`], as llama.cpp requires one); the others are read and
+/// computed with only.
 pub fn can_quantize(t: DType) -> bool {
     !matches!(
         t,

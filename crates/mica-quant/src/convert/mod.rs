@@ -32,6 +32,8 @@ use mica_formats::ggml_types::GgmlType;
 use mica_formats::gguf::TensorDecl;
 use mica_formats::{GgufStreamWriter, MetaArray, MetaValue, MicaWriter, TensorInfo, TensorSink};
 use mica_kernels::DType;
+use mica_kernels::quant::can_quantize;
+use mica_kernels::quant::weighted::requires_importance;
 use mica_models::LoadedModel;
 use mica_models::weights::ActStats;
 use overrides::TensorTypeRule;
@@ -374,6 +376,7 @@ pub fn convert(
             on_event,
         )?);
     }
+    check_writable(&planned, imatrix)?;
     let requant: Vec<&Planned> = planned
         .iter()
         .filter(|p| p.target != p.info.ggml_type && is_quantized(p.info.ggml_type))
@@ -518,6 +521,42 @@ fn prepare_importance<'o>(
             })
         }
     }
+}
+
+/// Refuses, before anything is written, a target type mica has no quantizer for (the grid
+/// i-quants but IQ2_XS) and an IQ2_XS target without importance for its tensor (llama.cpp
+/// refuses those too: its quantizer asserts an importance matrix).
+fn check_writable(planned: &[Planned], imatrix: Option<&Imatrix>) -> Result<()> {
+    for p in planned.iter().filter(|p| p.target != p.info.ggml_type) {
+        let Some(ty) = p.target.dtype() else {
+            continue;
+        };
+        let tensor = || p.info.name.clone();
+        if requires_importance(ty) {
+            let Some(m) = imatrix else {
+                return Err(QuantError::ImportanceRequired {
+                    tensor: tensor(),
+                    ty,
+                });
+            };
+            let row_len = p.info.row_len();
+            if m.weights(&p.info.name)
+                .is_none_or(|w| w.len() as u64 != row_len)
+            {
+                return Err(QuantError::ImportanceMissing {
+                    tensor: tensor(),
+                    ty,
+                    row_len,
+                });
+            }
+        } else if !can_quantize(ty) {
+            return Err(QuantError::UnwritableGridType {
+                tensor: tensor(),
+                ty,
+            });
+        }
+    }
+    Ok(())
 }
 
 fn same_file(a: &Path, b: &Path) -> bool {
