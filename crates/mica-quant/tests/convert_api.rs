@@ -291,7 +291,8 @@ fn iq2_xs_needs_an_importance_matrix_and_other_grid_types_are_refused() {
 
     let imp: Vec<f32> = (0..cols).map(|c| 1.0 + (c % 5) as f32).collect();
     let mut m = Imatrix::default();
-    m.entries.insert("blk.9.ffn_down.weight".into(), (imp.clone(), 1.0));
+    m.entries
+        .insert("blk.9.ffn_down.weight".into(), (imp.clone(), 1.0));
     opts.importance = Importance::Matrix {
         imatrix: m.clone(),
         name: "m".into(),
@@ -324,7 +325,13 @@ fn iq2_xs_needs_an_importance_matrix_and_other_grid_types_are_refused() {
     opts.tensor_types = vec![TensorTypeRule::parse("ffn_down=iq3_s").unwrap()];
     let e = convert_with(&opts).unwrap_err();
     assert!(
-        matches!(&e, QuantError::UnwritableGridType { ty: DType::IQ3_S, .. }),
+        matches!(
+            &e,
+            QuantError::UnwritableGridType {
+                ty: DType::IQ3_S,
+                ..
+            }
+        ),
         "{e}"
     );
     assert!(!out.exists());
