@@ -14,7 +14,9 @@ For every weight type this writes
 and for every type gguf-py can quantize
   quant_<TYPE>.in.f32  input rows (random, constant, zero, huge, tiny, rounding ties)
   quant_<TYPE>.bin     gguf.quants.quantize of them
-plus manifest.json describing every file. Deterministic (fixed seed).
+plus manifest.json describing every file. Deterministic (fixed seed). The i-quants, the
+ternary types and MXFP4 (NEW_WEIGHT_TYPES) draw from a second generator after the others,
+so the files of the older types stay byte-identical.
 
 Usage: python3 scripts/gen_quant_fixtures.py   (needs numpy and gguf)
 """
@@ -44,11 +46,36 @@ F16_FIELDS = {
     "Q4_K": [0, 2],
     "Q5_K": [0, 2],
     "Q6_K": [208],
+    "IQ2_XXS": [0],
+    "IQ2_XS": [0],
+    "IQ2_S": [0],
+    "IQ3_XXS": [0],
+    "IQ3_S": [0],
+    "IQ1_S": [0],
+    "IQ1_M": [],  # the f16 scale is spread over nibbles: set_iq1m_scale
+    "IQ4_NL": [0],
+    "IQ4_XS": [0],
+    "TQ1_0": [52],
+    "TQ2_0": [64],
+    "MXFP4": [],  # an E8M0 exponent byte: every value is valid
 }
 # Types gguf-py can quantize (we compare mica's reference quantizers against these).
 QUANTIZABLE = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "BF16", "F16"]
 WEIGHT_TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
                 "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+NEW_WEIGHT_TYPES = ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
+                    "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4"]
+# New types gguf-py can quantize.
+NEW_QUANTIZABLE = ["TQ1_0", "TQ2_0", "MXFP4"]
+
+
+def set_iq1m_scale(blocks, vals):
+    """IQ1_M keeps its f16 scale in the top nibbles of the four u16 at byte 48."""
+    bits = np.asarray(vals, dtype=np.float16).view(np.uint16).astype(np.uint16)
+    for i in range(4):
+        off = 48 + 2 * i
+        hi = blocks[:, off + 1]
+        blocks[:, off + 1] = (hi & 0x0F) | (((bits >> (4 * i)) & 0xF) << 4).astype(np.uint8)
 
 
 def random_f16(n):
@@ -85,7 +112,10 @@ def edge_blocks(name, size):
     for off, v in zip(fields, [0.125, -0.25][:n]):
         set_f16(r, off, [v])
     out.append(r)
-    return np.concatenate(out, axis=0)
+    out = np.concatenate(out, axis=0)
+    if name == "IQ1_M":
+        set_iq1m_scale(out, [0.0, 65504.0, -65504.0, -1.5, 2.0 ** -24, -0.0, 0.125])
+    return out
 
 
 def quant_blocks(name, n_random):
@@ -96,9 +126,11 @@ def quant_blocks(name, n_random):
     r = rng.integers(0, 256, size=(n_random, ts), dtype=np.uint8)
     for off in F16_FIELDS[name]:
         set_f16(r, off, random_f16(n_random))
+    if name == "IQ1_M":
+        set_iq1m_scale(r, random_f16(n_random))
     parts.append(r)
     # Real quantizations of random rows, where gguf-py can quantize the type.
-    if name in QUANTIZABLE:
+    if name in QUANTIZABLE + NEW_QUANTIZABLE:
         x = (rng.standard_normal((n_random, bs)) * rng.uniform(0.01, 3, (n_random, 1)))
         parts.append(gq.quantize(x.astype(np.float32), qt).reshape(n_random, ts))
     parts.append(edge_blocks(name, ts))
@@ -142,6 +174,17 @@ def write(name, data):
     return {"file": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
+def quant_entry(name):
+    qt = getattr(T, name)
+    block = GGML_QUANT_SIZES[qt][0]
+    x = quant_inputs(max(block, 32))
+    q = gq.quantize(x, qt)
+    entry = {"type": name, "elements": int(x.size)}
+    entry["input"] = write(f"quant_{name}.in.f32", x.astype("<f4"))
+    entry["expected"] = write(f"quant_{name}.bin", q.view(np.uint8).reshape(-1))
+    return entry
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     manifest = {"generator": "scripts/gen_quant_fixtures.py",
@@ -160,14 +203,20 @@ def main():
         entry["expected"] = write(f"dequant_{name}.f32", expected.astype("<f4"))
         manifest["dequant"].append(entry)
     for name in QUANTIZABLE:
+        manifest["quantize"].append(quant_entry(name))
+    # The newer types, from their own generator (the files above stay as they were).
+    global rng
+    rng = np.random.default_rng(20261124)
+    for name in NEW_WEIGHT_TYPES:
         qt = getattr(T, name)
-        block = GGML_QUANT_SIZES[qt][0]
-        x = quant_inputs(max(block, 32))
-        q = gq.quantize(x, qt)
-        entry = {"type": name, "elements": int(x.size)}
-        entry["input"] = write(f"quant_{name}.in.f32", x.astype("<f4"))
-        entry["expected"] = write(f"quant_{name}.bin", q.view(np.uint8).reshape(-1))
-        manifest["quantize"].append(entry)
+        raw = quant_blocks(name, 16 if GGML_QUANT_SIZES[qt][0] == 256 else 24).reshape(-1)
+        expected = gq.dequantize(raw, qt).astype(np.float32).reshape(-1)
+        entry = {"type": name, "elements": int(expected.size)}
+        entry["blocks"] = write(f"dequant_{name}.bin", raw)
+        entry["expected"] = write(f"dequant_{name}.f32", expected.astype("<f4"))
+        manifest["dequant"].append(entry)
+    for name in NEW_QUANTIZABLE:
+        manifest["quantize"].append(quant_entry(name))
     with open(os.path.join(OUT, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
         f.write("\n")

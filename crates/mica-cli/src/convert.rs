@@ -19,7 +19,8 @@ pub struct ConvertArgs {
     #[arg(short, long)]
     pub output: PathBuf,
     /// Target type (f32, f16, bf16, q8_0, q6_k, q5_k, q4_k, q3_k, q2_k, q5_0, q5_1, q4_0,
-    /// q4_1, and the _s/_m/_l mixes). Without it every tensor keeps its type.
+    /// q4_1, the _s/_m/_l mixes, iq4_nl, iq4_xs, iq2_xs (needs --imatrix or --calibrate),
+    /// tq1_0, tq2_0). Without it every tensor keeps its type.
     #[arg(long = "type", value_name = "TYPE")]
     pub ty: Option<String>,
     /// Mixed precision: choose a type per tensor for this average bits per weight (over

@@ -97,18 +97,19 @@ fn unknown_tensor_types() {
         e.contains("tensor 'blk.0.attn_q.weight'") && e.contains("unknown tensor type id 77"),
         "{e}"
     );
-    // A real ggml type mica does not compute with: refused when the model is built.
-    let p = dir.join("iq4.gguf");
+    // A real ggml type mica does not compute with (integer tensors): refused when the
+    // model is built.
+    let p = dir.join("i32.gguf");
     write_tiny(
         &p,
         &Tiny {
-            retype: Some(("blk.1.ffn_up.weight".into(), 20)),
+            retype: Some(("blk.1.ffn_up.weight".into(), 26)),
             ..Default::default()
         },
     );
     let e = run_err(&p, &[]);
     assert!(
-        e.contains("tensor 'blk.1.ffn_up.weight' has type IQ4_NL"),
+        e.contains("tensor 'blk.1.ffn_up.weight' has type I32"),
         "{e}"
     );
 }

@@ -1,6 +1,6 @@
 //! Block geometry of every ggml tensor type, including the ones mica cannot compute with.
 //!
-//! A file may hold types mica does not implement (IQ quants, integer tensors). Knowing their
+//! A file may hold types mica does not implement (integer tensors, F64). Knowing their
 //! block geometry still lets the reader validate every tensor's byte range and lets
 //! `mica inspect` describe the file; using such a tensor for compute is what fails, with an
 //! error naming the type and the tensor.
@@ -10,23 +10,11 @@ use mica_kernels::dtype::ggml_type_name;
 
 /// (ggml id, elements per block, bytes per block) for types outside [`DType`].
 const OTHER_TYPES: &[(u32, u64, u64)] = &[
-    (16, 256, 66),  // IQ2_XXS
-    (17, 256, 74),  // IQ2_XS
-    (18, 256, 98),  // IQ3_XXS
-    (19, 256, 50),  // IQ1_S
-    (20, 32, 18),   // IQ4_NL
-    (21, 256, 110), // IQ3_S
-    (22, 256, 82),  // IQ2_S
-    (23, 256, 136), // IQ4_XS
-    (24, 1, 1),     // I8
-    (25, 1, 2),     // I16
-    (26, 1, 4),     // I32
-    (27, 1, 8),     // I64
-    (28, 1, 8),     // F64
-    (29, 256, 56),  // IQ1_M
-    (34, 256, 54),  // TQ1_0
-    (35, 256, 66),  // TQ2_0
-    (39, 32, 17),   // MXFP4
+    (24, 1, 1), // I8
+    (25, 1, 2), // I16
+    (26, 1, 4), // I32
+    (27, 1, 8), // I64
+    (28, 1, 8), // F64
 ];
 
 /// A ggml type id as found in a file, with its geometry when known.

@@ -225,15 +225,48 @@ fn unknown_tensor_type_is_named() {
 
 #[test]
 fn known_but_unsupported_type_opens_and_reports_its_name() {
-    // IQ4_NL: ggml knows it, mica does not compute with it. The file opens (so `inspect`
+    // I16: ggml knows it, mica does not compute with it. The file opens (so `inspect`
     // can describe it); the type has no DType and is named by its ggml name.
-    let data = vec![0u8; 18];
+    let data = vec![0u8; 64];
     let mut w = GgufWriter::new();
-    w.tensor("iq", GgmlType(20), &[32], &data);
-    let g = GgufFile::open(tmp("iq.gguf", &w.to_bytes())).unwrap();
-    let t = g.tensor("iq").unwrap();
+    w.tensor("i16", GgmlType(25), &[32], &data);
+    let g = GgufFile::open(tmp("i16.gguf", &w.to_bytes())).unwrap();
+    let t = g.tensor("i16").unwrap();
     assert_eq!(t.dtype(), None);
-    assert_eq!(t.ggml_type.name(), "IQ4_NL");
+    assert_eq!(t.ggml_type.name(), "I16");
+}
+
+#[test]
+fn i_quants_ternary_and_mxfp4_are_read_as_their_types() {
+    use mica_kernels::DType;
+    let mut w = GgufWriter::new();
+    let cases = [
+        (16, DType::IQ2_XXS),
+        (17, DType::IQ2_XS),
+        (18, DType::IQ3_XXS),
+        (19, DType::IQ1_S),
+        (20, DType::IQ4_NL),
+        (21, DType::IQ3_S),
+        (22, DType::IQ2_S),
+        (23, DType::IQ4_XS),
+        (29, DType::IQ1_M),
+        (34, DType::TQ1_0),
+        (35, DType::TQ2_0),
+        (39, DType::MXFP4),
+    ];
+    let data: Vec<Vec<u8>> = cases
+        .iter()
+        .map(|(_, t)| vec![0u8; t.row_bytes(512).unwrap()])
+        .collect();
+    for ((id, _), d) in cases.iter().zip(&data) {
+        w.tensor(&format!("t{id}"), GgmlType(*id), &[512], d);
+    }
+    let g = GgufFile::open(tmp("iquants.gguf", &w.to_bytes())).unwrap();
+    for (id, t) in cases {
+        let ti = g.tensor(&format!("t{id}")).unwrap();
+        assert_eq!(ti.dtype(), Some(t));
+        assert_eq!(ti.ggml_type.name(), t.name());
+    }
 }
 
 #[test]

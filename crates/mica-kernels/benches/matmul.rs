@@ -57,6 +57,16 @@ fn f16_fields(t: DType) -> &'static [usize] {
         DType::Q2_K => &[80, 82],
         DType::Q3_K => &[108],
         DType::Q6_K => &[208],
+        DType::IQ2_XXS
+        | DType::IQ2_XS
+        | DType::IQ2_S
+        | DType::IQ3_XXS
+        | DType::IQ3_S
+        | DType::IQ1_S
+        | DType::IQ4_NL
+        | DType::IQ4_XS => &[0],
+        DType::TQ1_0 => &[52],
+        DType::TQ2_0 => &[64],
         _ => &[],
     }
 }

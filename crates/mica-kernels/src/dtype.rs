@@ -26,8 +26,20 @@ pub enum DType {
     Q4_K,
     Q5_K,
     Q6_K,
-    /// Activation-only format, the partner of every k-quant.
+    /// Activation-only format, the partner of every k-quant and of the 256-element i-quants.
     Q8_K,
+    IQ2_XXS,
+    IQ2_XS,
+    IQ3_XXS,
+    IQ1_S,
+    IQ4_NL,
+    IQ3_S,
+    IQ2_S,
+    IQ4_XS,
+    IQ1_M,
+    TQ1_0,
+    TQ2_0,
+    MXFP4,
 }
 
 /// Every ggml type id with its name, including the ones mica cannot compute with, so that
@@ -79,7 +91,7 @@ pub fn ggml_type_name(id: u32) -> Option<&'static str> {
 
 impl DType {
     /// All types mica computes with.
-    pub const ALL: [DType; 15] = [
+    pub const ALL: [DType; 27] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -95,10 +107,22 @@ impl DType {
         DType::Q5_K,
         DType::Q6_K,
         DType::Q8_K,
+        DType::IQ2_XXS,
+        DType::IQ2_XS,
+        DType::IQ3_XXS,
+        DType::IQ1_S,
+        DType::IQ4_NL,
+        DType::IQ3_S,
+        DType::IQ2_S,
+        DType::IQ4_XS,
+        DType::IQ1_M,
+        DType::TQ1_0,
+        DType::TQ2_0,
+        DType::MXFP4,
     ];
 
     /// The types a weight tensor may have (activation-only formats excluded).
-    pub const WEIGHT_TYPES: [DType; 13] = [
+    pub const WEIGHT_TYPES: [DType; 25] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -112,6 +136,18 @@ impl DType {
         DType::Q4_K,
         DType::Q5_K,
         DType::Q6_K,
+        DType::IQ2_XXS,
+        DType::IQ2_XS,
+        DType::IQ3_XXS,
+        DType::IQ1_S,
+        DType::IQ4_NL,
+        DType::IQ3_S,
+        DType::IQ2_S,
+        DType::IQ4_XS,
+        DType::IQ1_M,
+        DType::TQ1_0,
+        DType::TQ2_0,
+        DType::MXFP4,
     ];
 
     /// The ggml type id (as stored in GGUF tensor infos).
@@ -132,6 +168,18 @@ impl DType {
             DType::Q6_K => 14,
             DType::Q8_K => 15,
             DType::BF16 => 30,
+            DType::IQ2_XXS => 16,
+            DType::IQ2_XS => 17,
+            DType::IQ3_XXS => 18,
+            DType::IQ1_S => 19,
+            DType::IQ4_NL => 20,
+            DType::IQ3_S => 21,
+            DType::IQ2_S => 22,
+            DType::IQ4_XS => 23,
+            DType::IQ1_M => 29,
+            DType::TQ1_0 => 34,
+            DType::TQ2_0 => 35,
+            DType::MXFP4 => 39,
         }
     }
 
@@ -156,10 +204,30 @@ impl DType {
     pub const fn block_size(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
-            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q8_1 => 32,
-            DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q8_K => {
-                256
-            }
+            DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::Q8_0
+            | DType::Q8_1
+            | DType::IQ4_NL
+            | DType::MXFP4 => 32,
+            DType::Q2_K
+            | DType::Q3_K
+            | DType::Q4_K
+            | DType::Q5_K
+            | DType::Q6_K
+            | DType::Q8_K
+            | DType::IQ2_XXS
+            | DType::IQ2_XS
+            | DType::IQ3_XXS
+            | DType::IQ1_S
+            | DType::IQ3_S
+            | DType::IQ2_S
+            | DType::IQ4_XS
+            | DType::IQ1_M
+            | DType::TQ1_0
+            | DType::TQ2_0 => 256,
         }
     }
 
@@ -180,6 +248,18 @@ impl DType {
             DType::Q5_K => 176,
             DType::Q6_K => 210,
             DType::Q8_K => 292,
+            DType::IQ2_XXS => 66,
+            DType::IQ2_XS => 74,
+            DType::IQ3_XXS => 98,
+            DType::IQ1_S => 50,
+            DType::IQ4_NL => 18,
+            DType::IQ3_S => 110,
+            DType::IQ2_S => 82,
+            DType::IQ4_XS => 136,
+            DType::IQ1_M => 56,
+            DType::TQ1_0 => 54,
+            DType::TQ2_0 => 66,
+            DType::MXFP4 => 17,
         }
     }
 
@@ -194,12 +274,25 @@ impl DType {
             DType::F32 => DType::F32,
             DType::F16 => DType::F16,
             DType::BF16 => DType::BF16,
-            DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => DType::Q8_0,
+            DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::IQ4_NL | DType::MXFP4 => DType::Q8_0,
             DType::Q4_1 | DType::Q5_1 => DType::Q8_1,
             DType::Q8_1 => DType::Q8_1,
-            DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q8_K => {
-                DType::Q8_K
-            }
+            DType::Q2_K
+            | DType::Q3_K
+            | DType::Q4_K
+            | DType::Q5_K
+            | DType::Q6_K
+            | DType::Q8_K
+            | DType::IQ2_XXS
+            | DType::IQ2_XS
+            | DType::IQ3_XXS
+            | DType::IQ1_S
+            | DType::IQ3_S
+            | DType::IQ2_S
+            | DType::IQ4_XS
+            | DType::IQ1_M
+            | DType::TQ1_0
+            | DType::TQ2_0 => DType::Q8_K,
         }
     }
 
@@ -234,8 +327,10 @@ mod tests {
             assert_eq!(DType::from_ggml_id(t.ggml_id()), Some(t));
             assert_eq!(DType::from_name(t.name()), Some(t));
         }
-        assert_eq!(DType::from_ggml_id(16), None);
-        assert_eq!(ggml_type_name(16), Some("IQ2_XXS"));
+        assert_eq!(DType::from_ggml_id(16), Some(DType::IQ2_XXS));
+        assert_eq!(DType::from_ggml_id(39), Some(DType::MXFP4));
+        assert_eq!(DType::from_ggml_id(24), None);
+        assert_eq!(ggml_type_name(24), Some("I8"));
         assert_eq!(ggml_type_name(1000), None);
     }
 

@@ -36,7 +36,8 @@ fn coverage_listing() {
         assert_eq!(tiled, Some(expect(kquant)), "{t}");
         for p in [DotPath::RepackGemv, DotPath::RepackGemm] {
             let cell = c.cell(t, Slot::PathDot(p), Tier::Scalar);
-            assert_eq!(cell, Some(expect(t == DType::Q4_K)), "{t} {p:?}");
+            let repacked = t == DType::Q4_K || (t == DType::IQ4_NL && p == DotPath::RepackGemv);
+            assert_eq!(cell, Some(expect(repacked)), "{t} {p:?}");
         }
     }
     // Activation-only types have no dot product anywhere; every activation type has a
@@ -76,8 +77,9 @@ fn coverage_listing() {
     }
 
     if cfg!(target_arch = "x86_64") {
-        // The AVX-512 tier overrides the dot products of the legacy formats, Q4_K and Q6_K,
-        // and keeps the AVX2 tier's for the others; it has no quantizers of its own.
+        // The AVX-512 tier overrides the dot products of the legacy formats, Q4_K, Q6_K, the
+        // grid i-quants, IQ4_NL, IQ4_XS and MXFP4, and keeps the AVX2 tier's for the others;
+        // it has no quantizers of its own.
         let own = [
             DType::Q4_0,
             DType::Q4_1,
@@ -86,6 +88,14 @@ fn coverage_listing() {
             DType::Q8_0,
             DType::Q4_K,
             DType::Q6_K,
+            DType::IQ2_XXS,
+            DType::IQ2_XS,
+            DType::IQ2_S,
+            DType::IQ3_XXS,
+            DType::IQ3_S,
+            DType::IQ4_NL,
+            DType::IQ4_XS,
+            DType::MXFP4,
         ];
         for t in DType::WEIGHT_TYPES {
             let want = if own.contains(&t) {

@@ -26,6 +26,7 @@ fn paths(t: DType) -> Vec<DotPath> {
         DType::Q2_K | DType::Q3_K | DType::Q5_K | DType::Q6_K => {
             vec![DotPath::VecDot, DotPath::Tiled]
         }
+        DType::IQ4_NL => vec![DotPath::VecDot, DotPath::RepackGemv],
         _ => vec![DotPath::VecDot],
     }
 }
@@ -164,6 +165,13 @@ fn matrix_kernels_cover_token_tiles() {
         DType::Q4_K,
         DType::Q5_K,
         DType::Q6_K,
+        DType::IQ2_XXS,
+        DType::IQ2_XS,
+        DType::IQ2_S,
+        DType::IQ3_XXS,
+        DType::IQ3_S,
+        DType::IQ4_XS,
+        DType::IQ4_NL,
     ] {
         for path in paths(t) {
             check(k, t, path, 2 * 256, 21, 70, &mut r);

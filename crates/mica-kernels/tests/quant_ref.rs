@@ -7,8 +7,8 @@ mod quant_common;
 
 use mica_kernels::DType;
 use mica_kernels::quant::{
-    BlockQ8_1, BlockQ8K, cast_blocks, dequantize_row, f16_to_f32, f32_to_f16, quantize_row,
-    vec_dot_ref,
+    BlockQ8_1, BlockQ8K, can_quantize, cast_blocks, dequantize_row, f16_to_f32, f32_to_f16,
+    quantize_row, vec_dot_ref,
 };
 use quant_common::*;
 
@@ -151,7 +151,7 @@ fn reference_quantizers_round_trip_within_expected_error() {
 /// Zero input quantizes to zero scales for every format and dequantizes to zeros.
 #[test]
 fn zero_rows_round_trip_to_zero() {
-    for t in DType::ALL {
+    for t in DType::ALL.into_iter().filter(|&t| can_quantize(t)) {
         let x = vec![0.0f32; 256];
         let mut q = vec![0u8; t.row_bytes(256).unwrap()];
         quantize_row(t, &x, &mut q);

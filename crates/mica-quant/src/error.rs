@@ -90,6 +90,25 @@ pub enum QuantError {
     UnreadableType { tensor: String },
     #[error("tensor '{tensor}': mica cannot write its target type")]
     UnwritableType { tensor: String },
+    #[error(
+        "tensor '{tensor}': mica cannot write {ty} (it reads and runs it; of the grid i-quants \
+         it writes only IQ2_XS)"
+    )]
+    UnwritableGridType { tensor: String, ty: DType },
+    #[error(
+        "tensor '{tensor}': {ty} needs an importance matrix (llama.cpp's quantizer requires \
+         one); give one with --imatrix FILE or compute one with --calibrate TEXT"
+    )]
+    ImportanceRequired { tensor: String, ty: DType },
+    #[error(
+        "tensor '{tensor}': {ty} needs an importance matrix, and the importance matrix has no \
+         entry with {row_len} columns for this tensor"
+    )]
+    ImportanceMissing {
+        tensor: String,
+        ty: DType,
+        row_len: u64,
+    },
     #[error("tensor '{tensor}': row length {row_len} does not fit {from} or {to}")]
     RowLength {
         tensor: String,

@@ -247,3 +247,92 @@ fn bad_options_are_typed_errors_and_leave_no_file() {
     });
     assert!(matches!(e, QuantError::MixNeedsQuantizedType), "{e}");
 }
+
+/// IQ2_XS needs an importance matrix: without one (or without an entry for the tensor) the
+/// conversion is refused before anything is written; with one, the tensor holds the kernels'
+/// weighted IQ2_XS quantizer's bytes. Grid i-quants mica has no quantizer for are refused.
+#[test]
+fn iq2_xs_needs_an_importance_matrix_and_other_grid_types_are_refused() {
+    use mica_formats::{GgufWriter, MetaValue, ggml_types::GgmlType};
+    use mica_kernels::quant::weighted::quantize_row_weighted;
+    let dir = scratch("iq2");
+    let (rows, cols) = (4usize, 256usize);
+    let x: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 7919) % 1009) as f32 / 1009.0 - 0.5)
+        .collect();
+    let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut w = GgufWriter::new();
+    w.meta("general.architecture", MetaValue::String("llama".into()))
+        .meta("llama.block_count", MetaValue::U32(8))
+        .tensor(
+            "blk.3.ffn_down.weight",
+            GgmlType(0),
+            &[cols as u64, rows as u64],
+            &bytes,
+        );
+    let src = dir.join("src.gguf");
+    std::fs::write(&src, w.to_bytes()).unwrap();
+    let out = dir.join("iq2.gguf");
+    let convert_with = |o: &ConvertOptions| convert(&src, &out, o, &mut |_| {});
+    let mut opts = ConvertOptions {
+        file_type: Some(FileType::IQ2_XS),
+        threads: 2,
+        ..ConvertOptions::default()
+    };
+
+    let e = convert_with(&opts).unwrap_err();
+    assert!(
+        matches!(&e, QuantError::ImportanceRequired { tensor, ty }
+            if tensor == "blk.3.ffn_down.weight" && *ty == DType::IQ2_XS),
+        "{e}"
+    );
+    assert!(e.to_string().contains("--imatrix"), "{e}");
+    assert!(!out.exists());
+
+    let imp: Vec<f32> = (0..cols).map(|c| 1.0 + (c % 5) as f32).collect();
+    let mut m = Imatrix::default();
+    m.entries
+        .insert("blk.9.ffn_down.weight".into(), (imp.clone(), 1.0));
+    opts.importance = Importance::Matrix {
+        imatrix: m.clone(),
+        name: "m".into(),
+    };
+    let e = convert_with(&opts).unwrap_err();
+    assert!(
+        matches!(&e, QuantError::ImportanceMissing { row_len: 256, .. }),
+        "{e}"
+    );
+    assert!(!out.exists());
+
+    m.entries
+        .insert("blk.3.ffn_down.weight".into(), (imp.clone(), 1.0));
+    opts.importance = Importance::Matrix {
+        imatrix: m,
+        name: "m".into(),
+    };
+    convert_with(&opts).unwrap();
+    let got = GgufFile::open(&out).unwrap();
+    let t = got.tensor("blk.3.ffn_down.weight").unwrap();
+    assert_eq!(t.dtype(), Some(DType::IQ2_XS));
+    let rb = DType::IQ2_XS.row_bytes(cols).unwrap();
+    let mut want = vec![0u8; rows * rb];
+    for (xr, o) in x.chunks_exact(cols).zip(want.chunks_exact_mut(rb)) {
+        quantize_row_weighted(DType::IQ2_XS, xr, &imp, o);
+    }
+    assert_eq!(got.tensor_data(t), &want[..]);
+    std::fs::remove_file(&out).unwrap();
+
+    opts.tensor_types = vec![TensorTypeRule::parse("ffn_down=iq3_s").unwrap()];
+    let e = convert_with(&opts).unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            QuantError::UnwritableGridType {
+                ty: DType::IQ3_S,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(!out.exists());
+}

@@ -305,3 +305,159 @@ pub fn q3k_scales(s: &[u8; 12]) -> [i8; 16] {
     }
     out
 }
+
+// ---------------------------------------------------------------------------------------------
+// The i-quants, the ternary formats and MXFP4 (ggml-common.h). The grids and value tables
+// they index are in `iq_grids.rs`; `iquants.rs` decodes them.
+
+block!(
+    /// IQ2_XXS: 256 weights in 8 groups of 32. Group `g` is the two little-endian u32 at
+    /// `qs[8g..8g+8]`: bytes 0..4 of the first index four rows of `IQ2XXS_GRID` (8 values
+    /// each); the second holds four 7-bit sign indices (bits `7l..7l+7`, into
+    /// `KSIGNS_IQ2XS`) and the 4-bit scale `ls` in bits 28..32. Weight
+    /// `d · (0.5 + ls) · 0.25 · grid · sign`.
+    BlockIQ2XXS, IQ2_XXS, 66, {
+        /// f16 super-block scale.
+        d: [u8; 2],
+        qs: [u8; QK_K / 4],
+    }
+);
+
+block!(
+    /// IQ2_XS: 256 weights in 32 groups of 8; u16 `qs[l]` (little-endian) is a 9-bit index
+    /// into `IQ2XS_GRID` and a 7-bit sign index; `scales[g]` holds the 4-bit scales of the
+    /// two 16-element halves of group-of-32 `g` (low nibble first).
+    BlockIQ2XS, IQ2_XS, 74, {
+        /// f16 super-block scale.
+        d: [u8; 2],
+        qs: [u8; QK_K / 4],
+        scales: [u8; QK_K / 32],
+    }
+);
+
+block!(
+    /// IQ2_S: 256 weights; 10-bit indices into `IQ2S_GRID` (low 8 bits in `qs[0..32]`, high
+    /// two bits in `qh`, two per index), explicit sign bytes in `qs[32..64]`, 4-bit scales
+    /// per 16 elements as IQ2_XS.
+    BlockIQ2S, IQ2_S, 82, {
+        /// f16 super-block scale.
+        d: [u8; 2],
+        qs: [u8; QK_K / 4],
+        qh: [u8; QK_K / 32],
+        scales: [u8; QK_K / 32],
+    }
+);
+
+block!(
+    /// IQ3_XXS: 256 weights; `qs[0..64]` index `IQ3XXS_GRID` (4 values each), then for each
+    /// group of 32 a little-endian u32 of four 7-bit sign indices and the 4-bit scale (bits
+    /// 28..32). Weight `d · (0.5 + ls) · 0.5 · grid · sign`.
+    BlockIQ3XXS, IQ3_XXS, 98, {
+        /// f16 super-block scale.
+        d: [u8; 2],
+        qs: [u8; 3 * QK_K / 8],
+    }
+);
+
+block!(
+    /// IQ3_S: 256 weights; 9-bit indices into `IQ3S_GRID` (low 8 bits in `qs`, ninth bit in
+    /// `qh`), one sign bit per weight, 4-bit scales per 32 elements. Weight
+    /// `d · (1 + 2·ls) · grid · sign`.
+    BlockIQ3S, IQ3_S, 110, {
+        /// f16 super-block scale.
+        d: [u8; 2],
+        qs: [u8; QK_K / 4],
+        qh: [u8; QK_K / 32],
+        signs: [u8; QK_K / 8],
+        scales: [u8; QK_K / 64],
+    }
+);
+
+block!(
+    /// IQ1_S: 256 weights in 8 groups of 32; 11-bit indices into `IQ1S_GRID` (values -1, 0,
+    /// 1: low 8 bits in `qs`, 3 high bits in the little-endian u16 `qh[g]`), whose bits
+    /// 12..15 hold the 3-bit scale and bit 15 the sign of the shift `±IQ1S_DELTA`. Weight
+    /// `d · (2·ls + 1) · (grid ± 0.125)`.
+    BlockIQ1S, IQ1_S, 50, {
+        /// f16 super-block scale.
+        d: [u8; 2],
+        qs: [u8; QK_K / 8],
+        qh: [u8; QK_K / 16],
+    }
+);
+
+block!(
+    /// IQ1_M: IQ1_S's grid with 3-bit scales per 16 elements and a shift sign per 8; the f16
+    /// super-block scale is spread over the top nibbles of the four u16 of `scales`.
+    BlockIQ1M, IQ1_M, 56, {
+        qs: [u8; QK_K / 8],
+        qh: [u8; QK_K / 16],
+        scales: [u8; QK_K / 32],
+    }
+);
+
+block!(
+    /// IQ4_NL: 32 weights `d · KVALUES_IQ4NL[q]`, nibbles packed as Q4_0.
+    BlockIQ4NL, IQ4_NL, 18, {
+        /// f16 scale.
+        d: [u8; 2],
+        qs: [u8; QK / 2],
+    }
+);
+
+block!(
+    /// IQ4_XS: 256 weights in 8 sub-blocks of 32, `d · (ls - 32) · KVALUES_IQ4NL[q]`; the
+    /// 6-bit `ls` of sub-block `j` is nibble `j % 2` of `scales_l[j / 2]` plus bits `2j..2j+2`
+    /// of the little-endian u16 `scales_h` on top; nibbles packed as Q4_0 per sub-block.
+    BlockIQ4XS, IQ4_XS, 136, {
+        /// f16 super-block scale.
+        d: [u8; 2],
+        scales_h: [u8; 2],
+        scales_l: [u8; QK_K / 64],
+        qs: [u8; QK_K / 2],
+    }
+);
+
+block!(
+    /// TQ1_0: 256 ternary weights `d · (t - 1)`, t in 0..3, five per byte of `qs` and four
+    /// per byte of `qh` in base 3 as a fixed-point fraction (digit `l` of byte `q` is
+    /// `((q · 3^l) mod 256) · 3 >> 8`).
+    BlockTQ1_0, TQ1_0, 54, {
+        qs: [u8; (QK_K - 4 * QK_K / 64) / 5],
+        qh: [u8; QK_K / 64],
+        /// f16 scale.
+        d: [u8; 2],
+    }
+);
+
+block!(
+    /// TQ2_0: 256 ternary weights `d · (t - 1)`, t in 0..3 (3 is read as 2), two bits each:
+    /// element `128h + 32l + m` is bits `2l..2l+2` of `qs[32h + m]`.
+    BlockTQ2_0, TQ2_0, 66, {
+        qs: [u8; QK_K / 4],
+        /// f16 scale.
+        d: [u8; 2],
+    }
+);
+
+block!(
+    /// MXFP4: 32 weights `2^(e-128) · KVALUES_MXFP4[q]` (E2M1 values, doubled, with a halved
+    /// E8M0 scale), nibbles packed as Q4_0.
+    BlockMXFP4, MXFP4, 17, {
+        /// E8M0 shared exponent.
+        e: u8,
+        qs: [u8; QK / 2],
+    }
+);
+
+/// ggml's `GGML_E8M0_TO_FP32_HALF`: `2^(e - 128)` as f32 (subnormal for e < 2; e = 255 too
+/// is the power of two, as in ggml, not NaN).
+#[inline(always)]
+pub fn e8m0_to_f32_half(e: u8) -> f32 {
+    let bits = if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        (e as u32 - 1) << 23
+    };
+    f32::from_bits(bits)
+}

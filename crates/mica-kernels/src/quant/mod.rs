@@ -20,18 +20,27 @@
 //! | `kquants` | Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K (dequant, Q8_K quantizer, dots) |
 //! | `kquants_quantize` | reference quantizers for Q2_K ... Q6_K |
 //! | `weighted` | quantizers weighted by an importance matrix (Q4_0 ... Q6_K) |
+//! | `iquants` | IQ1_S ... IQ4_XS, TQ1_0, TQ2_0, MXFP4 (dequant, unpacking, dots) |
+//! | `iquants_quantize` | quantizers for IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, MXFP4 |
+//! | `iq2_quantize` | IQ2_XS's quantizer (needs an importance matrix) and its neighbour tables |
+//! | `iq_grids` | the grids and value tables of the i-quants and MXFP4 (ggml's data) |
 
 pub mod blocks;
 pub mod floats;
+pub mod iq2_quantize;
+pub mod iq_grids;
+pub mod iquants;
+pub mod iquants_quantize;
 pub mod kquants;
 pub mod kquants_quantize;
 pub mod legacy;
 pub mod weighted;
 
 pub use blocks::{
-    Block, BlockLenError, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1,
-    BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_1, BlockQ8K, QK, QK_K, cast_blocks, cast_blocks_mut,
-    f16_to_f32, f32_to_f16,
+    Block, BlockIQ1M, BlockIQ1S, BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockIQ3S, BlockIQ3XXS,
+    BlockIQ4NL, BlockIQ4XS, BlockLenError, BlockMXFP4, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1,
+    BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_1, BlockQ8K, BlockTQ1_0,
+    BlockTQ2_0, QK, QK_K, cast_blocks, cast_blocks_mut, f16_to_f32, f32_to_f16,
 };
 
 use crate::DType;
@@ -75,17 +84,47 @@ pub fn dequantize_row(t: DType, src: &[u8], dst: &mut [f32]) {
         DType::Q5_K => kquants::dequantize_q5k(blocks(src), dst),
         DType::Q6_K => kquants::dequantize_q6k(blocks(src), dst),
         DType::Q8_K => kquants::dequantize_q8k(blocks(src), dst),
+        DType::IQ2_XXS => iquants::dequantize_iq2xxs(blocks(src), dst),
+        DType::IQ2_XS => iquants::dequantize_iq2xs(blocks(src), dst),
+        DType::IQ2_S => iquants::dequantize_iq2s(blocks(src), dst),
+        DType::IQ3_XXS => iquants::dequantize_iq3xxs(blocks(src), dst),
+        DType::IQ3_S => iquants::dequantize_iq3s(blocks(src), dst),
+        DType::IQ1_S => iquants::dequantize_iq1s(blocks(src), dst),
+        DType::IQ1_M => iquants::dequantize_iq1m(blocks(src), dst),
+        DType::IQ4_NL => iquants::dequantize_iq4nl(blocks(src), dst),
+        DType::IQ4_XS => iquants::dequantize_iq4xs(blocks(src), dst),
+        DType::TQ1_0 => iquants::dequantize_tq1_0(blocks(src), dst),
+        DType::TQ2_0 => iquants::dequantize_tq2_0(blocks(src), dst),
+        DType::MXFP4 => iquants::dequantize_mxfp4(blocks(src), dst),
     }
 }
 
+/// Whether [`quantize_row`] can write `t`: every type but the grid i-quants (IQ1_S, IQ1_M,
+/// IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S). IQ2_XS is written only with an importance matrix
+/// ([`weighted::quantize_row_weighted`], as llama.cpp requires one); the others are read and
+/// computed with only.
+pub fn can_quantize(t: DType) -> bool {
+    !matches!(
+        t,
+        DType::IQ1_S
+            | DType::IQ1_M
+            | DType::IQ2_XXS
+            | DType::IQ2_XS
+            | DType::IQ2_S
+            | DType::IQ3_XXS
+            | DType::IQ3_S
+    )
+}
+
 /// Quantizes `src` (a whole number of blocks) into `dst` with llama.cpp's reference
-/// quantizer for `t` (`quantize_row_*_ref`; for Q8_K the one ggml uses for activations).
-/// Every type is supported, weight and activation formats alike. This is the quantizer for
+/// quantizer for `t` (`quantize_row_*_ref`; for Q8_K the one ggml uses for activations;
+/// for IQ4_NL and IQ4_XS `quantize_iq4_*` without an importance matrix). Every type
+/// [`can_quantize`] accepts is supported, weight and activation formats alike. This is the quantizer for
 /// files (it matches gguf-py); activations at run time go through
 /// [`crate::simd::Kernels::quantize_act`], whose Q8_0/Q8_1 follow llama.cpp's x86 SIMD
 /// quantizer instead ([`legacy::quantize_q8_0_act`]: ties to even, `127 / amax`).
 ///
-/// Panics when the lengths do not match.
+/// Panics when the lengths do not match or `t` has no quantizer ([`can_quantize`]).
 pub fn quantize_row(t: DType, src: &[f32], dst: &mut [u8]) {
     assert_eq!(
         t.row_bytes(src.len()),
@@ -110,6 +149,18 @@ pub fn quantize_row(t: DType, src: &[f32], dst: &mut [u8]) {
         DType::Q5_K => kquants_quantize::quantize_q5k(src, blocks_mut(dst)),
         DType::Q6_K => kquants_quantize::quantize_q6k(src, blocks_mut(dst)),
         DType::Q8_K => kquants::quantize_q8k(src, blocks_mut(dst)),
+        DType::IQ1_S
+        | DType::IQ1_M
+        | DType::IQ2_XXS
+        | DType::IQ2_XS
+        | DType::IQ2_S
+        | DType::IQ3_XXS
+        | DType::IQ3_S => panic!("quantize_row: mica has no quantizer for {t}"),
+        DType::IQ4_NL => iquants_quantize::quantize_iq4nl(src, None, blocks_mut(dst)),
+        DType::IQ4_XS => iquants_quantize::quantize_iq4xs(src, None, blocks_mut(dst)),
+        DType::TQ1_0 => iquants_quantize::quantize_tq1_0(src, blocks_mut(dst)),
+        DType::TQ2_0 => iquants_quantize::quantize_tq2_0(src, blocks_mut(dst)),
+        DType::MXFP4 => iquants_quantize::quantize_mxfp4(src, blocks_mut(dst)),
     }
 }
 
@@ -137,6 +188,18 @@ pub fn vec_dot_ref(t: DType, n: usize, w: &[u8], x: &[u8]) -> f32 {
         DType::Q4_K => kquants::vec_dot_q4k_q8k(blocks(w), blocks(x)),
         DType::Q5_K => kquants::vec_dot_q5k_q8k(blocks(w), blocks(x)),
         DType::Q6_K => kquants::vec_dot_q6k_q8k(blocks(w), blocks(x)),
+        DType::IQ2_XXS => iquants::vec_dot_iq2xxs_q8k(blocks(w), blocks(x)),
+        DType::IQ2_XS => iquants::vec_dot_iq2xs_q8k(blocks(w), blocks(x)),
+        DType::IQ2_S => iquants::vec_dot_iq2s_q8k(blocks(w), blocks(x)),
+        DType::IQ3_XXS => iquants::vec_dot_iq3xxs_q8k(blocks(w), blocks(x)),
+        DType::IQ3_S => iquants::vec_dot_iq3s_q8k(blocks(w), blocks(x)),
+        DType::IQ1_S => iquants::vec_dot_iq1s_q8k(blocks(w), blocks(x)),
+        DType::IQ1_M => iquants::vec_dot_iq1m_q8k(blocks(w), blocks(x)),
+        DType::IQ4_NL => iquants::vec_dot_iq4nl_q8_0(blocks(w), blocks(x)),
+        DType::IQ4_XS => iquants::vec_dot_iq4xs_q8k(blocks(w), blocks(x)),
+        DType::TQ1_0 => iquants::vec_dot_tq1_0_q8k(blocks(w), blocks(x)),
+        DType::TQ2_0 => iquants::vec_dot_tq2_0_q8k(blocks(w), blocks(x)),
+        DType::MXFP4 => iquants::vec_dot_mxfp4_q8_0(blocks(w), blocks(x)),
         DType::Q8_1 | DType::Q8_K => {
             panic!("vec_dot_ref: {t} is an activation format, not a weight type")
         }

@@ -22,6 +22,10 @@
 //!   themselves fitted to six bits by the symmetric search, each weighted by its
 //!   sub-block's total weight.
 //!
+//! - IQ4_NL, IQ4_XS: llama.cpp's own `quantize_iq4_*` with the importance
+//!   (`iquants_quantize.rs`); IQ2_XS: its `quantize_iq2_xs`, which has no unweighted form
+//!   (`iq2_quantize.rs`; [`requires_importance`]).
+//!
 //! Q8_0 and the float types have no weighted variant (nor in llama.cpp) and use the
 //! reference quantizers.
 
@@ -34,6 +38,7 @@ use super::kquants_quantize::{
     Qkx2, make_qkx2_quants, make_qx_quants, pack_q3k_scales, quantize_q6k_with, store_k4,
     store_q2k, store_q3k,
 };
+use super::{iq2_quantize, iquants_quantize};
 use crate::DType;
 
 /// Quantizes one row of `t` with importance `imp` (`[src.len()]`); types without a weighted
@@ -51,6 +56,9 @@ pub fn quantize_row_weighted(t: DType, src: &[f32], imp: &[f32], dst: &mut [u8])
         DType::Q4_K => q4k(src, imp, blocks_mut(dst)),
         DType::Q5_K => q5k(src, imp, blocks_mut(dst)),
         DType::Q6_K => quantize_q6k_with(src, Some(imp), blocks_mut(dst)),
+        DType::IQ4_NL => iquants_quantize::quantize_iq4nl(src, Some(imp), blocks_mut(dst)),
+        DType::IQ4_XS => iquants_quantize::quantize_iq4xs(src, Some(imp), blocks_mut(dst)),
+        DType::IQ2_XS => iq2_quantize::quantize_iq2xs(src, imp, blocks_mut(dst)),
         _ => super::quantize_row(t, src, dst),
     }
 }
@@ -68,7 +76,16 @@ pub fn has_weighted(t: DType) -> bool {
             | DType::Q4_K
             | DType::Q5_K
             | DType::Q6_K
+            | DType::IQ4_NL
+            | DType::IQ4_XS
+            | DType::IQ2_XS
     )
+}
+
+/// Whether `t` can only be written with an importance matrix (llama.cpp's quantizer for it
+/// asserts one): [`super::quantize_row`] cannot write it, [`quantize_row_weighted`] can.
+pub fn requires_importance(t: DType) -> bool {
+    t == DType::IQ2_XS
 }
 
 /// `w_i = imp_i · sqrt(σ² + x_i²)`, σ² = `sigma2`.

@@ -1,4 +1,4 @@
-//! llama.cpp's batch matmul paths for the k-quants, whose float arithmetic differs from its
+//! llama.cpp's batch matmul paths for the k-quants and IQ4_NL, whose float arithmetic differs from its
 //! `ggml_vec_dot_*` kernels (which the main [`Kernels`](super::Kernels) table reproduces).
 //!
 //! llama.cpp's CPU backend (x86, AVX2 or better) computes a weight × activations product in
@@ -10,6 +10,10 @@
 //!   `ggml_gemv_q4_K_8x8_q8_K`. Per output, both keep two f32 accumulators, the products and
 //!   the mins, and return their difference; the gemv adds one FMA per super-block
 //!   (`acc = fma(Σ sc·q·a, d_w·d_x, acc)`), the gemm one per 64 elements.
+//! - **Repacked IQ4_NL** (`ggml-cpu/repack.cpp`, `block_iq4_nlx8`): every IQ4_NL matrix
+//!   whose row count is a multiple of 8, every token (`ggml_gemv/gemm_iq4_nl_8x8_q8_0`,
+//!   whose per-output arithmetic is the same): one FMA per 32-element block,
+//!   `acc = fma(Σ q·a, d_w·d_x, acc)`. mica computes it as [`DotPath::RepackGemv`].
 //! - **Tiled** (`ggml-cpu/tiled`, AVX-512 VNNI microkernel): the other k-quants when a batch
 //!   has at least 8 tokens. Per super-block `r = Σ sc·q·a · d_w` (minus `dmin_w · Σ m·bsum`
 //!   by one fused step), then `acc = fma(r, d_x, acc)`.
@@ -31,7 +35,8 @@ pub enum DotPath {
     /// `ggml_vec_dot_*` (and tinyBLAS for Q8_0/Q5_0/Q4_0 batches, whose per-output
     /// arithmetic is the same): [`Kernels::vec_dot`](super::Kernels::vec_dot).
     VecDot,
-    /// Repacked Q4_K, a token outside the groups of four: `ggml_gemv_q4_K_8x8_q8_K`.
+    /// Repacked Q4_K, a token outside the groups of four: `ggml_gemv_q4_K_8x8_q8_K`; and
+    /// repacked IQ4_NL, every token (`ggml_gemv/gemm_iq4_nl_8x8_q8_0`).
     RepackGemv,
     /// Repacked Q4_K, a token in a group of four: `ggml_gemm_q4_K_8x8_q8_K`.
     RepackGemm,
@@ -55,7 +60,9 @@ impl DotPath {
             t,
             DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K
         );
-        if t == DType::Q4_K && rows.is_multiple_of(8) {
+        if t == DType::IQ4_NL && rows.is_multiple_of(8) {
+            DotPath::RepackGemv
+        } else if t == DType::Q4_K && rows.is_multiple_of(8) {
             if token < n_tokens - n_tokens % 4 {
                 DotPath::RepackGemm
             } else {

@@ -31,7 +31,7 @@ macro_rules! scalar_quant {
 
 /// Puts every kernel of the scalar tier into `k` (an empty table).
 pub(super) fn install(k: &mut Kernels) {
-    let dots: [(DType, VecDotFn); 13] = [
+    let dots: [(DType, VecDotFn); 25] = [
         (DType::F32, scalar_dot!(F32)),
         (DType::F16, scalar_dot!(F16)),
         (DType::BF16, scalar_dot!(BF16)),
@@ -45,12 +45,24 @@ pub(super) fn install(k: &mut Kernels) {
         (DType::Q4_K, scalar_dot!(Q4_K)),
         (DType::Q5_K, scalar_dot!(Q5_K)),
         (DType::Q6_K, scalar_dot!(Q6_K)),
+        (DType::IQ2_XXS, scalar_dot!(IQ2_XXS)),
+        (DType::IQ2_XS, scalar_dot!(IQ2_XS)),
+        (DType::IQ2_S, scalar_dot!(IQ2_S)),
+        (DType::IQ3_XXS, scalar_dot!(IQ3_XXS)),
+        (DType::IQ3_S, scalar_dot!(IQ3_S)),
+        (DType::IQ1_S, scalar_dot!(IQ1_S)),
+        (DType::IQ1_M, scalar_dot!(IQ1_M)),
+        (DType::IQ4_NL, scalar_dot!(IQ4_NL)),
+        (DType::IQ4_XS, scalar_dot!(IQ4_XS)),
+        (DType::TQ1_0, scalar_dot!(TQ1_0)),
+        (DType::TQ2_0, scalar_dot!(TQ2_0)),
+        (DType::MXFP4, scalar_dot!(MXFP4)),
     ];
     for (t, f) in dots {
         k.set_dot(t, f);
     }
 
-    let quants: [(DType, QuantizeFn); 15] = [
+    let quants: [(DType, QuantizeFn); 20] = [
         (DType::F32, scalar_quant!(F32)),
         (DType::F16, scalar_quant!(F16)),
         (DType::BF16, scalar_quant!(BF16)),
@@ -70,12 +82,20 @@ pub(super) fn install(k: &mut Kernels) {
         (DType::Q5_K, scalar_quant!(Q5_K)),
         (DType::Q6_K, scalar_quant!(Q6_K)),
         (DType::Q8_K, scalar_quant!(Q8_K)),
+        (DType::IQ4_NL, scalar_quant!(IQ4_NL)),
+        (DType::IQ4_XS, scalar_quant!(IQ4_XS)),
+        (DType::TQ1_0, scalar_quant!(TQ1_0)),
+        (DType::TQ2_0, scalar_quant!(TQ2_0)),
+        (DType::MXFP4, scalar_quant!(MXFP4)),
     ];
     for (t, f) in quants {
         k.set_quant(t, f);
     }
 
     k.set_path_dot(DotPath::RepackGemv, DType::Q4_K, gemv_q4k);
+    k.set_path_dot(DotPath::RepackGemv, DType::IQ4_NL, |_, w, x| {
+        quant::iquants::dot_iq4nl_repacked(quant::blocks::blocks(w), quant::blocks::blocks(x))
+    });
     k.set_path_dot(DotPath::RepackGemm, DType::Q4_K, gemm_q4k);
     let tiled: [(DType, VecDotFn); 5] = [
         (DType::Q2_K, tiled_q2k),

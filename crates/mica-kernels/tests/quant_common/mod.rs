@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use mica_kernels::DType;
-use mica_kernels::quant::{dequantize_row, f16_to_f32, f32_to_f16, quantize_row};
+use mica_kernels::quant::{can_quantize, dequantize_row, f16_to_f32, f32_to_f16, quantize_row};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -28,6 +28,16 @@ pub fn f16_fields(t: DType) -> &'static [usize] {
         DType::Q2_K => &[80, 82],
         DType::Q3_K => &[108],
         DType::Q6_K => &[208],
+        DType::IQ2_XXS
+        | DType::IQ2_XS
+        | DType::IQ2_S
+        | DType::IQ3_XXS
+        | DType::IQ3_S
+        | DType::IQ1_S
+        | DType::IQ4_NL
+        | DType::IQ4_XS => &[0],
+        DType::TQ1_0 => &[52],
+        DType::TQ2_0 => &[64],
         _ => &[],
     }
 }
@@ -44,7 +54,8 @@ pub fn random_scale(r: &mut Rng) -> f32 {
 pub enum WeightKind {
     /// Random bytes with random finite scales: every bit pattern of the quants.
     RandomBytes,
-    /// llama.cpp's reference quantizer applied to random normal weights.
+    /// llama.cpp's reference quantizer applied to random normal weights (for the i-quants
+    /// mica cannot write, random bytes with random scales as `RandomBytes`).
     Quantized,
     /// Zero scales.
     ZeroScales,
@@ -76,6 +87,11 @@ pub fn weight_row(t: DType, nblocks: usize, kind: WeightKind, r: &mut Rng) -> Ve
         quantize_row(t, &vals, &mut out);
         return out;
     }
+    let kind = if kind == WeightKind::Quantized && !can_quantize(t) {
+        WeightKind::RandomBytes
+    } else {
+        kind
+    };
     match kind {
         WeightKind::Quantized => {
             let scale = (r.random_range(-6.0f32..4.0)).exp2();
@@ -90,6 +106,7 @@ pub fn weight_row(t: DType, nblocks: usize, kind: WeightKind, r: &mut Rng) -> Ve
                 for &off in f16_fields(t) {
                     b[off..off + 2].copy_from_slice(&f32_to_f16(random_scale(r)));
                 }
+                set_special_scale(t, b, random_scale(r));
             }
             out
         }
@@ -104,9 +121,32 @@ pub fn weight_row(t: DType, nblocks: usize, kind: WeightKind, r: &mut Rng) -> Ve
                 for &off in f16_fields(t) {
                     b[off..off + 2].copy_from_slice(&f32_to_f16(scale));
                 }
+                set_special_scale(t, b, scale);
+                if t == DType::MXFP4 && kind == WeightKind::ZeroScales {
+                    b[0] = 0; // the smallest scale, 2^-128 (E8M0 has no zero)
+                }
             }
             out
         }
+    }
+}
+
+/// Scales that are not plain f16 fields: IQ1_M's f16 spread over the top nibbles of its
+/// four u16 scale words; MXFP4's E8M0 exponent (kept in a range whose products stay finite).
+pub fn set_special_scale(t: DType, b: &mut [u8], scale: f32) {
+    match t {
+        DType::IQ1_M => {
+            let bits = u16::from_le_bytes(f32_to_f16(scale));
+            for i in 0..4 {
+                let hi = &mut b[48 + 2 * i + 1];
+                *hi = (*hi & 0x0F) | (((bits >> (4 * i)) & 0xF) << 4) as u8;
+            }
+        }
+        DType::MXFP4 => {
+            // 2^(e-128) with e in 100..=150: as the f16 scales of the other types.
+            b[0] = 100 + b[0] % 51;
+        }
+        _ => {}
     }
 }
 
@@ -177,6 +217,22 @@ pub fn offset_magnitudes(t: DType, w: &[u8], n: usize) -> Vec<f64> {
                 let sc: [u8; 12] = b[4..16].try_into().unwrap();
                 for (i, o) in o.iter_mut().enumerate() {
                     *o = h(2) * scale_min_k4(i / 32, &sc).1 as f64;
+                }
+            }
+            // The IQ1 shift `±0.125 · d · ls`, computed from the activation sums.
+            DType::IQ1_S => {
+                for (i, o) in o.iter_mut().enumerate() {
+                    let qh = u16::from_le_bytes([b[34 + 2 * (i / 32)], b[35 + 2 * (i / 32)]]);
+                    *o = h(0) * (2 * (qh >> 12 & 7) + 1) as f64 * 0.125;
+                }
+            }
+            DType::IQ1_M => {
+                let blk: &[mica_kernels::quant::BlockIQ1M] =
+                    mica_kernels::quant::cast_blocks(b).unwrap();
+                let d = mica_kernels::quant::iquants::iq1m_scale(&blk[0]).abs() as f64;
+                let (u, _) = mica_kernels::quant::iquants::unpack_iq1m(&blk[0]);
+                for (i, o) in o.iter_mut().enumerate() {
+                    *o = d * u.sc[i / 16] as f64 * 0.125;
                 }
             }
             _ => {}

@@ -32,6 +32,8 @@ use mica_formats::ggml_types::GgmlType;
 use mica_formats::gguf::TensorDecl;
 use mica_formats::{GgufStreamWriter, MetaArray, MetaValue, MicaWriter, TensorInfo, TensorSink};
 use mica_kernels::DType;
+use mica_kernels::quant::can_quantize;
+use mica_kernels::quant::weighted::requires_importance;
 use mica_models::LoadedModel;
 use mica_models::weights::ActStats;
 use overrides::TensorTypeRule;
@@ -165,7 +167,7 @@ pub(crate) struct Planned<'a> {
     pub target: GgmlType,
 }
 
-fn plan<'a>(src: &'a Source, ft: Option<FileType>) -> Result<Vec<Planned<'a>>> {
+fn plan<'a>(src: &'a Source, ft: Option<FileType>, has_imatrix: bool) -> Result<Vec<Planned<'a>>> {
     let arch = src.get_str("general.architecture").unwrap_or("");
     let key = |k: &str| format!("{arch}.{k}");
     let n_head = src.get_u64(&key("attention.head_count")).unwrap_or(1);
@@ -176,6 +178,7 @@ fn plan<'a>(src: &'a Source, ft: Option<FileType>) -> Result<Vec<Planned<'a>>> {
         n_layer: src.get_u64(&key("block_count")).unwrap_or(0) as usize,
         n_gqa: (n_head / n_head_kv.max(1)) as usize,
         tied_embeddings: !src.has_tensor("output.weight"),
+        has_imatrix,
     };
     let mut out = Vec::with_capacity(src.tensors().len());
     for (idx, t) in src.tensors().iter().enumerate() {
@@ -328,7 +331,8 @@ pub fn convert(
         return Err(QuantError::OverwritesSource);
     }
     let src = Source::open(src_path, on_event)?;
-    let mut planned = plan(&src, ft)?;
+    let has_imatrix = !matches!(opts.importance, Importance::None);
+    let mut planned = plan(&src, ft, has_imatrix)?;
     let fixed = overrides::apply(&opts.tensor_types, &mut planned)?;
     let threads = opts.threads.max(1);
     let prepared = prepare_importance(src_path, opts, ft, threads, on_event)?;
@@ -372,6 +376,7 @@ pub fn convert(
             on_event,
         )?);
     }
+    check_writable(&planned, imatrix)?;
     let requant: Vec<&Planned> = planned
         .iter()
         .filter(|p| p.target != p.info.ggml_type && is_quantized(p.info.ggml_type))
@@ -516,6 +521,42 @@ fn prepare_importance<'o>(
             })
         }
     }
+}
+
+/// Refuses, before anything is written, a target type mica has no quantizer for (the grid
+/// i-quants but IQ2_XS) and an IQ2_XS target without importance for its tensor (llama.cpp
+/// refuses those too: its quantizer asserts an importance matrix).
+fn check_writable(planned: &[Planned], imatrix: Option<&Imatrix>) -> Result<()> {
+    for p in planned.iter().filter(|p| p.target != p.info.ggml_type) {
+        let Some(ty) = p.target.dtype() else {
+            continue;
+        };
+        let tensor = || p.info.name.clone();
+        if requires_importance(ty) {
+            let Some(m) = imatrix else {
+                return Err(QuantError::ImportanceRequired {
+                    tensor: tensor(),
+                    ty,
+                });
+            };
+            let row_len = p.info.row_len();
+            if m.weights(&p.info.name)
+                .is_none_or(|w| w.len() as u64 != row_len)
+            {
+                return Err(QuantError::ImportanceMissing {
+                    tensor: tensor(),
+                    ty,
+                    row_len,
+                });
+            }
+        } else if !can_quantize(ty) {
+            return Err(QuantError::UnwritableGridType {
+                tensor: tensor(),
+                ty,
+            });
+        }
+    }
+    Ok(())
 }
 
 fn same_file(a: &Path, b: &Path) -> bool {

@@ -6,10 +6,21 @@
 //! - For a quantized target, the output projection (and the token embedding when the two
 //!   are tied, i.e. the file has no `output.weight`) becomes Q6_K (Q8_0 stays Q8_0, and a
 //!   row length that is not a multiple of the block gives Q8_0).
+//! - IQ4_NL / IQ4_XS: attention V gets Q5_K when 4+ query heads share a KV head, and without
+//!   an importance matrix FFN down gets Q5_K in the first eighth of the layers. TQ1_0 /
+//!   TQ2_0: an untied token embedding gets Q4_K.
+//! - IQ2_XS: the output projection (and a tied embedding) Q5_K, an untied token embedding
+//!   Q2_K, attention V Q4_K when 4+ query heads share a KV head and Q2_K otherwise, FFN down
+//!   Q2_K in the first eighth of the layers. Its tensors need an importance matrix.
 //! - The `_M`/`_L` mixes give more bits to attention V and FFN down in the layers
 //!   `use_more_bits` picks (the first and last eighth, and every third in between).
 //! - A row whose length is not a multiple of the type's block falls back as llama.cpp does
-//!   (Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, Q2_K/Q3_K → Q4_0, then F16).
+//!   (Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, Q2_K/Q3_K/TQ1_0/TQ2_0 → Q4_0, IQ4_XS and the
+//!   grid i-quants → IQ4_NL, then F16).
+//!
+//! The other grid i-quants (IQ1_S, IQ1_M, IQ2_XXS, IQ2_S, IQ3_XXS, IQ3_S) and MXFP4 are read
+//! but have no file type here: mica has no quantizer for the former, and llama.cpp's only
+//! MXFP4 file type is for MoE experts.
 //!
 //! `q4_k`, `q5_k` and `q3_k` mean the `_M` mixes, as llama-quantize's aliases do.
 
@@ -37,6 +48,11 @@ pub enum FileType {
     Q5_K_S,
     Q5_K_M,
     Q6_K,
+    IQ4_NL,
+    IQ4_XS,
+    TQ1_0,
+    TQ2_0,
+    IQ2_XS,
 }
 
 const NAMES: &[(&str, FileType)] = &[
@@ -60,6 +76,11 @@ const NAMES: &[(&str, FileType)] = &[
     ("q5_k_m", FileType::Q5_K_M),
     ("q5_k", FileType::Q5_K_M),
     ("q6_k", FileType::Q6_K),
+    ("iq4_nl", FileType::IQ4_NL),
+    ("iq4_xs", FileType::IQ4_XS),
+    ("tq1_0", FileType::TQ1_0),
+    ("tq2_0", FileType::TQ2_0),
+    ("iq2_xs", FileType::IQ2_XS),
 ];
 
 impl FileType {
@@ -101,6 +122,11 @@ impl FileType {
             FileType::Q5_K_M => 17,
             FileType::Q6_K => 18,
             FileType::BF16 => 32,
+            FileType::IQ4_NL => 25,
+            FileType::IQ4_XS => 30,
+            FileType::TQ1_0 => 36,
+            FileType::TQ2_0 => 37,
+            FileType::IQ2_XS => 20,
         }
     }
 
@@ -120,6 +146,11 @@ impl FileType {
             FileType::Q4_K_S | FileType::Q4_K_M => DType::Q4_K,
             FileType::Q5_K_S | FileType::Q5_K_M => DType::Q5_K,
             FileType::Q6_K => DType::Q6_K,
+            FileType::IQ4_NL => DType::IQ4_NL,
+            FileType::IQ4_XS => DType::IQ4_XS,
+            FileType::TQ1_0 => DType::TQ1_0,
+            FileType::TQ2_0 => DType::TQ2_0,
+            FileType::IQ2_XS => DType::IQ2_XS,
         }
     }
 
@@ -136,6 +167,9 @@ pub struct ModelShape {
     pub n_gqa: usize,
     /// The file has no separate `output.weight`.
     pub tied_embeddings: bool,
+    /// The conversion uses an importance matrix (llama.cpp's `has_imatrix`: some mixes
+    /// give more bits where there is none).
+    pub has_imatrix: bool,
 }
 
 /// One tensor as the rules see it.
@@ -217,11 +251,29 @@ pub fn tensor_type(ft: FileType, m: &ModelShape, t: &TensorDesc, source: DType) 
     if cat == Category::Output || (m.tied_embeddings && cat == Category::TokenEmbd) {
         if !nx.is_multiple_of(ty.block_size()) {
             ty = DType::Q8_0;
+        } else if ft == FileType::IQ2_XS {
+            ty = DType::Q5_K;
         } else if ty != DType::Q8_0 {
             ty = DType::Q6_K;
         }
+    } else if cat == Category::TokenEmbd {
+        if matches!(ft, FileType::TQ1_0 | FileType::TQ2_0) {
+            ty = DType::Q4_K;
+        } else if ft == FileType::IQ2_XS {
+            ty = DType::Q2_K;
+        }
+    } else if ft == FileType::IQ2_XS {
+        // llama.cpp's branch for its 1- and 2-bit i-quant file types, which replaces the
+        // per-category rules below.
+        ty = match cat {
+            Category::AttnV if m.n_gqa >= 4 => DType::Q4_K,
+            Category::AttnV => DType::Q2_K,
+            Category::FfnDown if layer < m.n_layer / 8 => DType::Q2_K,
+            _ => ty,
+        };
     } else if cat == Category::AttnV {
         ty = match ft {
+            FileType::IQ4_NL | FileType::IQ4_XS if m.n_gqa >= 4 => DType::Q5_K,
             FileType::Q2_K if m.n_gqa >= 4 => DType::Q4_K,
             FileType::Q2_K => DType::Q3_K,
             FileType::Q3_K_M if layer < 2 => DType::Q5_K,
@@ -239,6 +291,7 @@ pub fn tensor_type(ft: FileType, m: &ModelShape, t: &TensorDesc, source: DType) 
             FileType::Q3_K_M => DType::Q4_K,
             FileType::Q3_K_L => DType::Q5_K,
             FileType::Q4_K_M | FileType::Q5_K_M if use_more_bits(layer, n) => DType::Q6_K,
+            FileType::IQ4_NL | FileType::IQ4_XS if layer < n / 8 && !m.has_imatrix => DType::Q5_K,
             FileType::Q4_K_S if layer < n / 8 => DType::Q5_K,
             _ => ty,
         };
@@ -259,7 +312,15 @@ pub fn fallback(ty: DType, nx: usize) -> DType {
         return ty;
     }
     let alt = match ty {
-        DType::Q2_K | DType::Q3_K => DType::Q4_0,
+        DType::Q2_K | DType::Q3_K | DType::TQ1_0 | DType::TQ2_0 => DType::Q4_0,
+        DType::IQ4_XS
+        | DType::IQ1_S
+        | DType::IQ1_M
+        | DType::IQ2_XXS
+        | DType::IQ2_XS
+        | DType::IQ2_S
+        | DType::IQ3_XXS
+        | DType::IQ3_S => DType::IQ4_NL,
         DType::Q4_K => DType::Q5_0,
         DType::Q5_K => DType::Q5_1,
         DType::Q6_K => DType::Q8_0,
@@ -281,6 +342,7 @@ mod tests {
             n_layer: 30,
             n_gqa: 3,
             tied_embeddings: tied,
+            has_imatrix: false,
         }
     }
 
@@ -375,5 +437,117 @@ mod tests {
             ty(FileType::Q4_K_M, "blk.4.attn_q.weight", &[576, 576], true),
             DType::Q5_0
         );
+    }
+
+    #[test]
+    fn iq4_and_ternary_file_types_follow_llama_cpp() {
+        for (name, ft, id) in [
+            ("iq4_nl", FileType::IQ4_NL, 25),
+            ("IQ4_XS", FileType::IQ4_XS, 30),
+            ("tq1_0", FileType::TQ1_0, 36),
+            ("tq2_0", FileType::TQ2_0, 37),
+        ] {
+            assert_eq!(FileType::parse(name), Some(ft));
+            assert_eq!(ft.ftype_id(), id);
+        }
+        let xs = FileType::IQ4_XS;
+        // SmolLM2: 576-wide rows are not whole IQ4_XS blocks, IQ4_NL instead; 1536 are.
+        assert_eq!(
+            ty(xs, "blk.3.attn_q.weight", &[576, 576], true),
+            DType::IQ4_NL
+        );
+        assert_eq!(
+            ty(xs, "blk.9.ffn_down.weight", &[1536, 576], true),
+            DType::IQ4_XS
+        );
+        // The tied embedding: Q8_0 for a row that is no whole super-block, else Q6_K.
+        assert_eq!(
+            ty(xs, "token_embd.weight", &[576, 49152], true),
+            DType::Q8_0
+        );
+        assert_eq!(
+            ty(xs, "token_embd.weight", &[1024, 49152], true),
+            DType::Q6_K
+        );
+        // FFN down of the first eighth: Q5_K without an importance matrix, not with one.
+        assert_eq!(
+            ty(xs, "blk.0.ffn_down.weight", &[1536, 576], true),
+            DType::Q5_K
+        );
+        let with = ModelShape {
+            has_imatrix: true,
+            ..m(true)
+        };
+        let d = TensorDesc {
+            name: "blk.0.ffn_down.weight",
+            shape: &[1536, 576],
+        };
+        assert_eq!(tensor_type(xs, &with, &d, DType::F32), DType::IQ4_XS);
+        // Attention V with 4+ query heads per KV head.
+        let gqa = ModelShape {
+            n_gqa: 4,
+            ..m(true)
+        };
+        let v = TensorDesc {
+            name: "blk.5.attn_v.weight",
+            shape: &[1024, 256],
+        };
+        assert_eq!(tensor_type(xs, &gqa, &v, DType::F32), DType::Q5_K);
+        assert_eq!(
+            ty(xs, "blk.5.attn_v.weight", &[1024, 256], true),
+            DType::IQ4_XS
+        );
+        // Ternary: untied embedding Q4_K, rows of 576 fall back to Q4_0.
+        let tq = FileType::TQ2_0;
+        assert_eq!(
+            ty(tq, "token_embd.weight", &[1024, 100], false),
+            DType::Q4_K
+        );
+        assert_eq!(
+            ty(tq, "blk.0.attn_q.weight", &[1024, 1024], false),
+            DType::TQ2_0
+        );
+        assert_eq!(
+            ty(tq, "blk.0.attn_q.weight", &[576, 576], false),
+            DType::Q4_0
+        );
+    }
+
+    #[test]
+    fn iq2_xs_file_type_follows_llama_cpp() {
+        let ft = FileType::IQ2_XS;
+        assert_eq!(FileType::parse("iq2_xs"), Some(ft));
+        assert_eq!(ft.ftype_id(), 20);
+        // SmolLM2 (30 layers, 3 query heads per KV head, tied embedding, 576 wide).
+        let cases: [(&str, &[u64], DType); 9] = [
+            ("token_embd.weight", &[576, 49152], DType::Q8_0),
+            ("blk.4.attn_q.weight", &[576, 576], DType::IQ4_NL),
+            ("blk.4.attn_v.weight", &[576, 192], DType::Q4_0),
+            ("blk.4.attn_output.weight", &[576, 576], DType::IQ4_NL),
+            ("blk.2.ffn_down.weight", &[1536, 576], DType::Q2_K),
+            ("blk.3.ffn_down.weight", &[1536, 576], DType::IQ2_XS),
+            ("blk.3.ffn_up.weight", &[576, 1536], DType::IQ4_NL),
+            ("blk.3.ffn_up.weight", &[1024, 1536], DType::IQ2_XS),
+            ("blk.3.attn_v.weight", &[1024, 256], DType::Q2_K),
+        ];
+        for (name, shape, want) in cases {
+            assert_eq!(ty(ft, name, shape, true), want, "{name} {shape:?}");
+        }
+        // Whole super-blocks: the output Q5_K, an untied embedding Q2_K, attention V Q4_K
+        // with 4+ query heads per KV head.
+        assert_eq!(ty(ft, "output.weight", &[1024, 100], false), DType::Q5_K);
+        assert_eq!(
+            ty(ft, "token_embd.weight", &[1024, 100], false),
+            DType::Q2_K
+        );
+        let gqa = ModelShape {
+            n_gqa: 4,
+            ..m(true)
+        };
+        let v = TensorDesc {
+            name: "blk.5.attn_v.weight",
+            shape: &[1024, 256],
+        };
+        assert_eq!(tensor_type(ft, &gqa, &v, DType::F32), DType::Q4_K);
     }
 }

@@ -15,7 +15,8 @@
 //! `vfmadd`, `vcvtq_f32_s32` rounds to nearest like `vcvtdq2ps`.
 //!
 //! The legacy 4-bit formats and Q8_0 unpack in registers; the 5-bit legacy formats and the
-//! k-quants unpack each block with the scalar `unpack_*` of [`crate::quant`] first (correct
+//! k-quants (and, in `neon/iquants.rs`, the i-quants, TQ1_0, TQ2_0 and MXFP4) unpack each
+//! block with the scalar `unpack_*` of [`crate::quant`] first (correct
 //! everywhere; a register unpack per format is the next step for ARM speed). NEON is part of
 //! the aarch64 baseline, so this table needs no run-time detection.
 
@@ -29,6 +30,8 @@ use crate::quant::blocks::{
 use crate::quant::kquants::{unpack_q2k, unpack_q3k, unpack_q4k, unpack_q5k, unpack_q6k};
 use crate::quant::legacy::{unpack_q5_0, unpack_q5_1};
 use crate::simd::Kernels;
+
+mod iquants;
 
 /// Turns a target-feature kernel into a plain `fn` for the table.
 macro_rules! entry {
@@ -50,6 +53,18 @@ pub(in crate::simd) fn install(k: &mut Kernels) {
     k.set_dot(DType::Q4_K, entry!(vec_dot_q4k));
     k.set_dot(DType::Q5_K, entry!(vec_dot_q5k));
     k.set_dot(DType::Q6_K, entry!(vec_dot_q6k));
+    k.set_dot(DType::IQ2_XXS, entry!(iquants::vec_dot_iq2xxs));
+    k.set_dot(DType::IQ2_XS, entry!(iquants::vec_dot_iq2xs));
+    k.set_dot(DType::IQ2_S, entry!(iquants::vec_dot_iq2s));
+    k.set_dot(DType::IQ3_XXS, entry!(iquants::vec_dot_iq3xxs));
+    k.set_dot(DType::IQ3_S, entry!(iquants::vec_dot_iq3s));
+    k.set_dot(DType::IQ1_S, entry!(iquants::vec_dot_iq1s));
+    k.set_dot(DType::IQ1_M, entry!(iquants::vec_dot_iq1m));
+    k.set_dot(DType::IQ4_NL, entry!(iquants::vec_dot_iq4nl));
+    k.set_dot(DType::IQ4_XS, entry!(iquants::vec_dot_iq4xs));
+    k.set_dot(DType::TQ1_0, entry!(iquants::vec_dot_tq1_0));
+    k.set_dot(DType::TQ2_0, entry!(iquants::vec_dot_tq2_0));
+    k.set_dot(DType::MXFP4, entry!(iquants::vec_dot_mxfp4));
 }
 
 // ---------------------------------------------------------------------------------------------

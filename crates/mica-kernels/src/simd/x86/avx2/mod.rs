@@ -6,6 +6,8 @@
 //!   and of the float types;
 //! - `kquants.rs`: dot products of the k-quants (Q2_K ... Q6_K), and the per-chunk integer
 //!   lanes the other k-quant kernels build on;
+//! - `iquants.rs`: dot products of the i-quants, TQ1_0, TQ2_0 and MXFP4;
+//! - `imat.rs`: matrix kernels of the i-quants (grid types and IQ4_XS; repacked IQ4_NL);
 //! - `quantize.rs`: the activation quantizers (Q8_0, Q8_1, Q8_K, F16, BF16);
 //! - `mat.rs`: matrix kernels with `vec_dot`'s arithmetic (legacy formats and k-quants four
 //!   rows per step, floats two);
@@ -24,6 +26,8 @@
 //! horizontal sum; `127 / amax` and ties-to-even rounding in the quantizers.
 
 mod dot;
+mod imat;
+mod iquants;
 mod kprefill;
 mod kquants;
 mod mat;
@@ -37,6 +41,9 @@ use crate::DType;
 use crate::simd::{DotPath, Kernels, Packing};
 
 pub(super) use dot::{legacy_dot, q4_0_bytes, q5_0_bytes, q5_1_bytes};
+pub(super) use iquants::{
+    GridChunks, IQ2S, IQ2XS, IQ2XXS, IQ3S, IQ3XXS, IQ4XS, nl_values, table16,
+};
 pub(super) use kquants::{finish_q4k, hsum_i32x4, min_lanes_k4, offset_lanes_q6k};
 
 /// True when this CPU can run the kernels of this tier.
@@ -85,6 +92,21 @@ pub(in crate::simd) fn install(k: &mut Kernels) {
     k.set_dot(DType::Q4_K, entry!(dot kquants::vec_dot_q4k));
     k.set_dot(DType::Q5_K, entry!(dot kquants::vec_dot_q5k));
     k.set_dot(DType::Q6_K, entry!(dot kquants::vec_dot_q6k));
+    {
+        use iquants::{IQ2S, IQ2XS, IQ2XXS, IQ3S, IQ3XXS, IQ4XS, vec_dot_grid};
+        k.set_dot(DType::IQ2_XXS, entry!(dot vec_dot_grid::<IQ2XXS>));
+        k.set_dot(DType::IQ2_XS, entry!(dot vec_dot_grid::<IQ2XS>));
+        k.set_dot(DType::IQ2_S, entry!(dot vec_dot_grid::<IQ2S>));
+        k.set_dot(DType::IQ3_XXS, entry!(dot vec_dot_grid::<IQ3XXS>));
+        k.set_dot(DType::IQ3_S, entry!(dot vec_dot_grid::<IQ3S>));
+        k.set_dot(DType::IQ4_XS, entry!(dot vec_dot_grid::<IQ4XS>));
+    }
+    k.set_dot(DType::IQ1_S, entry!(dot iquants::vec_dot_iq1s));
+    k.set_dot(DType::IQ1_M, entry!(dot iquants::vec_dot_iq1m));
+    k.set_dot(DType::IQ4_NL, entry!(dot iquants::vec_dot_iq4nl));
+    k.set_dot(DType::TQ1_0, entry!(dot iquants::vec_dot_tq1_0));
+    k.set_dot(DType::TQ2_0, entry!(dot iquants::vec_dot_tq2_0));
+    k.set_dot(DType::MXFP4, entry!(dot iquants::vec_dot_mxfp4));
 
     // Activation quantizers (byte-identical to the scalar table's).
     k.set_quant(DType::Q8_0, entry!(quant quantize::quantize_q8_0));
@@ -103,6 +125,11 @@ pub(in crate::simd) fn install(k: &mut Kernels) {
         DotPath::RepackGemm,
         DType::Q4_K,
         entry!(dot paths::gemm_q4k),
+    );
+    k.set_path_dot(
+        DotPath::RepackGemv,
+        DType::IQ4_NL,
+        entry!(dot iquants::repack_iq4nl),
     );
     k.set_path_dot(DotPath::Tiled, DType::Q2_K, entry!(dot paths::tiled_q2k));
     k.set_path_dot(DotPath::Tiled, DType::Q3_K, entry!(dot paths::tiled_q3k));
@@ -176,6 +203,24 @@ pub(in crate::simd) fn install(k: &mut Kernels) {
         DType::Q6_K,
         entry!(mat mat::kvec::<mat::V6>),
     );
+
+    // Matrix kernels of the i-quants.
+    {
+        use imat::{mat_grid, mat_iq4nl_repack};
+        use iquants::{IQ2S, IQ2XS, IQ2XXS, IQ3S, IQ3XXS, IQ4XS};
+        let v = DotPath::VecDot;
+        k.set_mat(v, DType::IQ2_XXS, entry!(mat mat_grid::<IQ2XXS>));
+        k.set_mat(v, DType::IQ2_XS, entry!(mat mat_grid::<IQ2XS>));
+        k.set_mat(v, DType::IQ2_S, entry!(mat mat_grid::<IQ2S>));
+        k.set_mat(v, DType::IQ3_XXS, entry!(mat mat_grid::<IQ3XXS>));
+        k.set_mat(v, DType::IQ3_S, entry!(mat mat_grid::<IQ3S>));
+        k.set_mat(v, DType::IQ4_XS, entry!(mat mat_grid::<IQ4XS>));
+        k.set_mat(
+            DotPath::RepackGemv,
+            DType::IQ4_NL,
+            entry!(mat mat_iq4nl_repack),
+        );
+    }
 
     // Matrix kernels of the batch paths: four rows per step, and from
     // `kprefill::DECODE_MIN_TOKENS` tokens on the decoded prefill (Q4_K, Q5_K, Q6_K).

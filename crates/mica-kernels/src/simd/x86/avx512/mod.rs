@@ -4,6 +4,8 @@
 //!
 //! - `dot.rs`: dot products of the legacy formats (one `vpdpbusd` per block) and of Q4_K and
 //!   Q6_K (64 elements per register);
+//! - `iquants.rs`: dot products of the grid i-quants and IQ4_XS (two chunks per register),
+//!   IQ4_NL and MXFP4 (two blocks per register);
 //! - `mat.rs`: matrix kernels of the legacy formats, four rows × up to four tokens, on the
 //!   file's rows or the packed layout;
 //! - `packed.rs`: that packed layout (four rows interleaved block by block);
@@ -17,6 +19,7 @@
 //! check it. The shared helpers below are the 512-bit ones; the AVX2 tier's serve too.
 
 mod dot;
+mod iquants;
 mod kmat;
 mod kunpack;
 mod mat;
@@ -46,6 +49,18 @@ pub(in crate::simd) fn install(k: &mut Kernels) {
     k.set_dot(DType::Q8_0, entry!(dot dot::vec_dot_q8_0));
     k.set_dot(DType::Q4_K, entry!(dot dot::vec_dot_q4k));
     k.set_dot(DType::Q6_K, entry!(dot dot::vec_dot_q6k));
+    {
+        use crate::simd::x86::avx2::{IQ2S, IQ2XS, IQ2XXS, IQ3S, IQ3XXS, IQ4XS};
+        use iquants::vec_dot_grid;
+        k.set_dot(DType::IQ2_XXS, entry!(dot vec_dot_grid::<IQ2XXS>));
+        k.set_dot(DType::IQ2_XS, entry!(dot vec_dot_grid::<IQ2XS>));
+        k.set_dot(DType::IQ2_S, entry!(dot vec_dot_grid::<IQ2S>));
+        k.set_dot(DType::IQ3_XXS, entry!(dot vec_dot_grid::<IQ3XXS>));
+        k.set_dot(DType::IQ3_S, entry!(dot vec_dot_grid::<IQ3S>));
+        k.set_dot(DType::IQ4_XS, entry!(dot vec_dot_grid::<IQ4XS>));
+        k.set_dot(DType::IQ4_NL, entry!(dot iquants::vec_dot_iq4nl));
+        k.set_dot(DType::MXFP4, entry!(dot iquants::vec_dot_mxfp4));
+    }
 
     // Legacy formats: the matrix kernel of `vec_dot`, and the packed layout of four rows with
     // the same kernel reading it.
