@@ -12,9 +12,9 @@
 //!   through [`Session::generate_with`];
 //! - [`Model::engine`]: many concurrent requests continuously batched on one engine thread
 //!   ([`Engine::submit`] returns a [`Stream`] of [`Event`]s; dropping it cancels the
-//!   request), as `mica serve` runs them.
-//!
+//!   request), as `mica serve` runs them;
 //! - [`Model::embed`]: embeddings of texts, pooled as the model declares and normalized.
+//!
 //! Structured output: [`Model::compile`] checks a [`Constraint`] (JSON Schema, JSON object,
 //! regular expression, Lark or GBNF grammar, choice list) before anything is generated;
 //! the [`CompiledGrammar`] then constrains a session (its processor in [`Hooks`]) or engine
