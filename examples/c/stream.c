@@ -43,6 +43,7 @@ static const char *finish_name(mica_finish_reason f) {
     case MICA_FINISH_REASON_LENGTH: return "length";
     case MICA_FINISH_REASON_CONTEXT: return "context";
     case MICA_FINISH_REASON_CANCELLED: return "cancelled";
+    case MICA_FINISH_REASON_CONSTRAINT: return "constraint";
     }
     return "?";
 }
