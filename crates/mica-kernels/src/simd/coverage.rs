@@ -206,7 +206,7 @@ impl fmt::Display for Coverage {
              dot/<path>: the plain dot; packed: no packed layout). * = selected."
         )?;
         let built: Vec<&TierStatus> = self.tiers.iter().filter(|s| s.built).collect();
-        let mut line = format!("{:<6}{:<17}", "type", "slot");
+        let mut line = format!("{:<8}{:<17}", "type", "slot");
         for s in &built {
             let name = format!("{}{}", s.tier.name(), if s.selected { "*" } else { "" });
             line += &format!("{name:<9}");
@@ -216,7 +216,7 @@ impl fmt::Display for Coverage {
             if !r.cells.iter().any(|c| c.has_kernel()) {
                 continue;
             }
-            let mut line = format!("{:<6}{:<17}", r.dtype.to_string(), r.slot);
+            let mut line = format!("{:<8}{:<17}", r.dtype.to_string(), r.slot);
             for s in &built {
                 let cell = match r.cells[s.tier as usize] {
                     Cell::Own => "own",
