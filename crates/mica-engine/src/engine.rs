@@ -502,7 +502,11 @@ impl Core {
             self.kv.copy_block(src, dst);
         }
         self.batch.clear();
+        self.ws.tiled_seqs.clear();
         for s in &plan.seqs {
+            if s.tiled {
+                self.ws.tiled_seqs.push(s.slot);
+            }
             self.kv
                 .set_table(s.slot, self.sched.blocks(s.id), s.start)?;
             let seq = self.sched.get(s.id).expect("scheduled");

@@ -9,6 +9,14 @@
 //!   with the hash of the block before it (so a key names the whole prefix up to the block's
 //!   end). A new sequence whose first blocks hash to cached keys takes those blocks instead
 //!   of computing them (the tokens are compared too, so a hash collision can't alias).
+//! - **Same arithmetic**: the key also names how the block's positions were computed —
+//!   attention's vector path (decoding, prompts under [`TILED_MIN_TOKENS`] tokens) or its
+//!   tiled path (longer prompts), which round differently (see `mica_models`
+//!   `AttentionPolicy`) — and the path of every block before it, through the chain. A
+//!   prompt takes only blocks computed the way it would compute them alone (tiled for a
+//!   prompt of [`TILED_MIN_TOKENS`] tokens or more, vector below), so a cached prefix never
+//!   changes what a request generates. Blocks of mixed arithmetic (a prompt's end and the first generated
+//!   tokens) are never shared.
 //! - Blocks whose count drops to zero stay cached and become *evictable*, least recently
 //!   released first; within one sequence its tail blocks go first, so a common prefix lives
 //!   longest. Blocks that were never full (no key) are reused before any cached block.
@@ -17,6 +25,7 @@
 //!   into a block another sequence still holds, it gets a private copy first: the manager
 //!   returns the `(src, dst)` copy for the engine to perform.
 
+use mica_models::blocks::attention::TILED_MIN_TOKENS;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 
@@ -30,6 +39,18 @@ pub struct SeqBlocks {
     pub blocks: Vec<BlockId>,
     /// Chained hash of each leading full block already registered in the prefix cache.
     hashes: Vec<u64>,
+    /// How the computed positions of each block were computed (one entry per block with
+    /// at least one computed position).
+    arith: Vec<Arith>,
+}
+
+/// How a block's positions were computed: attention's vector or tiled path (they round
+/// differently), or both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Arith {
+    Vector,
+    Tiled,
+    Mixed,
 }
 
 impl SeqBlocks {
@@ -77,12 +98,14 @@ pub struct BlockManager {
     prefix_caching: bool,
 }
 
-/// Hash of a full block: its tokens chained after the hash of everything before it.
-fn block_hash(parent: u64, tokens: &[u32]) -> u64 {
+/// Hash of a full block: its tokens and arithmetic chained after the hash of everything
+/// before it.
+fn block_hash(parent: u64, tokens: &[u32], arith: Arith) -> u64 {
     // SipHash with fixed keys: stable within a process, which is all the cache needs.
     let mut h = std::hash::DefaultHasher::new();
     parent.hash(&mut h);
     tokens.hash(&mut h);
+    arith.hash(&mut h);
     h.finish()
 }
 
@@ -143,18 +166,31 @@ impl BlockManager {
         n_tokens.div_ceil(self.block_size)
     }
 
-    /// Takes the longest cached prefix of `tokens` for an empty `seq`: full blocks only, and
-    /// never all of `tokens` (the last token must be computed to give logits). Returns the
-    /// number of tokens now covered.
-    pub fn match_prefix(&mut self, seq: &mut SeqBlocks, tokens: &[u32]) -> usize {
+    /// Takes the longest cached prefix of `tokens` (a prompt of `prompt_len` tokens and
+    /// what was generated after it) for an empty `seq`: full blocks only, computed with the
+    /// arithmetic the prompt gets alone (tiled for [`TILED_MIN_TOKENS`] tokens or more,
+    /// vector below; the engine computes the rest of the prompt the same way), and never all
+    /// of `tokens` (the last token must be computed to give logits). Returns the number of
+    /// tokens now covered.
+    pub fn match_prefix(
+        &mut self,
+        seq: &mut SeqBlocks,
+        tokens: &[u32],
+        prompt_len: usize,
+    ) -> usize {
         debug_assert!(seq.is_empty());
         if !self.prefix_caching || tokens.is_empty() {
             return 0;
         }
         let max_blocks = (tokens.len() - 1) / self.block_size;
+        let arith = if prompt_len >= TILED_MIN_TOKENS {
+            Arith::Tiled
+        } else {
+            Arith::Vector
+        };
         let mut parent = 0u64;
         for chunk in tokens.chunks_exact(self.block_size).take(max_blocks) {
-            let h = block_hash(parent, chunk);
+            let h = block_hash(parent, chunk, arith);
             let Some(&b) = self.cached.get(&h) else { break };
             let m = &self.meta[b as usize];
             if m.parent != parent || m.tokens != chunk {
@@ -163,6 +199,7 @@ impl BlockManager {
             self.acquire(b);
             seq.blocks.push(b);
             seq.hashes.push(h);
+            seq.arith.push(arith);
             parent = h;
         }
         seq.blocks.len() * self.block_size
@@ -212,8 +249,36 @@ impl BlockManager {
         true
     }
 
+    /// Records that positions `start..start + n` of `seq` were computed, on attention's
+    /// tiled path or not (see [`Arith`]). Positions are computed in order.
+    pub fn computed(&mut self, seq: &mut SeqBlocks, start: usize, n: usize, tiled: bool) {
+        if n == 0 {
+            return;
+        }
+        let arith = if tiled { Arith::Tiled } else { Arith::Vector };
+        let (first, last) = (start / self.block_size, (start + n - 1) / self.block_size);
+        // A block whose earlier positions were dropped (rolled-back drafts) keeps its tag.
+        seq.arith
+            .truncate(first + usize::from(!start.is_multiple_of(self.block_size)));
+        if let Some(a) = seq.arith.get_mut(first)
+            && *a != arith
+        {
+            *a = Arith::Mixed;
+        }
+        while seq.arith.len() <= last {
+            // Untracked earlier blocks (never the case in the engine) count as mixed.
+            let a = if seq.arith.len() >= first {
+                arith
+            } else {
+                Arith::Mixed
+            };
+            seq.arith.push(a);
+        }
+    }
+
     /// Registers the full blocks of `seq` within its first `n_computed` tokens (`tokens`
-    /// holds at least that many) in the prefix cache.
+    /// holds at least that many) in the prefix cache, keyed by their arithmetic (as
+    /// recorded by [`BlockManager::computed`]; blocks of mixed arithmetic stay private).
     pub fn cache_full_blocks(&mut self, seq: &mut SeqBlocks, tokens: &[u32], n_computed: usize) {
         if !self.prefix_caching {
             return;
@@ -223,10 +288,11 @@ impl BlockManager {
             let i = seq.hashes.len();
             let parent = if i == 0 { 0 } else { seq.hashes[i - 1] };
             let chunk = &tokens[i * self.block_size..(i + 1) * self.block_size];
-            let h = block_hash(parent, chunk);
+            let arith = seq.arith.get(i).copied().unwrap_or(Arith::Mixed);
+            let h = block_hash(parent, chunk, arith);
             let b = seq.blocks[i];
             let m = &mut self.meta[b as usize];
-            if m.hash.is_none() && !self.cached.contains_key(&h) {
+            if arith != Arith::Mixed && m.hash.is_none() && !self.cached.contains_key(&h) {
                 m.hash = Some(h);
                 m.parent = parent;
                 m.tokens.clear();
@@ -252,6 +318,7 @@ impl BlockManager {
             }
             seq.blocks.truncate(keep);
         }
+        seq.arith.truncate(keep);
         let full = len / self.block_size;
         if seq.hashes.len() > full {
             seq.hashes.truncate(full);
@@ -279,6 +346,7 @@ impl BlockManager {
         }
         seq.blocks.clear();
         seq.hashes.clear();
+        seq.arith.clear();
     }
 
     /// Drops one reference to `b`; at zero it becomes free (evictable if cached).
@@ -374,14 +442,15 @@ mod tests {
         let mut m = BlockManager::new(8, 4);
         let prompt = toks(10, 1);
         let mut a = SeqBlocks::default();
-        assert_eq!(m.match_prefix(&mut a, &prompt), 0);
+        assert_eq!(m.match_prefix(&mut a, &prompt, prompt.len()), 0);
         assert!(m.allocate(&mut a, 0, 10, &mut Vec::new()));
+        m.computed(&mut a, 0, 10, false);
         m.cache_full_blocks(&mut a, &prompt, 10);
         assert_eq!(m.n_cached(), 2, "two full blocks of 4");
 
         // Same prompt while `a` runs: shares the two full blocks.
         let mut b = SeqBlocks::default();
-        assert_eq!(m.match_prefix(&mut b, &prompt), 8);
+        assert_eq!(m.match_prefix(&mut b, &prompt, prompt.len()), 8);
         assert_eq!(&b.blocks[..], &a.blocks[..2]);
         assert_eq!(m.refs(a.blocks[0]), 2);
 
@@ -391,14 +460,14 @@ mod tests {
         m.free(&mut b);
         assert_eq!(m.n_free(), 8);
         let mut c = SeqBlocks::default();
-        assert_eq!(m.match_prefix(&mut c, &prompt), 8);
+        assert_eq!(m.match_prefix(&mut c, &prompt, prompt.len()), 8);
         assert_eq!(c.blocks[0], first);
 
         // A prompt that differs in the first block shares nothing (chained hash).
         let mut other = prompt.clone();
         other[0] += 1;
         let mut d = SeqBlocks::default();
-        assert_eq!(m.match_prefix(&mut d, &other), 0);
+        assert_eq!(m.match_prefix(&mut d, &other, other.len()), 0);
         m.record_lookup(10, 8);
         let s = m.stats();
         assert_eq!((s.hit_tokens, s.queried_tokens), (8, 10));
@@ -410,11 +479,12 @@ mod tests {
         let prompt = toks(8, 3);
         let mut a = SeqBlocks::default();
         assert!(m.allocate(&mut a, 0, 8, &mut Vec::new()));
+        m.computed(&mut a, 0, 8, false);
         m.cache_full_blocks(&mut a, &prompt, 8);
         m.free(&mut a);
         let mut b = SeqBlocks::default();
         assert_eq!(
-            m.match_prefix(&mut b, &prompt),
+            m.match_prefix(&mut b, &prompt, prompt.len()),
             4,
             "block 2 holds the last token"
         );
@@ -427,6 +497,7 @@ mod tests {
         for prompt in [&p, &q] {
             let mut s = SeqBlocks::default();
             assert!(m.allocate(&mut s, 0, 4, &mut Vec::new()));
+            m.computed(&mut s, 0, 4, false);
             m.cache_full_blocks(&mut s, prompt, 4);
             m.free(&mut s);
         }
@@ -436,13 +507,13 @@ mod tests {
         assert!(m.allocate(&mut s, 0, 2, &mut Vec::new()));
         let mut probe = SeqBlocks::default();
         assert_eq!(
-            m.match_prefix(&mut probe, &toks(5, 0)),
+            m.match_prefix(&mut probe, &toks(5, 0), 5),
             2,
             "p keeps block 0"
         );
         m.free(&mut probe);
         let mut probe = SeqBlocks::default();
-        assert_eq!(m.match_prefix(&mut probe, &toks(5, 100)), 4, "q intact");
+        assert_eq!(m.match_prefix(&mut probe, &toks(5, 100), 5), 4, "q intact");
     }
 
     #[test]
@@ -464,6 +535,7 @@ mod tests {
         copies.clear();
         assert!(m.allocate(&mut a, 6, 7, &mut copies));
         assert!(copies.is_empty());
+        m.computed(&mut a, 0, 4, false);
         m.cache_full_blocks(&mut a, &prompt, 4);
         m.free(&mut a);
         m.free(&mut b);
@@ -477,7 +549,9 @@ mod tests {
         let (mut a, mut b) = (SeqBlocks::default(), SeqBlocks::default());
         assert!(m.allocate(&mut a, 0, 3, &mut Vec::new()));
         assert!(m.allocate(&mut b, 0, 3, &mut Vec::new()));
+        m.computed(&mut a, 0, 3, false);
         m.cache_full_blocks(&mut a, &p, 3);
+        m.computed(&mut b, 0, 3, false);
         m.cache_full_blocks(&mut b, &p, 3);
         assert_eq!(m.n_cached(), 1);
         m.free(&mut b);
@@ -492,6 +566,7 @@ mod tests {
         let p = toks(12, 2);
         let mut a = SeqBlocks::default();
         assert!(m.allocate(&mut a, 0, 12, &mut Vec::new()));
+        m.computed(&mut a, 0, 12, false);
         m.cache_full_blocks(&mut a, &p, 12);
         assert_eq!((m.n_used(), m.n_cached()), (3, 3));
         // Back to 10 positions: block 2 (8..12) is kept but no longer full, so it leaves
@@ -503,16 +578,21 @@ mod tests {
         m.truncate(&mut a, 4);
         assert_eq!((a.len(), m.n_used(), m.n_cached()), (1, 1, 2));
         let mut b = SeqBlocks::default();
-        assert_eq!(m.match_prefix(&mut b, &p), 8, "blocks 0 and 1 still match");
+        assert_eq!(
+            m.match_prefix(&mut b, &p, p.len()),
+            8,
+            "blocks 0 and 1 still match"
+        );
         m.free(&mut b);
         // Re-registering after regrowth works through the kept hash chain.
         assert!(m.allocate(&mut a, 4, 12, &mut Vec::new()));
+        m.computed(&mut a, 0, 12, false);
         m.cache_full_blocks(&mut a, &p, 12);
         m.free(&mut a);
         assert_eq!(m.n_used(), 0);
         // A shared partial block stays cached: the next write copies it.
         let mut c = SeqBlocks::default();
-        assert_eq!(m.match_prefix(&mut c, &p), 8);
+        assert_eq!(m.match_prefix(&mut c, &p, p.len()), 8);
         let mut d = m.fork(&c);
         m.truncate(&mut d, 6);
         assert_eq!(m.n_cached(), 3);
@@ -521,6 +601,71 @@ mod tests {
         assert_eq!(copies, vec![(c.blocks[1], d.blocks[1])]);
         m.free(&mut c);
         m.free(&mut d);
+        assert_eq!(m.n_used(), 0);
+    }
+
+    #[test]
+    fn blocks_are_shared_only_with_the_arithmetic_a_prompt_gets_alone() {
+        let bs = 16;
+        let mut m = BlockManager::new(64, bs);
+        // A long prompt (tiled path) caches its blocks as tiled ones.
+        let long = toks(TILED_MIN_TOKENS + 40, 1);
+        let mut a = SeqBlocks::default();
+        assert!(m.allocate(&mut a, 0, long.len(), &mut Vec::new()));
+        m.computed(&mut a, 0, long.len(), true);
+        m.cache_full_blocks(&mut a, &long, long.len());
+        m.free(&mut a);
+        // A short prompt with the same first blocks computes them on the vector path:
+        // nothing matches.
+        let short = long[..TILED_MIN_TOKENS - 8].to_vec();
+        let mut b = SeqBlocks::default();
+        assert_eq!(m.match_prefix(&mut b, &short, short.len()), 0);
+        // The long prompt matches; so does its first part as the prompt of a sequence that
+        // went on generating (a preempted one coming back).
+        assert_eq!(
+            m.match_prefix(&mut b, &long, long.len()),
+            (long.len() - 1) / bs * bs
+        );
+        m.free(&mut b);
+        assert_eq!(
+            m.match_prefix(&mut b, &long, TILED_MIN_TOKENS),
+            (long.len() - 1) / bs * bs
+        );
+        m.free(&mut b);
+
+        // The short prompt's own (vector) blocks are cached beside the tiled ones and
+        // match it.
+        let mut c = SeqBlocks::default();
+        assert!(m.allocate(&mut c, 0, short.len(), &mut Vec::new()));
+        m.computed(&mut c, 0, short.len(), false);
+        m.cache_full_blocks(&mut c, &short, short.len());
+        m.free(&mut c);
+        let mut d = SeqBlocks::default();
+        assert_eq!(
+            m.match_prefix(&mut d, &short, short.len()),
+            (short.len() - 1) / bs * bs
+        );
+        m.free(&mut d);
+
+        // A block holding a prompt's tiled end and decoded (vector) tokens is never cached,
+        // nor is anything after it.
+        let mut e = SeqBlocks::default();
+        let p = toks(TILED_MIN_TOKENS + 8, 50);
+        let n = p.len() + 2 * bs;
+        assert!(m.allocate(&mut e, 0, n, &mut Vec::new()));
+        m.computed(&mut e, 0, p.len(), true);
+        for pos in p.len()..n {
+            m.computed(&mut e, pos, 1, false);
+        }
+        let cached = m.n_cached();
+        let all = toks(n, 50);
+        m.cache_full_blocks(&mut e, &all, n);
+        assert_eq!(
+            m.n_cached(),
+            cached + p.len() / bs + 1,
+            "the mixed block is private"
+        );
+        m.free(&mut e);
         assert_eq!(m.n_used(), 0);
     }
 }

@@ -47,6 +47,7 @@
 
 use crate::kv_manager::{BlockId, BlockManager, SeqBlocks};
 use mica_models::SeqId;
+use mica_models::blocks::attention::TILED_MIN_TOKENS;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -124,9 +125,9 @@ impl Default for SchedulerConfig {
             max_batch_tokens: 256,
             max_running: 32,
             aging: Duration::from_secs(10),
-            min_chunk: mica_models::blocks::attention::TILED_MIN_TOKENS,
-            low_lane_chunk: 2 * mica_models::blocks::attention::TILED_MIN_TOKENS,
-            low_lane_chunk_busy: mica_models::blocks::attention::TILED_MIN_TOKENS,
+            min_chunk: TILED_MIN_TOKENS,
+            low_lane_chunk: 2 * TILED_MIN_TOKENS,
+            low_lane_chunk_busy: TILED_MIN_TOKENS,
         }
     }
 }
@@ -185,6 +186,18 @@ pub struct Scheduled {
     /// Drafted tokens among the last of the `n` (with `sample`): logits are wanted at the
     /// last `draft + 1` positions.
     pub draft: usize,
+    /// Whether attention takes its tiled path for these tokens (see [`tiled_run`]); the
+    /// engine names the sequence to the model when `n` alone would not choose it.
+    pub tiled: bool,
+}
+
+/// Whether a step's `n` tokens of a sequence from position `start` take attention's tiled
+/// path: a run of [`TILED_MIN_TOKENS`] or more does (`AttentionPolicy::PerSequence`), and so
+/// does any part of a prompt of that length — also the few tokens left after a prefix-cache
+/// hit — so every prompt position gets the arithmetic of the whole prompt computed alone.
+/// Decoding (one token and its draft, after the prompt) takes the vector path.
+pub fn tiled_run(start: usize, n: usize, prompt_len: usize) -> bool {
+    n >= TILED_MIN_TOKENS || (start < prompt_len && prompt_len >= TILED_MIN_TOKENS)
 }
 
 /// What one step runs.
@@ -520,6 +533,7 @@ impl Scheduler {
             n,
             sample: end == s.tokens.len(),
             draft: 0,
+            tiled: tiled_run(start, n, s.prompt_len),
         });
         true
     }
@@ -553,6 +567,7 @@ impl Scheduler {
         s.n_draft = k;
         p.n += k;
         p.draft = k;
+        p.tiled = tiled_run(p.start, p.n, s.prompt_len);
         *budget -= k;
     }
 
@@ -580,7 +595,7 @@ impl Scheduler {
             return false;
         }
         let s = self.seqs.get_mut(&id).expect("waiting");
-        let hit = self.kv.match_prefix(&mut s.blocks, &s.tokens);
+        let hit = self.kv.match_prefix(&mut s.blocks, &s.tokens, s.prompt_len);
         s.n_computed = hit;
         if !s.admitted_once {
             s.cached_tokens = hit;
@@ -630,6 +645,7 @@ impl Scheduler {
             n,
             sample: hit + n == s.tokens.len(),
             draft: 0,
+            tiled: tiled_run(hit, n, s.prompt_len),
         });
         *budget -= n;
         true
@@ -676,8 +692,10 @@ impl Scheduler {
 
     /// Records that a step computed `n` tokens of `id`, and registers its newly full blocks
     /// in the prefix cache (up to its draft, which waits for [`Scheduler::accept_draft`]).
-    pub fn on_computed(&mut self, id: ReqId, n: usize) {
+    /// `tiled`: whether they took attention's tiled path ([`Scheduled::tiled`]).
+    pub fn on_computed(&mut self, id: ReqId, n: usize, tiled: bool) {
         if let Some(s) = self.seqs.get_mut(&id) {
+            self.kv.computed(&mut s.blocks, s.n_computed, n, tiled);
             s.n_computed = (s.n_computed + n).min(s.tokens.len());
             let confirmed = s.n_computed.min(s.tokens.len() - s.n_draft);
             self.kv

@@ -711,3 +711,68 @@ fn invalid_parameters_name_the_parameter() {
         }
     }
 }
+
+/// A prefix cached by one prompt serves another only where it was computed with the
+/// arithmetic the other prompt gets alone: after a long prompt (tiled attention) and a
+/// duplicate of it, a short prompt sharing their first blocks (vector attention) gives a
+/// plain session's tokens, and so do the long prompt after the short one and the long
+/// prompt again (most of it from the cache, the rest on the tiled path all the same).
+#[test]
+fn a_cached_prefix_never_changes_the_tokens() {
+    let lm = model();
+    let chat = |q: &str| {
+        let text = lm
+            .template
+            .render(&[mica_models::chat::ChatMessage::new("user", q)], true)
+            .unwrap();
+        lm.tokenizer.encode(&text, true, true).unwrap()
+    };
+    let copy = chat(
+        "Repeat this list exactly: alpha, beta, gamma, delta, epsilon, zeta, eta, theta, \
+         iota, kappa, lambda, mu, nu, xi, omicron, pi.",
+    );
+    // A near-tie after "la femme" (0.03 nats) that a tiled-path prefix flips.
+    let capital = chat("What is the capital of France?");
+    let common = copy
+        .iter()
+        .zip(&capital)
+        .take_while(|(a, b)| a == b)
+        .count();
+    assert!(copy.len() >= 64 && capital.len() < 64 && common >= 16);
+    let n_gen = 40;
+    let mut session = Session::new(&*lm, 2048, 2);
+    let mut alone = |p: &[u32]| {
+        session.reset();
+        session
+            .generate(p, &greedy(n_gen), |_| true)
+            .unwrap()
+            .output_ids
+    };
+    let (want_copy, want_capital) = (alone(&copy), alone(&capital));
+
+    let e = engine(&lm, 512);
+    let a = submit(&e, copy.clone(), greedy(n_gen), 1);
+    let b = submit(&e, copy.clone(), greedy(n_gen), 1);
+    assert_eq!(collect(a, 1).tokens[0], want_copy);
+    assert_eq!(collect(b, 1).tokens[0], want_copy);
+    let out = collect(submit(&e, capital.clone(), greedy(n_gen), 1), 1);
+    assert_eq!(out.tokens[0], want_capital, "after the long prompt");
+    // The long prompt again: its last 8 tokens, after a hit of 64, take the tiled path
+    // as they do alone.
+    let out = collect(submit(&e, copy.clone(), greedy(n_gen), 1), 1);
+    assert_eq!(out.usage.unwrap().cached_tokens, 64);
+    assert_eq!(out.tokens[0], want_copy, "the long prompt from the cache");
+
+    let e = engine(&lm, 512);
+    let first = collect(submit(&e, capital.clone(), greedy(n_gen), 1), 1);
+    assert_eq!(first.tokens[0], want_capital);
+    let again = collect(submit(&e, capital.clone(), greedy(n_gen), 1), 1);
+    assert_eq!(again.tokens[0], want_capital);
+    assert_eq!(
+        again.usage.unwrap().cached_tokens,
+        32,
+        "its own blocks match"
+    );
+    let out = collect(submit(&e, copy.clone(), greedy(n_gen), 1), 1);
+    assert_eq!(out.tokens[0], want_copy, "after the short prompt");
+}

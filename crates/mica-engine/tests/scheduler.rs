@@ -27,7 +27,7 @@ fn prompt(n: usize, salt: u32) -> Vec<u32> {
 /// Runs a plan as the engine would: tokens computed, a token appended where one is sampled.
 fn complete(s: &mut Scheduler, plan: &[Scheduled]) {
     for p in plan {
-        s.on_computed(p.id, p.n);
+        s.on_computed(p.id, p.n, p.tiled);
         if p.sample {
             s.append_token(p.id, 7);
         }
@@ -302,7 +302,7 @@ fn forked_sequences_share_blocks_until_they_write() {
     s.add(1, Lane::Interactive, prompt(20, 1), t0).unwrap();
     let plan = s.schedule(t0);
     // As the engine does: prompt computed, fork, then each samples its own token.
-    s.on_computed(1, plan.seqs[0].n);
+    s.on_computed(1, plan.seqs[0].n, plan.seqs[0].tiled);
     assert!(s.fork(1, 2));
     assert_eq!(s.blocks(1), s.blocks(2));
     s.append_token(1, 7);
@@ -429,7 +429,7 @@ fn drafts_are_verified_with_variable_acceptance_and_rolled_back() {
     // An abandoned step changes nothing: the same step is planned again.
     let again = s.schedule(t0);
     assert_eq!(again.seqs, plan.seqs);
-    s.on_computed(1, 6);
+    s.on_computed(1, 6, false);
     assert_eq!(
         s.kv().n_cached(),
         1,
@@ -449,7 +449,7 @@ fn drafts_are_verified_with_variable_acceptance_and_rolled_back() {
     let plan = s.schedule(t0);
     assert_eq!(ids(&plan.seqs), vec![(1, 16)]);
     assert_eq!(s.kv().n_used(), 4, "positions 33..49 reach a fourth block");
-    s.on_computed(1, 16);
+    s.on_computed(1, 16, false);
     s.accept_draft(1, 0);
     let q = s.get(1).unwrap();
     assert_eq!((q.tokens.len(), q.n_computed), (34, 34));

@@ -10,7 +10,7 @@ use crate::blocks::attention::{AttentionPolicy, AttnShape, attention};
 pub use crate::blocks::moe::{Expert, Moe};
 use crate::config::{Activation, ModelConfig, NormKind, Numerics, RopeConfig};
 use crate::error::{ModelError, Result};
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{KvCache, SeqId};
 use crate::weights::{ActCache, Linear, Matrix};
 use mica_formats::GgufFile;
 use mica_kernels::ThreadPool;
@@ -107,6 +107,9 @@ pub struct Workspace {
     out_rows: Vec<usize>,
     /// The attention path to take (llama.cpp's choice by default).
     pub attention: AttentionPolicy,
+    /// Sequences whose tokens take attention's tiled path however few of them the batch
+    /// holds (with [`AttentionPolicy::PerSequence`]; see there).
+    pub tiled_seqs: Vec<SeqId>,
     /// Tokens per feed-forward chunk; `None` is [`FFN_CHUNK`]. Tests set `usize::MAX` to
     /// run a whole batch at once.
     pub ffn_chunk: Option<usize>,
@@ -465,6 +468,7 @@ impl Model {
                 l,
                 &batch.seq,
                 &batch.pos,
+                &ws.tiled_seqs,
                 &ws.q[..n * qd],
                 grow(&mut ws.attn, n * qd),
             );

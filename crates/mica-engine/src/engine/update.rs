@@ -38,7 +38,7 @@ impl Core {
             sequences: seqs.iter().filter(|s| s.sample).count(),
         };
         for s in seqs {
-            self.sched.on_computed(s.id, s.n);
+            self.sched.on_computed(s.id, s.n, s.tiled);
             if !s.sample {
                 continue;
             }

@@ -49,7 +49,10 @@ pub enum AttentionPolicy {
     /// run of [`TILED_MIN_TOKENS`] or more takes the tiled path, a shorter one the vector
     /// path. A sequence then gets the same arithmetic whatever other sequences share the
     /// batch (what a continuous-batching server needs for batch-invariant results), and
-    /// the same as llama.cpp when it runs alone.
+    /// the same as llama.cpp when it runs alone. The runs of sequences the caller names
+    /// (`tiled_seqs` of [`attention`]) take the tiled path whatever their length: the rest
+    /// of a long prompt whose first tokens came from a prefix cache computes as the whole
+    /// prompt would.
     PerSequence,
 }
 
@@ -81,6 +84,9 @@ impl AttnShape {
 
 /// `out[t]` = attention of query row `q[t]` (`[n_head * head_dim]`) over its sequence.
 /// `seq[t]`/`pos[t]` place token `t`; the cache already holds its own key and value.
+/// `tiled_seqs`: sequences whose runs take the tiled path under
+/// [`AttentionPolicy::PerSequence`] whatever their length.
+#[allow(clippy::too_many_arguments)]
 pub fn attention(
     pool: &ThreadPool,
     shape: AttnShape,
@@ -88,12 +94,14 @@ pub fn attention(
     layer: usize,
     seq: &[SeqId],
     pos: &[usize],
+    tiled_seqs: &[SeqId],
     q: &[f32],
     out: &mut [f32],
 ) {
+    let args = (seq, pos, tiled_seqs);
     match cache.kv_type() {
-        KvType::F16 => attention_typed::<f16>(pool, shape, cache, layer, seq, pos, q, out),
-        KvType::F32 => attention_typed::<f32>(pool, shape, cache, layer, seq, pos, q, out),
+        KvType::F16 => attention_typed::<f16>(pool, shape, cache, layer, args, q, out),
+        KvType::F32 => attention_typed::<f32>(pool, shape, cache, layer, args, q, out),
     }
 }
 
@@ -151,8 +159,7 @@ fn attention_typed<T: AttnElem>(
     shape: AttnShape,
     cache: &KvCache,
     layer: usize,
-    seq: &[SeqId],
-    pos: &[usize],
+    (seq, pos, tiled_seqs): (&[SeqId], &[usize], &[SeqId]),
     q: &[f32],
     out: &mut [f32],
 ) {
@@ -160,14 +167,15 @@ fn attention_typed<T: AttnElem>(
     let q_dim = shape.n_head * shape.head_dim;
     debug_assert_eq!(q.len(), n_tok * q_dim);
     debug_assert_eq!(out.len(), n_tok * q_dim);
+    let tiled_run = |r: &(usize, usize)| r.1 >= TILED_MIN_TOKENS || tiled_seqs.contains(&seq[r.0]);
     match shape.policy {
         AttentionPolicy::Auto if n_tok >= TILED_MIN_TOKENS => {
             attention_tiled::<T>(pool, shape, cache, layer, seq, pos, q, out, &[(0, n_tok)])
         }
-        AttentionPolicy::PerSequence if seq_runs(seq).any(|r| r.1 >= TILED_MIN_TOKENS) => {
-            // Long runs tiled, the rest (decoding sequences, short chunks) by the vector path.
-            let (long, short): (Vec<_>, Vec<_>) =
-                seq_runs(seq).partition(|r| r.1 >= TILED_MIN_TOKENS);
+        AttentionPolicy::PerSequence if seq_runs(seq).any(|r| tiled_run(&r)) => {
+            // Long runs (and those of the named sequences) tiled, the rest (decoding
+            // sequences, short chunks) by the vector path.
+            let (long, short): (Vec<_>, Vec<_>) = seq_runs(seq).partition(tiled_run);
             attention_tiled::<T>(pool, shape, cache, layer, seq, pos, q, out, &long);
             let rows: Vec<usize> = short.iter().flat_map(|&(t, n)| t..t + n).collect();
             attention_vector::<T>(pool, shape, cache, layer, seq, pos, q, out, Some(&rows));
