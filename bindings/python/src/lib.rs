@@ -3,8 +3,6 @@
 //! streams, logits as numpy arrays, the store, conversion, the HTTP server — and the
 //! Python package (`python/mica`) shapes it into the public API (OpenAI-shaped dicts,
 //! generators, exceptions).
-//!
-//! Not here yet: structured output (grammar-constrained sampling) and tool arguments.
 
 mod convert;
 mod errors;
@@ -13,6 +11,7 @@ mod params;
 mod server;
 mod store;
 mod stream;
+mod structured;
 
 use pyo3::prelude::*;
 
@@ -21,6 +20,8 @@ fn _mica(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<model::NativeModel>()?;
     m.add_class::<stream::EventStream>()?;
     m.add_class::<server::NativeServer>()?;
+    m.add_class::<structured::NativeStructured>()?;
+    m.add_class::<structured::NativeToolStream>()?;
     m.add_function(wrap_pyfunction!(store::resolve, m)?)?;
     m.add_function(wrap_pyfunction!(store::pull, m)?)?;
     m.add_function(wrap_pyfunction!(store::list_models, m)?)?;

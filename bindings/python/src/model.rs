@@ -9,11 +9,10 @@
 use crate::errors::{IntoPyResult, internal};
 use crate::params::Sampling;
 use crate::stream::EventStream;
+use crate::structured::NativeStructured;
 use mica::engine::{Lane, RequestStatus};
 use mica::models::tokenizer::DecodeOptions;
-use mica::{
-    ChatMessage, Engine, EngineOptions, Model, ModelOptions, Request, Session, SessionOptions,
-};
+use mica::{Engine, EngineOptions, Model, ModelOptions, Request, Session, SessionOptions};
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
@@ -172,14 +171,44 @@ impl NativeModel {
             .map(|b| PyBytes::new(py, b))
     }
 
-    /// The prompt tokens of a conversation of `(role, content)` pairs, rendered with the
-    /// model's chat template.
-    fn chat_prompt(&self, messages: Vec<(String, String)>) -> PyResult<Vec<u32>> {
-        let msgs: Vec<ChatMessage> = messages
-            .into_iter()
-            .map(|(r, c)| ChatMessage::new(r, c))
-            .collect();
-        self.model.chat_prompt(&msgs).py_err()
+    /// Checks and compiles a request's output constraint (`(kind, text)`: `json_object`,
+    /// `json_schema` with the schema, `grammar`, `regex`, `choice` with a JSON list) and
+    /// tools (a JSON list of OpenAI tool objects, with `tool_choice` as JSON), without the
+    /// GIL. Errors raise `InvalidParameter` naming the argument.
+    #[pyo3(signature = (constraint=None, tools=None, tool_choice=None, parallel_tool_calls=false))]
+    fn structured(
+        &self,
+        py: Python<'_>,
+        constraint: Option<(String, String)>,
+        tools: Option<String>,
+        tool_choice: Option<String>,
+        parallel_tool_calls: bool,
+    ) -> PyResult<NativeStructured> {
+        py.detach(|| {
+            NativeStructured::prepare(
+                &self.model,
+                constraint,
+                tools,
+                tool_choice,
+                parallel_tool_calls,
+            )
+        })
+    }
+
+    /// The prompt tokens of a conversation given as JSON (OpenAI messages with text
+    /// content, tool calls and tool results), with `structured`'s tools given to the chat
+    /// template.
+    #[pyo3(signature = (messages, structured=None))]
+    fn chat_prompt(
+        &self,
+        messages: &str,
+        structured: Option<PyRef<'_, NativeStructured>>,
+    ) -> PyResult<Vec<u32>> {
+        let msgs = crate::structured::messages(messages)?;
+        match structured.as_ref().and_then(|s| s.template_tools()) {
+            Some(tools) => self.model.chat_prompt_with_tools(&msgs, &tools).py_err(),
+            None => self.model.chat_prompt(&msgs).py_err(),
+        }
     }
 
     /// Logits after `ids`, evaluated from an empty cache: the last position's
@@ -245,7 +274,7 @@ impl NativeModel {
         prompt, *, max_tokens=None, temperature=None, top_k=None, top_p=None, min_p=None,
         repeat_penalty=None, presence_penalty=None, frequency_penalty=None,
         penalty_last_n=None, seed=None, stop=Vec::new(), ignore_eos=false,
-        logit_bias=Vec::new(), n=1, logprobs=None, lane=None
+        logit_bias=Vec::new(), n=1, logprobs=None, lane=None, structured=None
     ))]
     fn submit(
         &self,
@@ -267,6 +296,7 @@ impl NativeModel {
         n: usize,
         logprobs: Option<usize>,
         lane: Option<&str>,
+        structured: Option<PyRef<'_, NativeStructured>>,
     ) -> PyResult<EventStream> {
         let d = mica::SamplingParams::default();
         let engine = py.detach(|| self.engine())?;
@@ -289,6 +319,9 @@ impl NativeModel {
         let mut req = Request::new(prompt, sampling.into_params());
         req.n = n;
         req.logprobs = logprobs;
+        if let Some(g) = structured.as_ref().and_then(|s| s.grammar.as_ref()) {
+            req = req.constrained(g);
+        }
         if let Some(name) = lane {
             req.lane = Lane::parse(name).ok_or_else(|| {
                 crate::errors::raise(

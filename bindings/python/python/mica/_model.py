@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from typing import (
     Any,
@@ -73,19 +74,82 @@ def _content(content: Any) -> str:
     raise InvalidParameter(f"message content must be text, got {type(content).__name__}")
 
 
-def _messages(messages: Iterable[Message]) -> List[Tuple[str, str]]:
+def _messages(messages: Iterable[Message]) -> str:
+    """A conversation as the JSON the native module reads: OpenAI messages with text
+    content, ``tool_calls`` on assistant turns, ``tool_call_id`` / ``name`` on tool turns."""
     out = []
     for m in messages:
         if isinstance(m, tuple):
             role, content = m
-        elif isinstance(m, Mapping):
-            if "role" not in m:
-                raise InvalidParameter(f"a message needs a role: {m!r}")
-            role, content = m["role"], m.get("content")
-        else:
+            out.append({"role": str(role), "content": _content(content)})
+            continue
+        if not isinstance(m, Mapping):
             raise InvalidParameter(f"a message is a dict or a (role, content) pair, got {m!r}")
-        out.append((str(role), _content(content)))
-    return out
+        if "role" not in m:
+            raise InvalidParameter(f"a message needs a role: {m!r}")
+        msg: Dict[str, Any] = {"role": str(m["role"]), "content": _content(m.get("content"))}
+        calls = m.get("tool_calls")
+        if calls:
+            msg["tool_calls"] = [_plain(c) for c in calls]
+        for key in ("tool_call_id", "name"):
+            if m.get(key) is not None:
+                msg[key] = str(m[key])
+        out.append(msg)
+    return json.dumps(out)
+
+
+def _plain(obj: Any) -> Any:
+    """A value as plain JSON data: pydantic models (the ``openai`` SDK's message and tool
+    types) through ``model_dump``."""
+    dump = getattr(obj, "model_dump", None)
+    if callable(dump):
+        return dump(exclude_none=True)
+    if isinstance(obj, Mapping):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+def _invalid(param: str, message: str) -> InvalidParameter:
+    err = InvalidParameter(message)
+    err.param = param
+    return err
+
+
+def _constraint(response_format: Optional[Mapping[str, Any]], grammar: Optional[str],
+                regex: Optional[str], choice: Optional[Sequence[str]]
+                ) -> Optional[Tuple[str, str]]:
+    """The output constraint of a chat request as ``(kind, text)``: OpenAI's
+    ``response_format`` or one of mica's ``grammar``, ``regex``, ``choice``."""
+    given = []
+    if response_format is not None:
+        rf = _plain(response_format)
+        kind = rf.get("type", "text") if isinstance(rf, Mapping) else None
+        if kind == "json_object":
+            given.append(("json_object", ""))
+        elif kind == "json_schema":
+            js = rf.get("json_schema")
+            if not isinstance(js, Mapping) or "schema" not in js:
+                raise _invalid("response_format",
+                               "response_format json_schema needs json_schema.schema")
+            given.append(("json_schema", json.dumps(js["schema"])))
+        elif kind != "text":
+            raise _invalid("response_format",
+                           f"response_format type must be text, json_object or json_schema, "
+                           f"not {kind!r}")
+    if grammar is not None:
+        given.append(("grammar", str(grammar)))
+    if regex is not None:
+        given.append(("regex", str(regex)))
+    if choice is not None:
+        if isinstance(choice, str):
+            raise _invalid("choice", "choice must be a list of strings")
+        given.append(("choice", json.dumps(list(choice))))
+    if len(given) > 1:
+        raise _invalid(given[1][0] if given[1][0] in ("grammar", "regex", "choice")
+                       else "response_format", "give one output constraint per request")
+    return given[0] if given else None
 
 
 def _sampling(kw: Dict[str, Any]) -> Dict[str, Any]:
@@ -225,8 +289,9 @@ class Model:
         return [int(t) for t in prompt]
 
     def _submit(self, ids: List[int], kw: Dict[str, Any], n: int = 1,
-                logprobs: Optional[int] = None) -> Any:
-        return self._native.submit(ids, n=n, logprobs=logprobs, **_sampling(kw))
+                logprobs: Optional[int] = None, structured: Any = None) -> Any:
+        return self._native.submit(ids, n=n, logprobs=logprobs, structured=structured,
+                                   **_sampling(kw))
 
     def generate(self, prompt: Prompt, **sampling: Any) -> str:
         """Generates a continuation of ``prompt`` (text, tokenized as ``tokenize`` does, or
@@ -264,6 +329,21 @@ class Model:
         """The prompt tokens of a conversation, rendered with the model's chat template
         (ChatML when the file has none) and ready for the assistant's answer."""
         return self._native.chat_prompt(_messages(messages))
+
+    def _structured(self, response_format: Any = None, tools: Any = None,
+                    tool_choice: Any = None, parallel_tool_calls: Optional[bool] = None,
+                    grammar: Optional[str] = None, regex: Optional[str] = None,
+                    choice: Optional[Sequence[str]] = None) -> Any:
+        """The request's compiled constraint and tools (``None`` when it has neither)."""
+        constraint = _constraint(response_format, grammar, regex, choice)
+        if constraint is None and not tools and tool_choice in (None, "auto"):
+            return None
+        return self._native.structured(
+            constraint=constraint,
+            tools=json.dumps(_plain(list(tools))) if tools else None,
+            tool_choice=json.dumps(_plain(tool_choice)) if tool_choice is not None else None,
+            parallel_tool_calls=bool(parallel_tool_calls),
+        )
 
     def chat(self, messages: Union[str, Iterable[Message]], *, stream: bool = False,
              **sampling: Any) -> Union[str, Iterator[str]]:
@@ -350,6 +430,10 @@ class Model:
         response_format: Optional[Mapping[str, Any]] = None,
         tools: Optional[List[Any]] = None,
         tool_choice: Optional[Any] = None,
+        parallel_tool_calls: Optional[bool] = None,
+        grammar: Optional[str] = None,
+        regex: Optional[str] = None,
+        choice: Optional[Sequence[str]] = None,
         model: Optional[str] = None,
     ) -> Union[Dict[str, Any], Iterator[Dict[str, Any]]]:
         """A chat completion as the OpenAI API (and llama-cpp-python) returns it:
@@ -359,30 +443,38 @@ class Model:
         prefix cache). ``stream=True`` returns an iterator of ``chat.completion.chunk``
         dicts. ``max_tokens=None`` generates until the context is full.
 
-        ``response_format`` other than ``{"type": "text"}``, ``tools`` and ``tool_choice``
-        (structured output and tool calls) are not supported yet and raise
-        ``InvalidParameter``."""
-        if response_format is not None and dict(response_format).get("type", "text") != "text":
-            err = InvalidParameter("response_format other than text is not supported yet")
-            err.param = "response_format"
-            raise err
-        for pname, value in (("tools", tools), ("tool_choice", tool_choice)):
-            if value:
-                err = InvalidParameter(f"{pname} is not supported yet")
-                err.param = pname
-                raise err
-        ids = self.chat_prompt(messages)
+        Structured output, as ``mica serve``: ``response_format`` ``{"type": "json_object"}``
+        or ``{"type": "json_schema", "json_schema": {"schema": ...}}`` (enforced whether or
+        not it says ``strict``), or mica's ``grammar`` (GBNF or Lark), ``regex`` (the whole
+        output matches) or ``choice`` (exactly one of the strings) — at most one. Every
+        token is constrained by grammar (llguidance), so the output always parses unless
+        the length limit cuts it (``finish_reason`` ``"length"``); an invalid or unsupported
+        schema raises ``InvalidParameter`` naming the argument before anything runs.
+
+        Tools: ``tools`` (OpenAI's ``{"type": "function", "function": {"name",
+        "description", "parameters"}}``; the ``openai`` SDK's types work too) reach the
+        model through its chat template; ``tool_choice`` ``"auto"`` (default), ``"none"``,
+        ``"required"`` or ``{"type": "function", "function": {"name": ...}}`` (the last two
+        force valid calls by grammar: one, or several with ``parallel_tool_calls=True``).
+        Calls whose arguments validate against their tool's schema come back as
+        ``message.tool_calls`` (``finish_reason`` ``"tool_calls"``); messages may carry
+        ``tool_calls`` (assistant) and ``tool_call_id`` (role ``tool``) for the results."""
+        structured = self._structured(response_format, tools, tool_choice,
+                                      parallel_tool_calls, grammar, regex, choice)
+        ids = self._native.chat_prompt(_messages(messages), structured)
         kw = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, min_p=min_p,
                   top_k=top_k, stop=stop, seed=seed, repeat_penalty=repeat_penalty,
                   presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                   logit_bias=logit_bias, ignore_eos=ignore_eos)
         k = (top_logprobs or 0) if logprobs else None
-        events = self._submit(ids, kw, n=n, logprobs=k)
+        events = self._submit(ids, kw, n=n, logprobs=k, structured=structured)
         name = model or self.name
+        tool_set = structured if structured is not None and structured.has_tools else None
         if stream:
             include_usage = bool((stream_options or {}).get("include_usage"))
-            return _openai.chat_chunks(events, n, name, self._pieces, logprobs, include_usage)
-        return _openai.chat_completion(events, n, name, self._pieces, logprobs)
+            return _openai.chat_chunks(events, n, name, self._pieces, logprobs, include_usage,
+                                       tool_set)
+        return _openai.chat_completion(events, n, name, self._pieces, logprobs, tool_set)
 
     # --- engine state ------------------------------------------------------------------
 

@@ -27,6 +27,15 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+def tool_calls(calls: List[Any]) -> List[Dict[str, Any]]:
+    """Parsed calls ``[(name, arguments_json)]`` as OpenAI's ``tool_calls`` entries."""
+    return [
+        {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+         "function": {"name": name, "arguments": args}}
+        for name, args in calls
+    ]
+
+
 class Gathered:
     """Every completion of a finished request: text, tokens, log-probabilities, finish."""
 
@@ -154,20 +163,30 @@ def completion_chunks(
 
 
 def chat_completion(
-    events: Any, n: int, model: str, pieces: Pieces, logprobs: bool
+    events: Any, n: int, model: str, pieces: Pieces, logprobs: bool, tools: Any = None
 ) -> Dict[str, Any]:
+    """``tools``: the request's ``NativeStructured`` when it has tools (calls in the text
+    become ``message.tool_calls``)."""
     g = gather(events, n)
     choices = []
     for i in range(n):
         lp = None
         if logprobs:
             lp = {"content": [pieces.chat_entry(t, l) for t, l in zip(g.tokens[i], g.logprobs[i])]}
+        message: Dict[str, Any] = {"role": "assistant", "content": g.text[i]}
+        finish = g.finish[i]
+        if tools is not None:
+            content, calls = tools.parse(g.text[i])
+            if calls:
+                message = {"role": "assistant", "content": content or None,
+                           "tool_calls": tool_calls(calls)}
+                finish = "tool_calls"
         choices.append(
             {
                 "index": i,
-                "message": {"role": "assistant", "content": g.text[i]},
+                "message": message,
                 "logprobs": lp,
-                "finish_reason": g.finish[i],
+                "finish_reason": finish,
             }
         )
     return {
@@ -181,9 +200,14 @@ def chat_completion(
 
 
 def chat_chunks(
-    events: Any, n: int, model: str, pieces: Pieces, logprobs: bool, include_usage: bool
+    events: Any, n: int, model: str, pieces: Pieces, logprobs: bool, include_usage: bool,
+    tools: Any = None,
 ) -> Iterator[Dict[str, Any]]:
+    """``tools``: as in ``chat_completion``. Content that may be the start of a call is
+    held back until it is certain; calls come as one ``tool_calls`` delta at the end, as
+    ``mica serve`` streams them."""
     cid, created = new_id("chatcmpl"), int(time.time())
+    streams = [tools.stream() for _ in range(n)] if tools is not None else None
 
     def chunk(choices: list, use: Optional[dict] = None) -> Dict[str, Any]:
         d = {
@@ -208,16 +232,29 @@ def chat_chunks(
                 lpd = None
                 if logprobs and lp is not None:
                     lpd = {"content": [pieces.chat_entry(tok, lp)]}
+                if streams is not None:
+                    text = streams[i].push(text)
                 if text or lpd is not None:
                     yield chunk([{"index": i, "delta": {"content": text}, "logprobs": lpd,
                                   "finish_reason": None}])
             elif ev[0] == "done":
                 _, i, reason, text = ev
+                finish = finish_reason(reason)
+                calls: List[Any] = []
+                if streams is not None:
+                    text = streams[i].push(text)
+                    rest, calls = streams[i].finish()
+                    text += rest
                 if text:
                     yield chunk([{"index": i, "delta": {"content": text}, "logprobs": None,
                                   "finish_reason": None}])
+                if calls:
+                    deltas = [dict(c, index=j) for j, c in enumerate(tool_calls(calls))]
+                    yield chunk([{"index": i, "delta": {"tool_calls": deltas}, "logprobs": None,
+                                  "finish_reason": None}])
+                    finish = "tool_calls"
                 yield chunk([{"index": i, "delta": {}, "logprobs": None,
-                              "finish_reason": finish_reason(reason)}])
+                              "finish_reason": finish}])
             elif ev[0] == "finished" and include_usage:
                 yield chunk([], usage(ev[1], ev[2], ev[3]))
     finally:
