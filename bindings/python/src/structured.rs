@@ -18,7 +18,7 @@ use crate::errors::{IntoPyResult, internal, raise};
 use mica::Model;
 use mica::grammar::tools::{Tool, ToolChoice, ToolSet, ToolStream};
 use mica::grammar::{CompiledGrammar, Constraint, GrammarError};
-use mica::models::chat::{ChatMessage, FunctionCall, ToolCall};
+use mica::models::chat::{ChatMessage, ToolCall};
 use pyo3::prelude::*;
 use serde_json::Value;
 use std::sync::{Arc, Mutex};
@@ -305,29 +305,5 @@ pub fn messages(json_text: &str) -> PyResult<Vec<ChatMessage>> {
 
 /// A call an assistant turn made, as the chat template reads it.
 fn history_call(v: &Value, field: &str) -> PyResult<ToolCall> {
-    let f = v.get("function").unwrap_or(v);
-    let name = f.get("name").and_then(Value::as_str).ok_or_else(|| {
-        invalid(
-            "messages",
-            format!("{field}.tool_calls: a call needs function.name"),
-        )
-    })?;
-    let arguments = match f.get("arguments") {
-        None | Some(Value::Null) => Value::Object(Default::default()),
-        Some(Value::String(s)) => serde_json::from_str(s).map_err(|e| {
-            invalid(
-                "messages",
-                format!("{field}.tool_calls: arguments are not JSON: {e}"),
-            )
-        })?,
-        Some(v) => v.clone(),
-    };
-    Ok(ToolCall {
-        id: v.get("id").and_then(Value::as_str).map(str::to_string),
-        kind: "function".into(),
-        function: FunctionCall {
-            name: name.to_string(),
-            arguments,
-        },
-    })
+    ToolCall::from_openai(v).map_err(|e| invalid("messages", format!("{field}.tool_calls: {e}")))
 }

@@ -81,6 +81,45 @@ pub struct FunctionCall {
     pub arguments: serde_json::Value,
 }
 
+/// Why a call in a conversation's history could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ToolCallError {
+    /// No `function.name`.
+    #[error("a call needs function.name")]
+    MissingName,
+    /// `function.arguments` is a string that is not JSON.
+    #[error("function.arguments is not JSON: {0}")]
+    ArgumentsNotJson(String),
+}
+
+impl ToolCall {
+    /// A call an assistant turn made, in OpenAI's shape (`{"id", "type": "function",
+    /// "function": {"name", "arguments"}}`, or the function object alone as Ollama sends
+    /// it); `arguments` a JSON string (OpenAI) or an object (Ollama), none an empty object.
+    pub fn from_openai(v: &serde_json::Value) -> Result<ToolCall, ToolCallError> {
+        use serde_json::Value as J;
+        let f = v.get("function").unwrap_or(v);
+        let name = f
+            .get("name")
+            .and_then(J::as_str)
+            .ok_or(ToolCallError::MissingName)?;
+        let arguments = match f.get("arguments") {
+            None | Some(J::Null) => J::Object(Default::default()),
+            Some(J::String(s)) => serde_json::from_str(s)
+                .map_err(|e| ToolCallError::ArgumentsNotJson(e.to_string()))?,
+            Some(v) => v.clone(),
+        };
+        Ok(ToolCall {
+            id: v.get("id").and_then(J::as_str).map(str::to_string),
+            kind: "function".into(),
+            function: FunctionCall {
+                name: name.to_string(),
+                arguments,
+            },
+        })
+    }
+}
+
 /// What can go wrong compiling or rendering a template.
 #[derive(Debug, thiserror::Error)]
 pub enum ChatTemplateError {
@@ -577,5 +616,34 @@ mod tests {
             chatml.render(&msgs, true).unwrap(),
             "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"
         );
+    }
+
+    #[test]
+    fn history_calls_from_openai_and_ollama_shapes() {
+        use serde_json::json;
+        let openai = json!({"id": "call_1", "type": "function",
+            "function": {"name": "f", "arguments": "{\"x\": 1}"}});
+        let c = ToolCall::from_openai(&openai).unwrap();
+        assert_eq!(c.id.as_deref(), Some("call_1"));
+        assert_eq!(
+            (c.function.name.as_str(), &c.function.arguments),
+            ("f", &json!({"x": 1}))
+        );
+        let ollama = json!({"function": {"name": "g", "arguments": {"y": [2]}}});
+        let c = ToolCall::from_openai(&ollama).unwrap();
+        assert_eq!((c.id, c.function.arguments), (None, json!({"y": [2]})));
+        let bare = json!({"name": "h"});
+        assert_eq!(
+            ToolCall::from_openai(&bare).unwrap().function.arguments,
+            json!({})
+        );
+        assert_eq!(
+            ToolCall::from_openai(&json!({"function": {"arguments": "{}"}})),
+            Err(ToolCallError::MissingName)
+        );
+        assert!(matches!(
+            ToolCall::from_openai(&json!({"function": {"name": "f", "arguments": "{x"}})),
+            Err(ToolCallError::ArgumentsNotJson(_))
+        ));
     }
 }

@@ -20,7 +20,7 @@ use crate::models::Loaded;
 use mica::engine::ProcessorFactory;
 use mica::grammar::tools::{Tool, ToolChoice, ToolFormat, ToolSet};
 use mica::grammar::{Constraint, GrammarCompiler, GrammarError};
-use mica::models::chat::{ChatMessage, FunctionCall, ToolCall};
+use mica::models::chat::{ChatMessage, ToolCall, ToolCallError};
 use serde_json::Value;
 use std::sync::Arc;
 
@@ -292,30 +292,14 @@ pub fn chat_prompt(
 /// A call an assistant turn made, as a chat template reads it. `arguments` may be a JSON
 /// string (OpenAI) or an object (Ollama).
 pub fn history_call(v: &Value, field: &str) -> Result<ToolCall, ParamError> {
-    let f = v.get("function").unwrap_or(v);
-    let name = f
-        .get("name")
-        .and_then(Value::as_str)
-        .ok_or_else(|| ParamError::Missing {
+    ToolCall::from_openai(v).map_err(|e| match e {
+        ToolCallError::MissingName => ParamError::Missing {
             field: format!("{field}.function.name"),
-        })?;
-    let arguments = match f.get("arguments") {
-        None | Some(Value::Null) => Value::Object(Default::default()),
-        Some(Value::String(s)) => serde_json::from_str(s).map_err(|e| {
-            unsupported(
-                format!("{field}.function.arguments"),
-                format!("not JSON: {e}"),
-            )
-        })?,
-        Some(v) => v.clone(),
-    };
-    Ok(ToolCall {
-        id: v.get("id").and_then(Value::as_str).map(str::to_string),
-        kind: "function".into(),
-        function: FunctionCall {
-            name: name.to_string(),
-            arguments,
         },
+        ToolCallError::ArgumentsNotJson(e) => unsupported(
+            format!("{field}.function.arguments"),
+            format!("not JSON: {e}"),
+        ),
     })
 }
 
