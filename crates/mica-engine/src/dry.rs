@@ -167,15 +167,14 @@ pub fn breaker_sequences(tokenizer: &Tokenizer, breakers: &[String]) -> Vec<Vec<
 
 impl LogitsProcessor for Dry {
     fn process(&mut self, history: &[u32], logits: &mut [f32]) {
-        let n = self
-            .last_n
-            .map_or(history.len(), |k| k.min(history.len()));
+        let n = self.last_n.map_or(history.len(), |k| k.min(history.len()));
         if n <= self.allowed_length {
             return;
         }
         // s[j]: the j-th token from the end.
         self.window.clear();
-        self.window.extend(history[history.len() - n..].iter().rev());
+        self.window
+            .extend(history[history.len() - n..].iter().rev());
         let s = &self.window;
 
         // 1. The most recent breaker caps the repeat length.

@@ -46,9 +46,9 @@
 //! rules apply as for any `p`).
 
 use crate::error::ParamError;
-use crate::typical::typical;
 use crate::mirostat::{Mirostat, MirostatState};
 use crate::processor::{LogitsProcessor, Penalties};
+use crate::typical::typical;
 use crate::xtc;
 use mica_kernels::ops::{LogSoftmaxRounding, log_softmax_into};
 use rand::{RngExt, SeedableRng};
@@ -326,7 +326,12 @@ impl Sampler {
                 }
             }
         }
-        self.cands.iter().map(|c| c.id).zip(probs).collect()
+        let d = self.cands.iter().map(|c| c.id).zip(probs);
+        if p.is_greedy() {
+            // The point masses only.
+            return d.filter(|c| c.1 > 0.0).collect();
+        }
+        d.collect()
     }
 
     /// The token at a position where `draft` was proposed, from the position's processed
@@ -657,6 +662,93 @@ mod tests {
         assert!(err.to_string().contains("top-p"));
         assert_eq!(err.param(), crate::error::Param::TopP);
         assert!(SamplingParams::default().validate().is_ok());
+    }
+
+    /// Weights 40 20 15 10 8 4 2 1 (`logits()`). Typical-p 0.3: entropy
+    /// H = Σ −p ln p = 1.6585; |−ln p − H| is 0.049 for token 1 (p 0.2) and 0.239 for
+    /// token 2 (0.15), the two nearest, whose mass 0.35 passes 0.3: {1, 2} are kept, and
+    /// greedy takes token 1. XTC with threshold 0.12: tokens 0, 1, 2 reach it, all but
+    /// token 2 go, and greedy takes token 2 when the coin (probability `P`) says so.
+    #[test]
+    fn greedy_takes_the_best_token_typical_p_and_xtc_leave() {
+        let l = logits();
+        let greedy = |typical_p, xtc_probability, seed| SamplingParams {
+            typical_p,
+            xtc_probability,
+            xtc_threshold: 0.12,
+            seed,
+            ..SamplingParams::greedy()
+        };
+        let mut s = Sampler::new(greedy(0.3, 0.0, 0));
+        assert_eq!(s.sample(&l, &[]), 1);
+        assert_eq!(s.distribution(&l), vec![(1, 1.0)]);
+        let mut s = Sampler::new(greedy(1.0, 1.0, 0));
+        assert_eq!(s.sample(&l, &[]), 2);
+        let run = |seed| {
+            let mut s = Sampler::new(greedy(1.0, 0.5, seed));
+            (0..400).map(|_| s.sample(&l, &[])).collect::<Vec<_>>()
+        };
+        let a = run(5);
+        assert_eq!(a, run(5), "seeded");
+        assert_ne!(a, run(6));
+        let twos = a.iter().filter(|&&t| t == 2).count();
+        assert_eq!(a.iter().filter(|&&t| t == 0).count() + twos, 400);
+        assert!((150..250).contains(&twos), "{twos} of 400");
+        // The verification distribution: two point masses.
+        let mut s = Sampler::new(greedy(1.0, 0.5, 0));
+        let d = s.distribution(&l);
+        let mass = |t| d.iter().find(|c| c.0 == t).map_or(0.0, |c| c.1);
+        assert_eq!((mass(0), mass(2), mass(1)), (0.5, 0.5, 0.0));
+    }
+
+    #[test]
+    fn validation_names_the_new_parameters() {
+        let bad = [
+            SamplingParams {
+                typical_p: 1.5,
+                ..Default::default()
+            },
+            SamplingParams {
+                xtc_probability: -0.1,
+                ..Default::default()
+            },
+            SamplingParams {
+                xtc_threshold: 2.0,
+                ..Default::default()
+            },
+            SamplingParams {
+                dry_multiplier: -1.0,
+                ..Default::default()
+            },
+            SamplingParams {
+                dry_base: 0.5,
+                ..Default::default()
+            },
+            SamplingParams {
+                dry_penalty_last_n: -2,
+                ..Default::default()
+            },
+            SamplingParams {
+                dry_sequence_breakers: vec![String::new()],
+                ..Default::default()
+            },
+        ];
+        let names: Vec<&str> = bad
+            .iter()
+            .map(|p| p.validate().unwrap_err().param().as_str())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "typical_p",
+                "xtc_probability",
+                "xtc_threshold",
+                "dry_multiplier",
+                "dry_base",
+                "dry_penalty_last_n",
+                "dry_sequence_breakers"
+            ]
+        );
     }
 
     /// The chain as it was before the penalties became a processor: penalties applied to

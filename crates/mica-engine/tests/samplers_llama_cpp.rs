@@ -70,7 +70,11 @@ fn xtc_keeps_llama_cpp_s_tokens() {
         let mut c = logits();
         c.sort_by(|a, b| b.logit.total_cmp(&a.logit));
         let cut = xtc::cut(&c, t, min_keep);
-        assert_eq!(sorted_ids(&c[cut..]), ids, "threshold {t}, min_keep {min_keep}");
+        assert_eq!(
+            sorted_ids(&c[cut..]),
+            ids,
+            "threshold {t}, min_keep {min_keep}"
+        );
     }
 }
 
@@ -82,7 +86,14 @@ fn dry_penalizes_llama_cpp_s_tokens_by_llama_cpp_s_amounts() {
     let history: &[u32] =
         &[504, 2644, 2643, 335, 260, 1171, 30, 378, 2644, 2643, 335, 260, 1171, 30, 378, 2767, 2643, 335, 260, 1171, 30, 198, 5820, 42, 8363, 30, 10181, 42, 8363, 30, 378, 2644, 2643, 335, 260, 476, 3352, 2227, 378, 2644, 2643, 335, 260];
     /// `(multiplier, base, allowed length, last n, breakers, [(token, penalty)])`.
-    type Row = (f32, f32, u32, i32, &'static [&'static str], &'static [(u32, f64)]);
+    type Row = (
+        f32,
+        f32,
+        u32,
+        i32,
+        &'static [&'static str],
+        &'static [(u32, f64)],
+    );
     #[rustfmt::skip]
     let want: &[Row] = &[
         (0.8, 1.75, 2, 64, &["\n", ":", "\"", "*"], &[(1171, 4.287499904632568)]),
