@@ -54,7 +54,10 @@ fn typical_xtc_and_dry_on_both_apis() {
     // The window and the breakers are the sampler's: DRY with a window too short to see
     // the sentence again, or with "." breaking every sentence, leaves greedy output alone.
     assert_eq!(
-        completion(a, json!({"temperature": 0, "dry_multiplier": 0.8, "dry_penalty_last_n": 3})),
+        completion(
+            a,
+            json!({"temperature": 0, "dry_multiplier": 0.8, "dry_penalty_last_n": 3})
+        ),
         plain
     );
     assert_eq!(
@@ -92,8 +95,14 @@ fn typical_xtc_and_dry_on_both_apis() {
         (json!({"dry_base": 0.5}), "dry_base"),
         (json!({"dry_allowed_length": -1}), "dry_allowed_length"),
         (json!({"dry_penalty_last_n": -2}), "dry_penalty_last_n"),
-        (json!({"dry_sequence_breakers": []}), "dry_sequence_breakers"),
-        (json!({"dry_sequence_breakers": ["a", ""]}), "dry_sequence_breakers[1]"),
+        (
+            json!({"dry_sequence_breakers": []}),
+            "dry_sequence_breakers",
+        ),
+        (
+            json!({"dry_sequence_breakers": ["a", ""]}),
+            "dry_sequence_breakers[1]",
+        ),
     ] {
         let mut body = json!({"model": MODEL, "prompt": "x"});
         for (k, v) in extra.as_object().unwrap() {
