@@ -37,6 +37,8 @@ impl Sampling {
                 penalty_last_n: self.penalty_last_n,
                 seed: self.seed.unwrap_or_else(mica::engine::random_seed),
                 mirostat: None,
+                // Typical-p, XTC and DRY are not keyword arguments yet: off, as by default.
+                ..SamplingParams::default()
             },
             stop: self.stop,
             ignore_eos: self.ignore_eos,
