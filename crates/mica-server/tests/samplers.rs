@@ -1,6 +1,7 @@
 //! Typical-p, XTC and DRY on both APIs over HTTP with the real model: the fields reach the
-//! sampler (seeded runs differ from plain ones and repeat exactly), DRY stops a repetitive
-//! greedy continuation from repeating, and bad values are 400s naming the field.
+//! sampler (seeded runs differ from plain ones and repeat exactly, with n-gram drafts too),
+//! DRY stops a repetitive greedy continuation from repeating, and bad values are 400s
+//! naming the field.
 
 mod common;
 
@@ -51,6 +52,15 @@ fn typical_xtc_and_dry_on_both_apis() {
         dry,
         "Ollama's options reach the same sampler"
     );
+    // With n-gram drafts (the sentence is all repeats): the same tokens, DRY reading each
+    // drafted position's history.
+    assert_eq!(
+        completion(
+            a,
+            json!({"temperature": 0, "dry_multiplier": 0.8, "spec": "ngram"})
+        ),
+        dry
+    );
     // The window and the breakers are the sampler's: DRY with a window too short to see
     // the sentence again, or with "." breaking every sentence, leaves greedy output alone.
     assert_eq!(
@@ -80,6 +90,9 @@ fn typical_xtc_and_dry_on_both_apis() {
         let plain = completion(a, json!({"temperature": 1.0, "seed": 7}));
         let one = completion(a, with.clone());
         assert_eq!(one, completion(a, with.clone()), "{extra}");
+        let mut spec = with.clone();
+        spec["spec"] = json!("ngram");
+        assert_eq!(one, completion(a, spec), "{extra} with n-gram drafts");
         assert_ne!(one, plain, "{extra}");
         let plain = generate(a, json!({"temperature": 1.0, "seed": 7}));
         let one = generate(a, with.clone());
