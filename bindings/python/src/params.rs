@@ -20,6 +20,14 @@ pub struct Sampling {
     pub stop: Vec<String>,
     pub ignore_eos: bool,
     pub logit_bias: Vec<(u32, f32)>,
+    pub typical_p: f32,
+    pub xtc_probability: f32,
+    pub xtc_threshold: f32,
+    pub dry_multiplier: f32,
+    pub dry_base: f32,
+    pub dry_allowed_length: u32,
+    pub dry_penalty_last_n: i32,
+    pub dry_sequence_breakers: Vec<String>,
 }
 
 impl Sampling {
@@ -37,8 +45,14 @@ impl Sampling {
                 penalty_last_n: self.penalty_last_n,
                 seed: self.seed.unwrap_or_else(mica::engine::random_seed),
                 mirostat: None,
-                // Typical-p, XTC and DRY are not keyword arguments yet: off, as by default.
-                ..SamplingParams::default()
+                typical_p: self.typical_p,
+                xtc_probability: self.xtc_probability,
+                xtc_threshold: self.xtc_threshold,
+                dry_multiplier: self.dry_multiplier,
+                dry_base: self.dry_base,
+                dry_allowed_length: self.dry_allowed_length,
+                dry_penalty_last_n: self.dry_penalty_last_n,
+                dry_sequence_breakers: self.dry_sequence_breakers,
             },
             stop: self.stop,
             ignore_eos: self.ignore_eos,

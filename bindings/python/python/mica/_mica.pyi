@@ -74,6 +74,14 @@ class NativeModel:
         n: int = 1,
         logprobs: Optional[int] = None,
         lane: Optional[str] = None,
+        typical_p: Optional[float] = None,
+        xtc_probability: Optional[float] = None,
+        xtc_threshold: Optional[float] = None,
+        dry_multiplier: Optional[float] = None,
+        dry_base: Optional[float] = None,
+        dry_allowed_length: Optional[int] = None,
+        dry_penalty_last_n: Optional[int] = None,
+        dry_sequence_breakers: Optional[Sequence[str]] = None,
     ) -> EventStream: ...
     def metrics(self) -> Dict[str, Any]: ...
     def metrics_text(self, name: str) -> str: ...
