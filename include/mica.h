@@ -39,7 +39,7 @@
  * enum changes in a way that breaks programs built against an earlier header; compare it
  * with `mica_abi_version()` at run time.
  */
-#define MICA_ABI_VERSION 1
+#define MICA_ABI_VERSION 2
 
 /**
  * What a call did. `MICA_STATUS_OK` is zero; every other value is a failure whose message
@@ -287,6 +287,39 @@ typedef struct {
      */
     const mica_logit_bias *logit_bias;
     size_t n_logit_bias;
+    /**
+     * Locally typical sampling's mass; 1 disables.
+     */
+    float typical_p;
+    /**
+     * XTC: the chance per token of removing every token at least `xtc_threshold` likely
+     * but the least likely of them; 0 disables.
+     */
+    float xtc_probability;
+    float xtc_threshold;
+    /**
+     * DRY: penalty multiplier for tokens that would extend a repeated sequence; 0
+     * disables.
+     */
+    float dry_multiplier;
+    /**
+     * DRY: the penalty grows by this factor per repeated token (at least 1).
+     */
+    float dry_base;
+    /**
+     * DRY: repeats up to this long go unpenalized.
+     */
+    uint32_t dry_allowed_length;
+    /**
+     * DRY: how many recent tokens it looks at; -1 the whole context, 0 disables.
+     */
+    int32_t dry_penalty_last_n;
+    /**
+     * DRY: `n_dry_sequence_breakers` UTF-8 strings that end a repeat; NULL with 0 means
+     * llama.cpp's defaults ("\n", ":", "\"", "*"). Read during the call only.
+     */
+    const char *const *dry_sequence_breakers;
+    size_t n_dry_sequence_breakers;
 } mica_generate_params;
 
 /**

@@ -274,7 +274,10 @@ impl NativeModel {
         prompt, *, max_tokens=None, temperature=None, top_k=None, top_p=None, min_p=None,
         repeat_penalty=None, presence_penalty=None, frequency_penalty=None,
         penalty_last_n=None, seed=None, stop=Vec::new(), ignore_eos=false,
-        logit_bias=Vec::new(), n=1, logprobs=None, lane=None, structured=None
+        logit_bias=Vec::new(), n=1, logprobs=None, lane=None, typical_p=None,
+        xtc_probability=None, xtc_threshold=None, dry_multiplier=None, dry_base=None,
+        dry_allowed_length=None, dry_penalty_last_n=None, dry_sequence_breakers=None,
+        structured=None
     ))]
     fn submit(
         &self,
@@ -296,6 +299,14 @@ impl NativeModel {
         n: usize,
         logprobs: Option<usize>,
         lane: Option<&str>,
+        typical_p: Option<f32>,
+        xtc_probability: Option<f32>,
+        xtc_threshold: Option<f32>,
+        dry_multiplier: Option<f32>,
+        dry_base: Option<f32>,
+        dry_allowed_length: Option<u32>,
+        dry_penalty_last_n: Option<i32>,
+        dry_sequence_breakers: Option<Vec<String>>,
         structured: Option<PyRef<'_, NativeStructured>>,
     ) -> PyResult<EventStream> {
         let d = mica::SamplingParams::default();
@@ -315,6 +326,14 @@ impl NativeModel {
             stop,
             ignore_eos,
             logit_bias,
+            typical_p: typical_p.unwrap_or(d.typical_p),
+            xtc_probability: xtc_probability.unwrap_or(d.xtc_probability),
+            xtc_threshold: xtc_threshold.unwrap_or(d.xtc_threshold),
+            dry_multiplier: dry_multiplier.unwrap_or(d.dry_multiplier),
+            dry_base: dry_base.unwrap_or(d.dry_base),
+            dry_allowed_length: dry_allowed_length.unwrap_or(d.dry_allowed_length),
+            dry_penalty_last_n: dry_penalty_last_n.unwrap_or(d.dry_penalty_last_n),
+            dry_sequence_breakers: dry_sequence_breakers.unwrap_or(d.dry_sequence_breakers),
         };
         let mut req = Request::new(prompt, sampling.into_params());
         req.n = n;

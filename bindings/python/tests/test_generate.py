@@ -93,3 +93,22 @@ def test_tokenize_detokenize_round_trip(model):
     special = model.tokenize("<|im_start|>user", add_special=False)
     assert len(special) == 2 and model.detokenize(special[:1]) == "<|im_start|>"
     assert model.tokenize("<|im_start|>", add_special=False, parse_special=False) != special[:1]
+
+
+def test_typical_xtc_and_dry_keywords(model):
+    loop = "I like apples. I like apples. I like apples. I like apples. I like"
+    plain = model.generate(loop, max_tokens=16, temperature=0)
+    assert plain.count("apples") >= 3, plain
+    dry = model.generate(loop, max_tokens=16, temperature=0, dry_multiplier=0.8)
+    assert "I like apples" not in dry, dry
+    # A short window cannot see the sentence again: greedy output as without DRY.
+    assert model.generate(loop, max_tokens=16, temperature=0, dry_multiplier=0.8,
+                          dry_penalty_last_n=3, dry_sequence_breakers="\n") == plain
+    kw = dict(max_tokens=16, temperature=1.0, seed=7)
+    base = model.generate("Once upon a time", **kw)
+    for extra in (dict(typical_p=0.2), dict(xtc_probability=1.0, xtc_threshold=0.05)):
+        a = model.generate("Once upon a time", **kw, **extra)
+        assert a == model.generate("Once upon a time", **kw, **extra)
+        assert a != base, extra
+    with pytest.raises(mica.InvalidParameter):
+        model.generate("x", max_tokens=1, dry_base=0.5)

@@ -53,7 +53,7 @@ const _: () = {
 /// The version of the C ABI this header describes. It changes when a function, struct or
 /// enum changes in a way that breaks programs built against an earlier header; compare it
 /// with `mica_abi_version()` at run time.
-pub const MICA_ABI_VERSION: u32 = 1;
+pub const MICA_ABI_VERSION: u32 = 2;
 
 /// mica's version ("0.1.0"), a static string (do not free it).
 ///

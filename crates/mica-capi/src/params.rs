@@ -52,6 +52,25 @@ pub struct MicaGenerateParams {
     /// only.
     pub logit_bias: *const MicaLogitBias,
     pub n_logit_bias: usize,
+    /// Locally typical sampling's mass; 1 disables.
+    pub typical_p: f32,
+    /// XTC: the chance per token of removing every token at least `xtc_threshold` likely
+    /// but the least likely of them; 0 disables.
+    pub xtc_probability: f32,
+    pub xtc_threshold: f32,
+    /// DRY: penalty multiplier for tokens that would extend a repeated sequence; 0
+    /// disables.
+    pub dry_multiplier: f32,
+    /// DRY: the penalty grows by this factor per repeated token (at least 1).
+    pub dry_base: f32,
+    /// DRY: repeats up to this long go unpenalized.
+    pub dry_allowed_length: u32,
+    /// DRY: how many recent tokens it looks at; -1 the whole context, 0 disables.
+    pub dry_penalty_last_n: i32,
+    /// DRY: `n_dry_sequence_breakers` UTF-8 strings that end a repeat; NULL with 0 means
+    /// llama.cpp's defaults ("\n", ":", "\"", "*"). Read during the call only.
+    pub dry_sequence_breakers: *const *const c_char,
+    pub n_dry_sequence_breakers: usize,
 }
 
 impl Default for MicaGenerateParams {
@@ -74,6 +93,15 @@ impl Default for MicaGenerateParams {
             n_stop: 0,
             logit_bias: std::ptr::null(),
             n_logit_bias: 0,
+            typical_p: s.typical_p,
+            xtc_probability: s.xtc_probability,
+            xtc_threshold: s.xtc_threshold,
+            dry_multiplier: s.dry_multiplier,
+            dry_base: s.dry_base,
+            dry_allowed_length: s.dry_allowed_length,
+            dry_penalty_last_n: s.dry_penalty_last_n,
+            dry_sequence_breakers: std::ptr::null(),
+            n_dry_sequence_breakers: 0,
         }
     }
 }
@@ -83,8 +111,9 @@ impl MicaGenerateParams {
     /// parameter at fault).
     ///
     /// # Safety
-    /// `stop` and `logit_bias` are NULL or hold `n_stop` / `n_logit_bias` elements, each
-    /// stop string NULL or NUL-terminated.
+    /// `stop`, `logit_bias` and `dry_sequence_breakers` are NULL or hold `n_stop` /
+    /// `n_logit_bias` / `n_dry_sequence_breakers` elements, each string NULL or
+    /// NUL-terminated.
     pub(crate) unsafe fn to_facade(self) -> Result<GenerateParams> {
         // SAFETY: forwarded contract.
         let stops = unsafe { slice_arg(self.stop, self.n_stop, "params->stop") }?;
@@ -96,6 +125,23 @@ impl MicaGenerateParams {
         }
         // SAFETY: forwarded contract.
         let bias = unsafe { slice_arg(self.logit_bias, self.n_logit_bias, "params->logit_bias") }?;
+        // SAFETY: forwarded contract.
+        let breakers = unsafe {
+            slice_arg(
+                self.dry_sequence_breakers,
+                self.n_dry_sequence_breakers,
+                "params->dry_sequence_breakers",
+            )
+        }?;
+        let mut dry_sequence_breakers = Vec::with_capacity(breakers.len());
+        for (i, &s) in breakers.iter().enumerate() {
+            // SAFETY: forwarded contract.
+            let s = unsafe { str_arg(s, &format!("params->dry_sequence_breakers[{i}]")) }?;
+            dry_sequence_breakers.push(s.to_string());
+        }
+        if dry_sequence_breakers.is_empty() {
+            dry_sequence_breakers = SamplingParams::default().dry_sequence_breakers;
+        }
         Ok(GenerateParams {
             max_tokens: self.max_tokens,
             sampling: SamplingParams {
@@ -110,6 +156,14 @@ impl MicaGenerateParams {
                 seed: self.seed,
                 // The C API does not expose mirostat.
                 mirostat: None,
+                typical_p: self.typical_p,
+                xtc_probability: self.xtc_probability,
+                xtc_threshold: self.xtc_threshold,
+                dry_multiplier: self.dry_multiplier,
+                dry_base: self.dry_base,
+                dry_allowed_length: self.dry_allowed_length,
+                dry_penalty_last_n: self.dry_penalty_last_n,
+                dry_sequence_breakers,
             },
             stop,
             ignore_eos: self.ignore_eos,

@@ -619,3 +619,108 @@ fn names_resolve_in_a_store_without_pulling() {
     assert_eq!(st, MicaStatus::NotFound);
     std::fs::remove_dir_all(&store).unwrap();
 }
+
+#[test]
+fn typical_xtc_and_dry_reach_the_sampler() {
+    let loop_prompt =
+        tokenize("I like apples. I like apples. I like apples. I like apples. I like");
+    let dot = cstr(".");
+    let breakers = [dot.as_ptr()];
+    let params = MicaGenerateParams {
+        typical_p: 0.9,
+        xtc_probability: 0.25,
+        xtc_threshold: 0.2,
+        dry_multiplier: 0.8,
+        dry_base: 1.5,
+        dry_allowed_length: 3,
+        dry_penalty_last_n: 48,
+        dry_sequence_breakers: breakers.as_ptr(),
+        n_dry_sequence_breakers: 1,
+        ..greedy(12)
+    };
+    let f = unsafe { params.to_facade() }.unwrap().sampling;
+    assert_eq!(
+        (f.typical_p, f.xtc_probability, f.xtc_threshold),
+        (0.9, 0.25, 0.2)
+    );
+    assert_eq!((f.dry_multiplier, f.dry_base), (0.8, 1.5));
+    assert_eq!((f.dry_allowed_length, f.dry_penalty_last_n), (3, 48));
+    assert_eq!(f.dry_sequence_breakers, ["."]);
+    let d = unsafe { mica_generate_params_default().to_facade() }.unwrap();
+    assert_eq!(
+        d.sampling,
+        facade::SamplingParams::default(),
+        "NULL breakers: the defaults"
+    );
+    let bad = [c"\xff".as_ptr()];
+    let e = unsafe {
+        MicaGenerateParams {
+            dry_sequence_breakers: bad.as_ptr(),
+            n_dry_sequence_breakers: 1,
+            ..greedy(1)
+        }
+        .to_facade()
+    }
+    .unwrap_err();
+    assert!(
+        e.message.contains("dry_sequence_breakers[0]"),
+        "{}",
+        e.message
+    );
+
+    // DRY ends SmolLM2's greedy repetition, through the C API as through the facade.
+    let dry = MicaGenerateParams {
+        dry_multiplier: 0.8,
+        ..greedy(12)
+    };
+    let s = session();
+    let run = |p: &MicaGenerateParams| {
+        let mut c = empty_completion();
+        let st = unsafe {
+            mica_session_generate(
+                s,
+                loop_prompt.as_ptr(),
+                loop_prompt.len(),
+                p,
+                None,
+                null_mut(),
+                &mut c,
+            )
+        };
+        assert_eq!(st, MicaStatus::Ok, "{}", last_error());
+        let t = completion_text(&c);
+        unsafe { mica_completion_free(&mut c) };
+        t
+    };
+    let plain = run(&greedy(12));
+    let with_dry = run(&dry);
+    assert!(plain.matches("apples").count() >= 2, "{plain:?}");
+    assert!(!with_dry.contains("I like apples"), "{with_dry:?}");
+    let want = facade_model()
+        .session(facade::SessionOptions {
+            n_ctx: Some(512),
+            threads: Some(2),
+        })
+        .generate(&loop_prompt, &unsafe { dry.to_facade() }.unwrap())
+        .unwrap()
+        .text;
+    assert_eq!(with_dry, want);
+    let st = unsafe {
+        mica_session_generate(
+            s,
+            loop_prompt.as_ptr(),
+            loop_prompt.len(),
+            &MicaGenerateParams {
+                dry_base: 0.5,
+                dry_multiplier: 0.8,
+                ..greedy(2)
+            },
+            None,
+            null_mut(),
+            &mut empty_completion(),
+        )
+    };
+    assert_eq!(st, MicaStatus::InvalidArgument);
+    assert!(last_error().contains("DRY base"), "{}", last_error());
+    unsafe { mica_session_free(s) };
+}

@@ -48,6 +48,69 @@ pub struct SamplingArgs {
     /// (repeatable; a large negative bias such as -100 all but forbids the token).
     #[arg(short = 'l', long = "logit-bias", value_parser = parse_logit_bias)]
     pub logit_bias: Vec<(u32, f32)>,
+    /// Locally typical sampling: keep the tokens whose surprise is nearest the entropy until
+    /// their probability passes P; 1 disables.
+    #[arg(long = "typical-p", alias = "typical", default_value_t = 1.0)]
+    pub typical_p: f32,
+    /// XTC: the chance per token of removing every token above the threshold but the least
+    /// likely of them; 0 disables.
+    #[arg(long = "xtc-probability", default_value_t = 0.0)]
+    pub xtc_probability: f32,
+    /// XTC: tokens at least this likely are the top choices it removes.
+    #[arg(long = "xtc-threshold", default_value_t = 0.1)]
+    pub xtc_threshold: f32,
+    /// DRY: penalty multiplier for tokens that would extend a repeated sequence; 0 disables.
+    #[arg(long = "dry-multiplier", default_value_t = 0.0)]
+    pub dry_multiplier: f32,
+    /// DRY: the penalty grows by this factor per token of the repeat.
+    #[arg(long = "dry-base", default_value_t = mica::engine::dry::DEFAULT_BASE)]
+    pub dry_base: f32,
+    /// DRY: repeats up to this long go unpenalized.
+    #[arg(long = "dry-allowed-length", default_value_t = mica::engine::dry::DEFAULT_ALLOWED_LENGTH)]
+    pub dry_allowed_length: u32,
+    /// DRY: how many recent tokens it looks at; -1 the whole context, 0 disables.
+    #[arg(long = "dry-penalty-last-n", default_value_t = mica::engine::dry::DEFAULT_PENALTY_LAST_N,
+          allow_hyphen_values = true)]
+    pub dry_penalty_last_n: i32,
+    /// DRY: a string that ends a repeat (repeatable; \n, \t and \\ are unescaped). Replaces
+    /// the defaults ("\n", ":", "\"", "*"); "none" for no breakers.
+    #[arg(long = "dry-sequence-breaker")]
+    pub dry_sequence_breaker: Vec<String>,
+}
+
+/// The DRY breakers of `--dry-sequence-breaker` values: llama.cpp's defaults when there are
+/// none, no breakers for `none`, else the values with `\n`, `\t` and `\\` unescaped.
+pub fn dry_breakers(values: &[String]) -> Vec<String> {
+    if values.is_empty() {
+        return mica::engine::dry::default_breakers();
+    }
+    if values.iter().any(|v| v == "none") {
+        return Vec::new();
+    }
+    values
+        .iter()
+        .map(|v| {
+            let mut out = String::with_capacity(v.len());
+            let mut chars = v.chars();
+            while let Some(c) = chars.next() {
+                if c != '\\' {
+                    out.push(c);
+                    continue;
+                }
+                match chars.next() {
+                    Some('n') => out.push('\n'),
+                    Some('t') => out.push('\t'),
+                    Some('\\') => out.push('\\'),
+                    Some(o) => {
+                        out.push('\\');
+                        out.push(o);
+                    }
+                    None => out.push('\\'),
+                }
+            }
+            out
+        })
+        .collect()
 }
 
 /// One `--logit-bias` value: `TOKEN=BIAS`, `TOKEN+BIAS` or `TOKEN-BIAS`.
@@ -98,13 +161,29 @@ impl SamplingArgs {
                 }),
                 _ => None,
             },
+            typical_p: self.typical_p,
+            xtc_probability: self.xtc_probability,
+            xtc_threshold: self.xtc_threshold,
+            dry_multiplier: self.dry_multiplier,
+            dry_base: self.dry_base,
+            dry_allowed_length: self.dry_allowed_length,
+            dry_penalty_last_n: self.dry_penalty_last_n,
+            dry_sequence_breakers: dry_breakers(&self.dry_sequence_breaker),
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::parse_logit_bias;
+    use super::{dry_breakers, parse_logit_bias};
+
+    #[test]
+    fn dry_breaker_values() {
+        assert_eq!(dry_breakers(&[]), ["\n", ":", "\"", "*"]);
+        assert!(dry_breakers(&["none".into()]).is_empty());
+        let got = dry_breakers(&["\\n".into(), "a\\tb".into(), "x\\\\y".into(), "q\\z".into()]);
+        assert_eq!(got, ["\n", "a\tb", "x\\y", "q\\z"]);
+    }
 
     #[test]
     fn logit_bias_forms() {

@@ -25,6 +25,7 @@
 //! the last draft) is the model's own next token. So `a` accepted drafts give `a + 1`
 //! tokens per step.
 
+use crate::dry::Dry;
 use crate::generate::{FinishReason, GenerateParams};
 use crate::processor::{LogitBias, LogitsProcessor, Penalties};
 use crate::proposer::Draft;
@@ -54,7 +55,7 @@ pub struct Commit {
 /// The decoding state of one sequence.
 pub struct SequenceDecoder {
     sampler: Sampler,
-    /// Applied in order before the sampler: logit bias, penalties, then custom ones.
+    /// Applied in order before the sampler: logit bias, penalties, DRY, then custom ones.
     processors: Vec<Box<dyn LogitsProcessor>>,
     tokenizer: Tokenizer,
     detok: TokenStreamDecoder,
@@ -88,6 +89,9 @@ impl SequenceDecoder {
         }
         if let Some(p) = Penalties::from_params(&params.sampling) {
             processors.push(Box::new(p));
+        }
+        if let Some(d) = Dry::from_tokenizer(&params.sampling, tokenizer) {
+            processors.push(Box::new(d));
         }
         SequenceDecoder {
             sampler: Sampler::new(params.sampling.clone()),

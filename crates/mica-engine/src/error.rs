@@ -61,6 +61,13 @@ pub enum Param {
     FrequencyPenalty,
     LogitBias,
     Mirostat,
+    TypicalP,
+    XtcProbability,
+    XtcThreshold,
+    DryMultiplier,
+    DryBase,
+    DryPenaltyLastN,
+    DrySequenceBreakers,
     Prompt,
     N,
 }
@@ -77,6 +84,13 @@ impl Param {
             Param::FrequencyPenalty => "frequency_penalty",
             Param::LogitBias => "logit_bias",
             Param::Mirostat => "mirostat",
+            Param::TypicalP => "typical_p",
+            Param::XtcProbability => "xtc_probability",
+            Param::XtcThreshold => "xtc_threshold",
+            Param::DryMultiplier => "dry_multiplier",
+            Param::DryBase => "dry_base",
+            Param::DryPenaltyLastN => "dry_penalty_last_n",
+            Param::DrySequenceBreakers => "dry_sequence_breakers",
             Param::Prompt => "prompt",
             Param::N => "n",
         }
@@ -104,6 +118,20 @@ pub enum ParamError {
     LogitBiasToken { token: u32, n_vocab: usize },
     #[error("mirostat needs a positive finite tau and a finite eta ≥ 0, got tau {tau}, eta {eta}")]
     Mirostat { tau: f32, eta: f32 },
+    #[error("typical-p must be between 0 and 1, got {0}")]
+    TypicalP(f32),
+    #[error("the XTC probability must be between 0 and 1, got {0}")]
+    XtcProbability(f32),
+    #[error("the XTC threshold must be between 0 and 1, got {0}")]
+    XtcThreshold(f32),
+    #[error("the DRY multiplier must be finite and at least 0, got {0}")]
+    DryMultiplier(f32),
+    #[error("the DRY base must be finite and at least 1, got {0}")]
+    DryBase(f32),
+    #[error("the DRY window must be -1 (the whole history), 0 (off) or positive, got {0}")]
+    DryPenaltyLastN(i32),
+    #[error("DRY sequence breakers must be non-empty strings")]
+    DrySequenceBreakers,
     #[error("the prompt is empty")]
     EmptyPrompt,
     #[error("n must be between 1 and {max}, got {n}")]
@@ -124,6 +152,13 @@ impl ParamError {
                 Param::LogitBias
             }
             ParamError::Mirostat { .. } => Param::Mirostat,
+            ParamError::TypicalP(_) => Param::TypicalP,
+            ParamError::XtcProbability(_) => Param::XtcProbability,
+            ParamError::XtcThreshold(_) => Param::XtcThreshold,
+            ParamError::DryMultiplier(_) => Param::DryMultiplier,
+            ParamError::DryBase(_) => Param::DryBase,
+            ParamError::DryPenaltyLastN(_) => Param::DryPenaltyLastN,
+            ParamError::DrySequenceBreakers => Param::DrySequenceBreakers,
             ParamError::EmptyPrompt => Param::Prompt,
             ParamError::N { .. } => Param::N,
         }

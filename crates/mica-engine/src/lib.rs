@@ -8,6 +8,7 @@
 
 pub mod bench;
 pub mod decoder;
+pub mod dry;
 pub mod embed;
 pub mod engine;
 pub mod error;
@@ -22,8 +23,11 @@ pub mod sampler;
 pub mod scheduler;
 pub mod spec;
 mod step_gate;
+pub mod typical;
+pub mod xtc;
 
 pub use decoder::{Commit, MAX_DRAFT, SequenceDecoder};
+pub use dry::Dry;
 pub use embed::{DEFAULT_POOLING, EmbedError, Embedder, Pooling};
 pub use engine::{
     EngineConfig, EngineHandle, Event, EventSink, ProcessorFactory, Request, RequestError,

@@ -1,25 +1,32 @@
 //! Choosing the next token from logits.
 //!
 //! The chain and its order follow llama.cpp's default sampler (`common_sampler`):
-//! penalties → top-k → top-p → min-p → temperature → draw. Temperature ≤ 0 is greedy (the
-//! highest logit, lowest id on ties). Every random draw comes from a ChaCha20 stream seeded
-//! by the request, so the same seed, prompt and model give the same tokens.
+//! penalties → DRY → top-k → typical-p → top-p → min-p → XTC → temperature → draw
+//! ([`crate::dry`], [`crate::typical`], [`crate::xtc`]; llama.cpp's top-n-σ, between DRY
+//! and top-k, is not implemented). Temperature ≤ 0 is greedy: the highest logit (lowest id
+//! on ties) of what the chain leaves, which is the highest logit of all unless typical-p or
+//! XTC removed it (llama.cpp's chain runs them before its temperature-0 step too). Every
+//! random draw (XTC's coin, the draw of the token) comes from a ChaCha20 stream seeded by
+//! the request, so the same seed, prompt and model give the same tokens.
 //!
 //! With [`SamplingParams::mirostat`] set, the chain is llama.cpp's mirostat one instead:
 //! temperature → mirostat v1 or v2 ([`crate::mirostat`]) → draw, with no penalties (as
 //! llama.cpp's common sampler builds it); its state (`mu`) lives in the sampler, one per
 //! sequence.
 //!
-//! The penalties are a [`LogitsProcessor`] ([`Penalties`]): a
-//! [`SequenceDecoder`](crate::decoder::SequenceDecoder) runs them with its other processors
-//! and then calls [`Sampler::sample_processed`] for the rest of the chain;
-//! [`Sampler::sample`] runs both for callers without a decoder.
+//! The penalties and DRY are [`LogitsProcessor`]s ([`Penalties`], [`Dry`](crate::dry::Dry)):
+//! a [`SequenceDecoder`](crate::decoder::SequenceDecoder) runs them with its other
+//! processors and then calls [`Sampler::sample_processed`] for the rest of the chain;
+//! [`Sampler::sample`] runs the penalties and the rest for callers without a decoder (DRY
+//! needs the tokenizer's breaker sequences, so only the decoder runs it).
 //!
 //! **Verifying drafts** ([`Sampler::verify`], speculative decoding). At a position where a
 //! proposer guessed token `x`, the target distribution `p` is what this chain draws from:
 //! the processed logits (bias, penalties, custom processors — run by the decoder as if the
 //! drafts before this position were accepted), cut by top-k, top-p and min-p, then the
-//! softmax at the temperature over what is left ([`Sampler::distribution`]). Two rules:
+//! softmax at the temperature over what is left ([`Sampler::distribution`]). With XTC on,
+//! `p` is the mixture XTC's coin makes: `P · p_xtc + (1 − P) · p_plain`, still a function
+//! of the logits alone. Two rules:
 //! - `x` a deterministic guess (a point mass, `q(x) = 1`: n-gram lookup, a greedy draft
 //!   model): the standard rule — accept with probability `min(1, p(x)/q(x)) = p(x)`, else
 //!   draw from the normalized residual `max(0, p − q)`, which is `p` without `x` — is
@@ -35,11 +42,14 @@
 //!   are deterministic for a seed and a proposer, but differ from plain sampling's.
 //!
 //! Greedy (`p` a point mass at the highest logit): both rules accept `x` iff it is the
-//! argmax, and otherwise give the argmax.
+//! argmax, and otherwise give the argmax (with XTC on, `p` is two point masses and the
+//! rules apply as for any `p`).
 
 use crate::error::ParamError;
 use crate::mirostat::{Mirostat, MirostatState};
 use crate::processor::{LogitsProcessor, Penalties};
+use crate::typical::typical;
+use crate::xtc;
 use mica_kernels::ops::{LogSoftmaxRounding, log_softmax_into};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha20Rng;
@@ -64,9 +74,26 @@ pub struct SamplingParams {
     /// How many recent tokens the penalties look at.
     pub penalty_last_n: usize,
     pub seed: u64,
-    /// Mirostat v1 or v2 in place of top-k / top-p / min-p and the penalties; `None`
-    /// disables (the default).
+    /// Mirostat v1 or v2 in place of top-k / typical-p / top-p / min-p / XTC, the
+    /// penalties and DRY; `None` disables (the default).
     pub mirostat: Option<Mirostat>,
+    /// Locally typical sampling's mass ([`crate::typical`]); 1 disables.
+    pub typical_p: f32,
+    /// XTC's chance per token of excluding the top choices ([`crate::xtc`]); 0 disables.
+    pub xtc_probability: f32,
+    /// XTC's threshold: the tokens at least this likely are the top choices; above 0.5
+    /// disables.
+    pub xtc_threshold: f32,
+    /// DRY's penalty multiplier ([`crate::dry`]); 0 disables.
+    pub dry_multiplier: f32,
+    /// DRY's base: the penalty grows by this factor per repeated token; below 1 disables.
+    pub dry_base: f32,
+    /// Repeats up to this long are not penalized.
+    pub dry_allowed_length: u32,
+    /// How many recent tokens DRY looks at: −1 the whole history, 0 disables.
+    pub dry_penalty_last_n: i32,
+    /// Strings that end a repeat (matched as token sequences of the vocabulary).
+    pub dry_sequence_breakers: Vec<String>,
 }
 
 impl Default for SamplingParams {
@@ -82,6 +109,14 @@ impl Default for SamplingParams {
             penalty_last_n: 64,
             seed: 0,
             mirostat: None,
+            typical_p: 1.0,
+            xtc_probability: 0.0,
+            xtc_threshold: 0.1,
+            dry_multiplier: 0.0,
+            dry_base: crate::dry::DEFAULT_BASE,
+            dry_allowed_length: crate::dry::DEFAULT_ALLOWED_LENGTH,
+            dry_penalty_last_n: crate::dry::DEFAULT_PENALTY_LAST_N,
+            dry_sequence_breakers: crate::dry::default_breakers(),
         }
     }
 }
@@ -98,6 +133,13 @@ impl SamplingParams {
     /// Whether tokens are chosen greedily (temperature ≤ 0).
     pub fn is_greedy(&self) -> bool {
         self.temperature <= 0.0
+    }
+
+    /// Whether typical-p or XTC may remove the most likely token, so that greedy choice is
+    /// not simply the highest logit (never under mirostat, whose chain has neither).
+    fn filters_top(&self) -> bool {
+        self.mirostat.is_none()
+            && (self.typical_p < 1.0 || xtc::active(self.xtc_probability, self.xtc_threshold, 2))
     }
 
     /// Checks ranges, naming the parameter at fault.
@@ -127,6 +169,27 @@ impl SamplingParams {
                 tau: m.tau(),
                 eta: m.eta(),
             });
+        }
+        if !(0.0..=1.0).contains(&self.typical_p) {
+            return Err(ParamError::TypicalP(self.typical_p));
+        }
+        if !(0.0..=1.0).contains(&self.xtc_probability) {
+            return Err(ParamError::XtcProbability(self.xtc_probability));
+        }
+        if !(0.0..=1.0).contains(&self.xtc_threshold) {
+            return Err(ParamError::XtcThreshold(self.xtc_threshold));
+        }
+        if !(self.dry_multiplier.is_finite() && self.dry_multiplier >= 0.0) {
+            return Err(ParamError::DryMultiplier(self.dry_multiplier));
+        }
+        if !(self.dry_base.is_finite() && self.dry_base >= 1.0) {
+            return Err(ParamError::DryBase(self.dry_base));
+        }
+        if self.dry_penalty_last_n < -1 {
+            return Err(ParamError::DryPenaltyLastN(self.dry_penalty_last_n));
+        }
+        if self.dry_sequence_breakers.iter().any(String::is_empty) {
+            return Err(ParamError::DrySequenceBreakers);
         }
         Ok(())
     }
@@ -194,11 +257,12 @@ impl Sampler {
         t
     }
 
-    /// The chain after the penalties (top-k → top-p → min-p → temperature → draw; greedy:
-    /// the highest logit), for logits that processors have already adjusted.
+    /// The chain after the penalties and DRY (top-k → typical-p → top-p → min-p → XTC →
+    /// temperature → draw; greedy: the highest logit left), for logits that processors
+    /// have already adjusted.
     pub fn sample_processed(&mut self, logits: &[f32]) -> u32 {
         let p = &self.params;
-        if p.is_greedy() {
+        if p.is_greedy() && !p.filters_top() {
             return argmax(logits);
         }
         self.cands.clear();
@@ -211,17 +275,28 @@ impl Sampler {
                 logit: l,
             }));
         truncate(&mut self.cands, p);
+        if xtc::active(p.xtc_probability, p.xtc_threshold, self.cands.len()) {
+            let coin: f32 = self.rng.random();
+            if coin <= p.xtc_probability {
+                let cut = xtc::cut(&self.cands, p.xtc_threshold, MIN_KEEP);
+                self.cands.drain(..cut);
+            }
+        }
+        if p.is_greedy() {
+            return self.cands[0].id;
+        }
         let u: f64 = self.rng.random();
         draw(&self.cands, p.temperature, u)
     }
 
     /// The distribution [`Sampler::sample_processed`] draws from for processed `logits`:
-    /// the candidates left by top-k, top-p and min-p, most likely first, with their
-    /// probabilities at the temperature (summing to 1). Greedy: the highest logit with
-    /// probability 1.
+    /// the candidates left by top-k, typical-p, top-p and min-p, most likely first, with
+    /// their probabilities at the temperature (summing to 1); with XTC on, the mixture of
+    /// that and the distribution after XTC's cut, weighted by XTC's probability. Greedy:
+    /// the highest logit left with probability 1 (two point masses under XTC).
     pub fn distribution(&mut self, logits: &[f32]) -> Vec<(u32, f64)> {
         let p = &self.params;
-        if p.is_greedy() {
+        if p.is_greedy() && !p.filters_top() {
             return vec![(argmax(logits), 1.0)];
         }
         self.cands.clear();
@@ -231,8 +306,32 @@ impl Sampler {
                 logit: l,
             }));
         truncate(&mut self.cands, p);
-        let probs = softmax(&self.cands, p.temperature);
-        self.cands.iter().map(|c| c.id).zip(probs).collect()
+        let of = |c: &[Candidate]| -> Vec<f64> {
+            if p.is_greedy() {
+                let mut v = vec![0.0; c.len()];
+                v[0] = 1.0;
+                v
+            } else {
+                softmax(c, p.temperature)
+            }
+        };
+        let mut probs = of(&self.cands);
+        if xtc::active(p.xtc_probability, p.xtc_threshold, self.cands.len()) {
+            let cut = xtc::cut(&self.cands, p.xtc_threshold, MIN_KEEP);
+            if cut > 0 {
+                let w = p.xtc_probability as f64;
+                let after = of(&self.cands[cut..]);
+                for (i, pr) in probs.iter_mut().enumerate() {
+                    *pr = (1.0 - w) * *pr + i.checked_sub(cut).map_or(0.0, |j| w * after[j]);
+                }
+            }
+        }
+        let d = self.cands.iter().map(|c| c.id).zip(probs);
+        if p.is_greedy() {
+            // The point masses only.
+            return d.filter(|c| c.1 > 0.0).collect();
+        }
+        d.collect()
     }
 
     /// The token at a position where `draft` was proposed, from the position's processed
@@ -246,7 +345,7 @@ impl Sampler {
             // A point mass: draw as plain sampling does; the caller accepts iff it is `draft`.
             return self.sample_processed(logits);
         };
-        if self.params.is_greedy() {
+        if self.params.is_greedy() && !self.params.filters_top() {
             return argmax(logits);
         }
         let p = self.distribution(logits);
@@ -297,8 +396,9 @@ impl Sampler {
         self.cands[idx].id
     }
 
-    /// The candidates left after penalties and truncation (top-k, top-p, min-p), most likely
-    /// first: the set a draw is made from. For tests and diagnostics.
+    /// The candidates left after penalties and truncation (top-k, typical-p, top-p, min-p),
+    /// most likely first: the set a draw is made from when XTC does not act. For tests and
+    /// diagnostics.
     pub fn candidates(&mut self, logits: &[f32], history: &[u32]) -> Vec<Candidate> {
         let mut l = logits.to_vec();
         if let Some(pen) = &mut self.penalties {
@@ -328,7 +428,11 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
-/// Sorts descending and applies top-k, top-p and min-p, always keeping at least one token.
+/// llama.cpp's `min_keep` for typical-p and XTC (its default: 0, so at least one token).
+const MIN_KEEP: usize = 0;
+
+/// Sorts descending and applies top-k, typical-p, top-p and min-p, always keeping at least
+/// one token.
 fn truncate(c: &mut Vec<Candidate>, p: &SamplingParams) {
     let by_logit = |a: &Candidate, b: &Candidate| b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id));
     if p.top_k > 0 && p.top_k < c.len() {
@@ -336,6 +440,7 @@ fn truncate(c: &mut Vec<Candidate>, p: &SamplingParams) {
         c.truncate(p.top_k);
     }
     c.sort_unstable_by(by_logit);
+    typical(c, p.typical_p, MIN_KEEP);
     if p.top_p < 1.0 {
         let probs = softmax(c, 1.0);
         let mut cum = 0.0;
@@ -557,6 +662,93 @@ mod tests {
         assert!(err.to_string().contains("top-p"));
         assert_eq!(err.param(), crate::error::Param::TopP);
         assert!(SamplingParams::default().validate().is_ok());
+    }
+
+    /// Weights 40 20 15 10 8 4 2 1 (`logits()`). Typical-p 0.3: entropy
+    /// H = Σ −p ln p = 1.6585; |−ln p − H| is 0.049 for token 1 (p 0.2) and 0.239 for
+    /// token 2 (0.15), the two nearest, whose mass 0.35 passes 0.3: {1, 2} are kept, and
+    /// greedy takes token 1. XTC with threshold 0.12: tokens 0, 1, 2 reach it, all but
+    /// token 2 go, and greedy takes token 2 when the coin (probability `P`) says so.
+    #[test]
+    fn greedy_takes_the_best_token_typical_p_and_xtc_leave() {
+        let l = logits();
+        let greedy = |typical_p, xtc_probability, seed| SamplingParams {
+            typical_p,
+            xtc_probability,
+            xtc_threshold: 0.12,
+            seed,
+            ..SamplingParams::greedy()
+        };
+        let mut s = Sampler::new(greedy(0.3, 0.0, 0));
+        assert_eq!(s.sample(&l, &[]), 1);
+        assert_eq!(s.distribution(&l), vec![(1, 1.0)]);
+        let mut s = Sampler::new(greedy(1.0, 1.0, 0));
+        assert_eq!(s.sample(&l, &[]), 2);
+        let run = |seed| {
+            let mut s = Sampler::new(greedy(1.0, 0.5, seed));
+            (0..400).map(|_| s.sample(&l, &[])).collect::<Vec<_>>()
+        };
+        let a = run(5);
+        assert_eq!(a, run(5), "seeded");
+        assert_ne!(a, run(6));
+        let twos = a.iter().filter(|&&t| t == 2).count();
+        assert_eq!(a.iter().filter(|&&t| t == 0).count() + twos, 400);
+        assert!((150..250).contains(&twos), "{twos} of 400");
+        // The verification distribution: two point masses.
+        let mut s = Sampler::new(greedy(1.0, 0.5, 0));
+        let d = s.distribution(&l);
+        let mass = |t| d.iter().find(|c| c.0 == t).map_or(0.0, |c| c.1);
+        assert_eq!((mass(0), mass(2), mass(1)), (0.5, 0.5, 0.0));
+    }
+
+    #[test]
+    fn validation_names_the_new_parameters() {
+        let bad = [
+            SamplingParams {
+                typical_p: 1.5,
+                ..Default::default()
+            },
+            SamplingParams {
+                xtc_probability: -0.1,
+                ..Default::default()
+            },
+            SamplingParams {
+                xtc_threshold: 2.0,
+                ..Default::default()
+            },
+            SamplingParams {
+                dry_multiplier: -1.0,
+                ..Default::default()
+            },
+            SamplingParams {
+                dry_base: 0.5,
+                ..Default::default()
+            },
+            SamplingParams {
+                dry_penalty_last_n: -2,
+                ..Default::default()
+            },
+            SamplingParams {
+                dry_sequence_breakers: vec![String::new()],
+                ..Default::default()
+            },
+        ];
+        let names: Vec<&str> = bad
+            .iter()
+            .map(|p| p.validate().unwrap_err().param().as_str())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "typical_p",
+                "xtc_probability",
+                "xtc_threshold",
+                "dry_multiplier",
+                "dry_base",
+                "dry_penalty_last_n",
+                "dry_sequence_breakers"
+            ]
+        );
     }
 
     /// The chain as it was before the penalties became a processor: penalties applied to

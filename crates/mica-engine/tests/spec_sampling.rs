@@ -1,6 +1,7 @@
 //! Speculative sampling keeps the target's distribution: a synthetic model over a
 //! 7-token vocabulary drives a `SequenceDecoder` under a full sampler chain (repeat
-//! penalty, top-k, top-p, min-p, temperature), with drafts from a deterministic guesser
+//! penalty, top-k, top-p, min-p, temperature; and a second chain adding DRY, typical-p and
+//! XTC, whose random coin makes the target a mixture), with drafts from a deterministic guesser
 //! (point masses) and from a sampling proposer with its own distribution `q`; the first
 //! three generated tokens of many seeded runs are compared with the exact distribution of
 //! three plainly sampled tokens (enumerated through the same chain) by a chi-square test.
@@ -11,6 +12,7 @@
 //! shown by the same statistic rejecting a wrong rule (drafts accepted without
 //! verification).
 
+use mica_engine::dry::Dry;
 use mica_engine::sampler::Sampler;
 use mica_engine::{GenerateParams, LogitsProcessor, Penalties, SamplingParams, SequenceDecoder};
 use mica_models::tokenizer::{Tokenizer, TokenizerSpec};
@@ -49,39 +51,63 @@ fn model(history: &[u32]) -> Vec<f32> {
         .collect()
 }
 
-fn params(seed: u64) -> GenerateParams {
+/// Which sampler chain a run uses.
+#[derive(Clone, Copy)]
+enum Chain {
+    /// Repeat penalty, top-k, top-p, min-p, temperature.
+    Base,
+    /// The base chain with DRY, typical-p and XTC.
+    Extended,
+}
+
+fn params(seed: u64, chain: Chain) -> GenerateParams {
+    let base = SamplingParams {
+        temperature: 0.8,
+        top_k: 5,
+        top_p: 0.9,
+        min_p: 0.05,
+        repeat_penalty: 1.3,
+        penalty_last_n: 8,
+        seed,
+        ..Default::default()
+    };
+    let sampling = match chain {
+        Chain::Base => base,
+        Chain::Extended => SamplingParams {
+            typical_p: 0.9,
+            xtc_probability: 0.5,
+            xtc_threshold: 0.15,
+            dry_multiplier: 0.8,
+            dry_allowed_length: 1,
+            ..base
+        },
+    };
     GenerateParams {
         max_tokens: 64,
         ignore_eos: true,
-        sampling: SamplingParams {
-            temperature: 0.8,
-            top_k: 5,
-            top_p: 0.9,
-            min_p: 0.05,
-            repeat_penalty: 1.3,
-            penalty_last_n: 8,
-            seed,
-            ..Default::default()
-        },
+        sampling,
         ..Default::default()
     }
 }
 
 const PROMPT: [u32; 2] = [1, 2];
 
-/// The target's next-token distribution after `history`: the chain's penalties, then
-/// truncation and temperature.
-fn target(history: &[u32]) -> Vec<(u32, f64)> {
-    let p = params(0).sampling;
+/// The target's next-token distribution after `history`: the chain's penalties and DRY,
+/// then truncation (XTC's mixture) and temperature.
+fn target(history: &[u32], chain: Chain) -> Vec<(u32, f64)> {
+    let p = params(0, chain).sampling;
     let mut logits = model(history);
     if let Some(mut pen) = Penalties::from_params(&p) {
         pen.process(history, &mut logits);
+    }
+    if let Some(mut dry) = Dry::from_tokenizer(&p, &tokenizer()) {
+        dry.process(history, &mut logits);
     }
     Sampler::new(p).distribution(&logits)
 }
 
 /// Exact probabilities of the first `L` generated tokens.
-fn exact() -> HashMap<Vec<u32>, f64> {
+fn exact(chain: Chain) -> HashMap<Vec<u32>, f64> {
     let mut out = HashMap::new();
     let mut stack = vec![(PROMPT.to_vec(), 1.0)];
     while let Some((h, pr)) = stack.pop() {
@@ -89,7 +115,7 @@ fn exact() -> HashMap<Vec<u32>, f64> {
             out.insert(h[PROMPT.len()..].to_vec(), pr);
             continue;
         }
-        for (t, p) in target(&h) {
+        for (t, p) in target(&h, chain) {
             let mut h2 = h.clone();
             h2.push(t);
             stack.push((h2, pr * p));
@@ -121,8 +147,8 @@ fn proposal(history: &[u32]) -> Vec<(u32, f32)> {
 }
 
 /// The first `L` generated tokens of the run with `seed`.
-fn run(tok: &Tokenizer, seed: u64, drafts: Drafts) -> Vec<u32> {
-    let mut d = SequenceDecoder::new(tok, &params(seed), &PROMPT, 1000);
+fn run(tok: &Tokenizer, seed: u64, drafts: Drafts, chain: Chain) -> Vec<u32> {
+    let mut d = SequenceDecoder::new(tok, &params(seed, chain), &PROMPT, 1000);
     let mut q_rng = ChaCha20Rng::seed_from_u64(seed ^ 0xABCD_EF01_2345_6789);
     let mut out = Vec::new();
     while d.generated().len() < L {
@@ -205,9 +231,9 @@ fn chi_square(counts: &HashMap<Vec<u32>, u64>, probs: &HashMap<Vec<u32>, f64>) -
     (stat, df * (1.0 - k + Z * k.sqrt()).powi(3))
 }
 
-fn check(drafts: Drafts) -> (f64, f64) {
+fn check(drafts: Drafts, chain: Chain) -> (f64, f64) {
     let tok = tokenizer();
-    let probs = exact();
+    let probs = exact(chain);
     let total: f64 = probs.values().sum();
     assert!(
         (total - 1.0).abs() < 1e-9,
@@ -215,7 +241,7 @@ fn check(drafts: Drafts) -> (f64, f64) {
     );
     let mut counts = HashMap::new();
     for seed in 0..RUNS {
-        *counts.entry(run(&tok, seed, drafts)).or_insert(0u64) += 1;
+        *counts.entry(run(&tok, seed, drafts, chain)).or_insert(0u64) += 1;
     }
     let (stat, crit) = chi_square(&counts, &probs);
     println!(
@@ -227,43 +253,72 @@ fn check(drafts: Drafts) -> (f64, f64) {
 
 #[test]
 fn plain_sampling_follows_the_chain() {
-    let (stat, crit) = check(Drafts::None);
+    let (stat, crit) = check(Drafts::None, Chain::Base);
     assert!(stat < crit, "chi-square {stat:.1} ≥ {crit:.1}");
 }
 
 #[test]
 fn point_mass_drafts_keep_the_distribution_and_plain_tokens() {
-    let (stat, crit) = check(Drafts::Points);
+    let (stat, crit) = check(Drafts::Points, Chain::Base);
     assert!(stat < crit, "chi-square {stat:.1} ≥ {crit:.1}");
     // The draws are plain sampling's, seed for seed.
     let tok = tokenizer();
     for seed in 0..200 {
         assert_eq!(
-            run(&tok, seed, Drafts::Points),
-            run(&tok, seed, Drafts::None)
+            run(&tok, seed, Drafts::Points, Chain::Base),
+            run(&tok, seed, Drafts::None, Chain::Base)
         );
     }
 }
 
 #[test]
 fn sampled_drafts_keep_the_distribution() {
-    let (stat, crit) = check(Drafts::Sampled);
+    let (stat, crit) = check(Drafts::Sampled, Chain::Base);
     assert!(stat < crit, "chi-square {stat:.1} ≥ {crit:.1}");
     // Deterministic for a seed.
     let tok = tokenizer();
     for seed in 0..50 {
         assert_eq!(
-            run(&tok, seed, Drafts::Sampled),
-            run(&tok, seed, Drafts::Sampled)
+            run(&tok, seed, Drafts::Sampled, Chain::Base),
+            run(&tok, seed, Drafts::Sampled, Chain::Base)
         );
     }
 }
 
 #[test]
 fn the_test_rejects_unverified_drafts() {
-    let (stat, crit) = check(Drafts::Unverified);
+    let (stat, crit) = check(Drafts::Unverified, Chain::Base);
     assert!(
         stat > crit,
         "a wrong rule passed: chi-square {stat:.1} < {crit:.1}"
     );
+}
+
+/// DRY, typical-p and XTC: plain sampling follows the exact mixture the verification uses,
+/// point-mass drafts give plain sampling's tokens seed for seed (XTC's coin drawn from the
+/// same stream at the same time), and sampled drafts keep the distribution.
+#[test]
+fn dry_typical_and_xtc_fit_the_verification_rule() {
+    let (stat, crit) = check(Drafts::None, Chain::Extended);
+    assert!(stat < crit, "plain: chi-square {stat:.1} ≥ {crit:.1}");
+    let (stat, crit) = check(Drafts::Points, Chain::Extended);
+    assert!(stat < crit, "points: chi-square {stat:.1} ≥ {crit:.1}");
+    let (stat, crit) = check(Drafts::Sampled, Chain::Extended);
+    assert!(stat < crit, "sampled: chi-square {stat:.1} ≥ {crit:.1}");
+    let tok = tokenizer();
+    for seed in 0..200 {
+        assert_eq!(
+            run(&tok, seed, Drafts::Points, Chain::Extended),
+            run(&tok, seed, Drafts::None, Chain::Extended)
+        );
+    }
+    // The extended chain is another distribution than the base one.
+    let (stat, crit) = check(Drafts::None, Chain::Base);
+    assert!(stat < crit);
+    let (ext, base) = (exact(Chain::Extended), exact(Chain::Base));
+    let diff: f64 = base
+        .iter()
+        .map(|(c, p)| (p - ext.get(c).copied().unwrap_or(0.0)).abs())
+        .sum();
+    assert!(diff > 0.1, "total variation {diff}");
 }

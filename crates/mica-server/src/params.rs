@@ -17,6 +17,8 @@ pub const MAX_N: usize = 16;
 pub const MAX_LOGPROBS: usize = 20;
 /// Most stop strings per request.
 pub const MAX_STOP: usize = 16;
+/// Most DRY sequence breakers per request (each costs a scan of the vocabulary).
+pub const MAX_DRY_BREAKERS: usize = 16;
 
 /// Sampling fields as a request gives them, before validation (both APIs).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -38,6 +40,18 @@ pub struct SamplingFields {
     pub mirostat_eta: Option<f64>,
     /// Token id (as a string, OpenAI's JSON shape) → bias added to its logit.
     pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
+    /// Locally typical sampling's mass (1 off).
+    pub typical_p: Option<f64>,
+    /// XTC's chance per token (0 off) and threshold (default 0.1).
+    pub xtc_probability: Option<f64>,
+    pub xtc_threshold: Option<f64>,
+    /// DRY (llama.cpp's server names): multiplier (0 off), base, allowed length, window
+    /// (-1: the whole context, 0 off) and sequence breakers.
+    pub dry_multiplier: Option<f64>,
+    pub dry_base: Option<f64>,
+    pub dry_allowed_length: Option<i64>,
+    pub dry_penalty_last_n: Option<i64>,
+    pub dry_sequence_breakers: Option<Vec<String>>,
 }
 
 /// What an API uses for the fields a request leaves out.
@@ -107,6 +121,12 @@ fn range(prefix: &str, name: &str, v: Option<f64>, min: f64, max: f64) -> Result
 /// | `stop` | at most [`MAX_STOP`] strings, none empty |
 /// | `mirostat` | 0, 1 or 2; `mirostat_tau` > 0 (default 5), `mirostat_eta` 0 to 1 (default 0.1) |
 /// | `logit_bias` | token ids as keys, biases -100 to 100 |
+/// | `typical_p`, `xtc_probability`, `xtc_threshold` | 0 to 1 (defaults 1, 0, 0.1) |
+/// | `dry_multiplier` | ≥ 0 and finite (default 0: off) |
+/// | `dry_base` | ≥ 1 and finite (default 1.75) |
+/// | `dry_allowed_length` | ≥ 0 (default 2) |
+/// | `dry_penalty_last_n` | ≥ -1 (default -1: the whole context; 0: off) |
+/// | `dry_sequence_breakers` | 1 to [`MAX_DRY_BREAKERS`] strings, none empty (default `["\n", ":", "\"", "*"]`) |
 pub fn validate_sampling(
     f: &SamplingFields,
     prefix: &str,
@@ -147,6 +167,9 @@ pub fn validate_sampling(
     }
     let mirostat = mirostat(f, prefix)?;
     let logit_bias = logit_bias(f, prefix)?;
+    range(prefix, "typical_p", f.typical_p, 0.0, 1.0)?;
+    range(prefix, "xtc_probability", f.xtc_probability, 0.0, 1.0)?;
+    range(prefix, "xtc_threshold", f.xtc_threshold, 0.0, 1.0)?;
     let stop = f.stop.clone().unwrap_or_default();
     if stop.len() > MAX_STOP {
         return Err(ParamError::TooMany {
@@ -177,12 +200,89 @@ pub fn validate_sampling(
         },
         seed: f.seed.unwrap_or_else(mica::engine::random_seed),
         mirostat,
+        ..SamplingParams::default()
+    };
+    let params = SamplingParams {
+        typical_p: f.typical_p.map_or(params.typical_p, |v| v as f32),
+        xtc_probability: f
+            .xtc_probability
+            .map_or(params.xtc_probability, |v| v as f32),
+        xtc_threshold: f.xtc_threshold.map_or(params.xtc_threshold, |v| v as f32),
+        ..dry(f, prefix, params)?
     };
     Ok(Sampling {
         params,
         stop,
         logit_bias,
     })
+}
+
+/// `params` with the `dry_*` fields of the request.
+fn dry(
+    f: &SamplingFields,
+    prefix: &str,
+    params: SamplingParams,
+) -> Result<SamplingParams, ParamError> {
+    let field = |name: &str| format!("{prefix}{name}");
+    let invalid = |name: &str, rule: &'static str, got: String| ParamError::Invalid {
+        field: field(name),
+        rule,
+        got,
+    };
+    let mut p = params;
+    if let Some(m) = f.dry_multiplier {
+        if !(m.is_finite() && m >= 0.0) {
+            return Err(invalid(
+                "dry_multiplier",
+                "at least 0 (0 disables DRY)",
+                m.to_string(),
+            ));
+        }
+        p.dry_multiplier = m as f32;
+    }
+    if let Some(b) = f.dry_base {
+        if !(b.is_finite() && b >= 1.0) {
+            return Err(invalid("dry_base", "at least 1", b.to_string()));
+        }
+        p.dry_base = b as f32;
+    }
+    if let Some(n) = f.dry_allowed_length {
+        p.dry_allowed_length = u32::try_from(n)
+            .map_err(|_| invalid("dry_allowed_length", "at least 0", n.to_string()))?;
+    }
+    if let Some(n) = f.dry_penalty_last_n {
+        p.dry_penalty_last_n = i32::try_from(n.min(i32::MAX as i64))
+            .ok()
+            .filter(|&n| n >= -1)
+            .ok_or_else(|| {
+                invalid(
+                    "dry_penalty_last_n",
+                    "at least -1 (-1: the whole context, 0: off)",
+                    n.to_string(),
+                )
+            })?;
+    }
+    if let Some(b) = &f.dry_sequence_breakers {
+        if b.is_empty() {
+            return Err(ParamError::Empty {
+                field: field("dry_sequence_breakers"),
+            });
+        }
+        if b.len() > MAX_DRY_BREAKERS {
+            return Err(ParamError::TooMany {
+                field: field("dry_sequence_breakers"),
+                max: MAX_DRY_BREAKERS,
+                got: b.len(),
+            });
+        }
+        if let Some(i) = b.iter().position(String::is_empty) {
+            return Err(ParamError::Empty {
+                field: format!("{prefix}dry_sequence_breakers[{i}]"),
+            });
+        }
+        p.dry_sequence_breakers = b.clone();
+    }
+    Ok(p)
 }
 
 /// The `mirostat` fields as the sampler's setting.

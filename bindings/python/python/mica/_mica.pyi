@@ -83,6 +83,14 @@ class NativeModel:
         n: int = 1,
         logprobs: Optional[int] = None,
         lane: Optional[str] = None,
+        typical_p: Optional[float] = None,
+        xtc_probability: Optional[float] = None,
+        xtc_threshold: Optional[float] = None,
+        dry_multiplier: Optional[float] = None,
+        dry_base: Optional[float] = None,
+        dry_allowed_length: Optional[int] = None,
+        dry_penalty_last_n: Optional[int] = None,
+        dry_sequence_breakers: Optional[Sequence[str]] = None,
         structured: Optional[NativeStructured] = None,
     ) -> EventStream: ...
     def metrics(self) -> Dict[str, Any]: ...

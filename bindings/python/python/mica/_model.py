@@ -43,6 +43,14 @@ SAMPLING_ARGS = (
     "ignore_eos",
     "logit_bias",
     "lane",
+    "typical_p",
+    "xtc_probability",
+    "xtc_threshold",
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+    "dry_penalty_last_n",
+    "dry_sequence_breakers",
 )
 
 
@@ -166,6 +174,11 @@ def _sampling(kw: Dict[str, Any]) -> Dict[str, Any]:
     bias = out.get("logit_bias")
     if bias is not None:
         out["logit_bias"] = [(int(t), float(b)) for t, b in dict(bias).items()]
+    breakers = out.get("dry_sequence_breakers")
+    if isinstance(breakers, str):
+        out["dry_sequence_breakers"] = [breakers]
+    elif breakers is not None:
+        out["dry_sequence_breakers"] = list(breakers)
     if "max_tokens" in out and out["max_tokens"] < 0:
         raise InvalidParameter("max_tokens must not be negative")
     return out
@@ -302,7 +315,11 @@ class Model:
         (0.95), ``min_p`` (0.05), ``repeat_penalty`` (1.0), ``presence_penalty`` (0),
         ``frequency_penalty`` (0), ``penalty_last_n`` (64), ``seed`` (random), ``stop`` (a
         string or a list), ``ignore_eos`` (False), ``logit_bias`` ({token: bias}), ``lane``
-        (``"interactive"``, ``"background"`` or ``"bulk"``: the request's priority)."""
+        (``"interactive"``, ``"background"`` or ``"bulk"``: the request's priority), and
+        the rest of llama.cpp's chain, off by default: ``typical_p`` (1.0),
+        ``xtc_probability`` (0) with ``xtc_threshold`` (0.1), ``dry_multiplier`` (0) with
+        ``dry_base`` (1.75), ``dry_allowed_length`` (2), ``dry_penalty_last_n`` (-1: the
+        whole context) and ``dry_sequence_breakers`` (``["\\n", ":", "\"", "*"]``)."""
         sampling.setdefault("max_tokens", 128)
         events = self._submit(self._ids(prompt), sampling)
         return _openai.gather(events, 1).text[0]

@@ -69,6 +69,14 @@ fn job(
         mirostat_tau: o.mirostat_tau,
         mirostat_eta: o.mirostat_eta,
         logit_bias: o.logit_bias.clone(),
+        typical_p: o.typical_p,
+        xtc_probability: o.xtc_probability,
+        xtc_threshold: o.xtc_threshold,
+        dry_multiplier: o.dry_multiplier,
+        dry_base: o.dry_base,
+        dry_allowed_length: o.dry_allowed_length,
+        dry_penalty_last_n: o.dry_penalty_last_n,
+        dry_sequence_breakers: o.dry_sequence_breakers.clone(),
     };
     let sampling = validate_sampling(&fields, "options.", &OLLAMA_DEFAULTS)?;
     let num_predict = match o.num_predict {

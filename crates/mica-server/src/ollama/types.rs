@@ -27,6 +27,15 @@ pub struct Options {
     pub mirostat: Option<i64>,
     pub mirostat_tau: Option<f64>,
     pub mirostat_eta: Option<f64>,
+    /// Ollama's `typical_p`; extensions (llama.cpp's server names): XTC and DRY.
+    pub typical_p: Option<f64>,
+    pub xtc_probability: Option<f64>,
+    pub xtc_threshold: Option<f64>,
+    pub dry_multiplier: Option<f64>,
+    pub dry_base: Option<f64>,
+    pub dry_allowed_length: Option<i64>,
+    pub dry_penalty_last_n: Option<i64>,
+    pub dry_sequence_breakers: Option<Vec<String>>,
     /// Extension (OpenAI's shape): token id → bias.
     pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
 }

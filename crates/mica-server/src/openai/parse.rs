@@ -65,6 +65,14 @@ fn generation(c: &CommonFields) -> Result<Generation, ParamError> {
         mirostat_tau: c.mirostat_tau,
         mirostat_eta: c.mirostat_eta,
         logit_bias: c.logit_bias.clone(),
+        typical_p: c.typical_p,
+        xtc_probability: c.xtc_probability,
+        xtc_threshold: c.xtc_threshold,
+        dry_multiplier: c.dry_multiplier,
+        dry_base: c.dry_base,
+        dry_allowed_length: c.dry_allowed_length,
+        dry_penalty_last_n: c.dry_penalty_last_n,
+        dry_sequence_breakers: c.dry_sequence_breakers.clone(),
     };
     let sampling = validate_sampling(&fields, "", &OPENAI_DEFAULTS)?;
     let max_tokens = match (c.max_completion_tokens, c.max_tokens) {

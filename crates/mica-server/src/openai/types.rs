@@ -51,6 +51,15 @@ pub struct CommonFields {
     pub mirostat: Option<i64>,
     pub mirostat_tau: Option<f64>,
     pub mirostat_eta: Option<f64>,
+    /// Extensions (llama.cpp's server names): typical-p, XTC and DRY.
+    pub typical_p: Option<f64>,
+    pub xtc_probability: Option<f64>,
+    pub xtc_threshold: Option<f64>,
+    pub dry_multiplier: Option<f64>,
+    pub dry_base: Option<f64>,
+    pub dry_allowed_length: Option<i64>,
+    pub dry_penalty_last_n: Option<i64>,
+    pub dry_sequence_breakers: Option<Vec<String>>,
     pub n: Option<i64>,
     #[serde(default)]
     pub stream: bool,
