@@ -88,7 +88,10 @@ fn matched_stop(tokens: &[u32], model: &LoadedModel, stops: &[String]) -> Option
     let full = model.tokenizer.decode(tokens).ok()?;
     stops
         .iter()
-        .filter_map(|s| full.find(s.as_str()).map(|at| (at, std::cmp::Reverse(s.len()), s)))
+        .filter_map(|s| {
+            full.find(s.as_str())
+                .map(|at| (at, std::cmp::Reverse(s.len()), s))
+        })
         .min()
         .map(|(_, _, s)| s.clone())
 }
@@ -157,8 +160,13 @@ pub async fn messages(
         }
         None => (ch.text, Vec::new()),
     };
-    let (stop_reason, stop_sequence) =
-        stop_of(ch.finish, !calls.is_empty(), &ch.tokens, &loaded.model, &stops);
+    let (stop_reason, stop_sequence) = stop_of(
+        ch.finish,
+        !calls.is_empty(),
+        &ch.tokens,
+        &loaded.model,
+        &stops,
+    );
     Ok(Json(Message {
         id,
         kind: "message",

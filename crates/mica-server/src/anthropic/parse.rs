@@ -270,9 +270,7 @@ fn tools(f: &MessagesFields) -> Result<Structured, ParamError> {
         if let Some(kind) = t.kind.as_deref().filter(|k| *k != "custom") {
             return Err(unsupported(
                 format!("tools[{i}].type"),
-                format!(
-                    "only client tools (type \"custom\" or none) are supported, got {kind:?}"
-                ),
+                format!("only client tools (type \"custom\" or none) are supported, got {kind:?}"),
             ));
         }
         if t.name.is_empty() {
@@ -359,7 +357,9 @@ mod tests {
             "stop_sequences[1]"
         );
         assert_eq!(
-            param(r#"{"model": "m", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}"#),
+            param(
+                r#"{"model": "m", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}"#
+            ),
             "messages[0].role"
         );
         assert_eq!(
@@ -415,16 +415,25 @@ mod tests {
         .unwrap();
         let m = &r.messages;
         assert_eq!(m.len(), 5, "{m:?}");
-        assert_eq!((m[0].role.as_str(), m[0].content.as_str()), ("system", "Be brief.\n\nBe kind."));
+        assert_eq!(
+            (m[0].role.as_str(), m[0].content.as_str()),
+            ("system", "Be brief.\n\nBe kind.")
+        );
         assert_eq!(m[1].role, "user");
-        assert_eq!((m[2].role.as_str(), m[2].content.as_str()), ("assistant", "Checking."));
+        assert_eq!(
+            (m[2].role.as_str(), m[2].content.as_str()),
+            ("assistant", "Checking.")
+        );
         assert_eq!(m[2].tool_calls[0].function.name, "get_weather");
         assert_eq!(m[2].tool_calls[0].function.arguments["city"], "Paris");
         assert_eq!(m[3].role, "tool");
         assert_eq!(m[3].content, "21 C");
         assert_eq!(m[3].tool_call_id.as_deref(), Some("toolu_1"));
         assert_eq!(m[3].name.as_deref(), Some("get_weather"));
-        assert_eq!((m[4].role.as_str(), m[4].content.as_str()), ("user", "Thanks"));
+        assert_eq!(
+            (m[4].role.as_str(), m[4].content.as_str()),
+            ("user", "Thanks")
+        );
         assert_eq!(r.structured.tool_choice, ToolChoice::Required);
         assert_eq!(r.structured.tools[0].name, "get_weather");
         assert_eq!(r.job.sampling.stop, vec!["END".to_string()]);

@@ -94,9 +94,12 @@ impl MessagesStream {
         let index = match self.text_block {
             Some(i) => i,
             None => {
-                let i = self.open(&mut out, Block::Text {
-                    text: String::new(),
-                });
+                let i = self.open(
+                    &mut out,
+                    Block::Text {
+                        text: String::new(),
+                    },
+                );
                 self.text_block = Some(i);
                 i
             }
@@ -135,9 +138,12 @@ impl MessagesStream {
         let mut out = self.text(content);
         if self.text_block.is_none() && calls.is_empty() {
             // A plain answer always has its text block, empty or not.
-            let i = self.open(&mut out, Block::Text {
-                text: String::new(),
-            });
+            let i = self.open(
+                &mut out,
+                Block::Text {
+                    text: String::new(),
+                },
+            );
             self.text_block = Some(i);
         }
         if let Some(index) = self.text_block.take() {
@@ -147,11 +153,14 @@ impl MessagesStream {
             let Block::ToolUse { id, name, input } = block else {
                 continue;
             };
-            let index = self.open(&mut out, Block::ToolUse {
-                id,
-                name,
-                input: serde_json::Value::Object(Default::default()),
-            });
+            let index = self.open(
+                &mut out,
+                Block::ToolUse {
+                    id,
+                    name,
+                    input: serde_json::Value::Object(Default::default()),
+                },
+            );
             out += &StreamEvent::ContentBlockDelta {
                 index,
                 delta: BlockDelta::InputJsonDelta {

@@ -87,8 +87,14 @@ pub struct ToolChoiceIn {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Block {
-    Text { text: String },
-    ToolUse { id: String, name: String, input: Value },
+    Text {
+        text: String,
+    },
+    ToolUse {
+        id: String,
+        name: String,
+        input: Value,
+    },
 }
 
 /// Token counts. `input_tokens` are the prompt's tokens not read from the prefix cache,
@@ -154,24 +160,11 @@ pub struct MessageEnd {
 #[derive(Clone, Debug, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum StreamEvent {
-    MessageStart {
-        message: Message,
-    },
-    ContentBlockStart {
-        index: usize,
-        content_block: Block,
-    },
-    ContentBlockDelta {
-        index: usize,
-        delta: BlockDelta,
-    },
-    ContentBlockStop {
-        index: usize,
-    },
-    MessageDelta {
-        delta: MessageEnd,
-        usage: Usage,
-    },
+    MessageStart { message: Message },
+    ContentBlockStart { index: usize, content_block: Block },
+    ContentBlockDelta { index: usize, delta: BlockDelta },
+    ContentBlockStop { index: usize },
+    MessageDelta { delta: MessageEnd, usage: Usage },
     MessageStop,
 }
 
