@@ -23,7 +23,7 @@ pub use parse::{MessagesRequest, parse_count_tokens, parse_messages};
 use crate::body::JsonBody;
 use crate::bridge;
 use crate::error::{ParamError, ServerError};
-use crate::openai::{rand_id, sse, submit};
+use crate::openai::{sse, submit};
 use crate::state::AppState;
 use crate::structured;
 use axum::Json;
@@ -37,10 +37,16 @@ use std::sync::Arc;
 use stream::MessagesStream;
 use types::{Block, Message, TokenCount, Usage};
 
+/// 24 random hex digits (the part of a tool-call id after its prefix).
+fn random_hex() -> String {
+    structured::call_id()
+        .trim_start_matches("call_")
+        .to_string()
+}
+
 /// A fresh `tool_use` id (`toolu_` and 24 hex digits).
 pub fn tool_use_id() -> String {
-    let id = structured::call_id();
-    format!("toolu_{}", id.trim_start_matches("call_"))
+    format!("toolu_{}", random_hex())
 }
 
 /// The content blocks of an answer: its text (when there is any, or when there are no
@@ -140,7 +146,7 @@ pub async fn messages(
         None,
         prepared.processors,
     )?;
-    let id = format!("msg_{:024x}", rand_id());
+    let id = format!("msg_{}", random_hex());
     let model = req.job.model.clone();
     let stops = req.job.sampling.stop.clone();
     if req.job.stream {

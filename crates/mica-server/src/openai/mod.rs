@@ -65,8 +65,7 @@ pub(crate) fn submit(
     )
 }
 
-/// A random number for response ids.
-pub(crate) fn rand_id() -> u64 {
+fn rand_id() -> u64 {
     use std::hash::{BuildHasher, RandomState};
     RandomState::new().hash_one(std::time::Instant::now())
 }
