@@ -21,6 +21,9 @@ QWEN = "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf"
 KEY = "test-key"
 SMOL_NAME = SMOL.removesuffix(".gguf")
 QWEN_NAME = QWEN.removesuffix(".gguf")
+# Greedy decoding. Recent SDKs no longer take `temperature` as an argument; the server
+# still reads it from the body.
+GREEDY = {"temperature": 0}
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 WEATHER = {
     "name": "get_weather",
@@ -81,7 +84,7 @@ def client(base_url):
 
 
 def test_create_stream_and_count(client):
-    r = client.messages.create(model=SMOL_NAME, max_tokens=16, temperature=0,
+    r = client.messages.create(model=SMOL_NAME, max_tokens=16, extra_body=GREEDY,
                                messages=QUESTION, system="Answer briefly.")
     assert r.type == "message" and r.role == "assistant" and r.model == SMOL_NAME
     assert r.id.startswith("msg_")
@@ -89,7 +92,7 @@ def test_create_stream_and_count(client):
     assert r.content[0].type == "text" and r.content[0].text
     assert r.usage.output_tokens > 0
 
-    with client.messages.stream(model=SMOL_NAME, max_tokens=16, temperature=0,
+    with client.messages.stream(model=SMOL_NAME, max_tokens=16, extra_body=GREEDY,
                                 messages=QUESTION, system="Answer briefly.") as s:
         streamed = "".join(s.text_stream)
         final = s.get_final_message()
@@ -106,7 +109,7 @@ def test_create_stream_and_count(client):
                                          system="Answer briefly, in French, as a pirate would.")
     assert other.input_tokens > n.input_tokens
 
-    cut = client.messages.create(model=SMOL_NAME, max_tokens=2, temperature=0,
+    cut = client.messages.create(model=SMOL_NAME, max_tokens=2, extra_body=GREEDY,
                                  messages=QUESTION)
     assert cut.stop_reason == "max_tokens" and cut.usage.output_tokens == 2
 
@@ -134,7 +137,7 @@ def check_weather(call):
 
 def test_tool_use_round_trip(client):
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
-    r = client.messages.create(model=QWEN_NAME, max_tokens=80, temperature=0, tools=[WEATHER],
+    r = client.messages.create(model=QWEN_NAME, max_tokens=80, extra_body=GREEDY, tools=[WEATHER],
                                tool_choice={"type": "tool", "name": "get_weather"},
                                messages=ask)
     assert r.stop_reason == "tool_use"
@@ -142,7 +145,7 @@ def test_tool_use_round_trip(client):
     check_weather(call)
 
     # Streamed: the SDK accumulates the input_json_delta into the same input.
-    with client.messages.stream(model=QWEN_NAME, max_tokens=80, temperature=0, tools=[WEATHER],
+    with client.messages.stream(model=QWEN_NAME, max_tokens=80, extra_body=GREEDY, tools=[WEATHER],
                                 tool_choice={"type": "tool", "name": "get_weather"},
                                 messages=ask) as s:
         final = s.get_final_message()
@@ -156,7 +159,7 @@ def test_tool_use_round_trip(client):
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
                                       "content": "21 C, sunny"}]},
     ]
-    r2 = client.messages.create(model=QWEN_NAME, max_tokens=40, temperature=0,
+    r2 = client.messages.create(model=QWEN_NAME, max_tokens=40, extra_body=GREEDY,
                                 tools=[WEATHER], messages=follow)
     assert r2.stop_reason in ("end_turn", "max_tokens", "tool_use")
     assert r2.content
