@@ -1,5 +1,5 @@
 """The ``anthropic`` SDK against ``mica serve``'s Messages API (``/v1/messages``): whole
-answers, ``messages.stream`` (its text stream and the final message it accumulates from the
+answers, structured output (``output_config``), ``messages.stream`` (its text stream and the final message it accumulates from the
 events), ``count_tokens``, errors as the SDK's exception classes, and a tool-use round trip
 (a forced call whose input fits the schema, then a ``tool_result`` that continues) on
 Qwen2.5-Coder, whose chat template renders tools. The server is the ``mica`` binary, started
@@ -7,6 +7,7 @@ with an API key that the SDK sends as ``x-api-key``."""
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import time
@@ -108,6 +109,16 @@ def test_create_stream_and_count(client):
     other = client.messages.count_tokens(model=SMOL_NAME, messages=QUESTION,
                                          system="Answer briefly, in French, as a pirate would.")
     assert other.input_tokens > n.input_tokens
+
+    # Structured output: `output_config.format` holds the answer to the schema.
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+              "required": ["city"], "additionalProperties": False}
+    j = client.messages.create(model=SMOL_NAME, max_tokens=40, extra_body=GREEDY,
+                               messages=QUESTION,
+                               output_config={"format": {"type": "json_schema", "schema": schema}})
+    assert j.stop_reason == "end_turn"
+    value = json.loads(j.content[0].text)
+    assert set(value) == {"city"} and len(value["city"]) <= 20
 
     cut = client.messages.create(model=SMOL_NAME, max_tokens=2, extra_body=GREEDY,
                                  messages=QUESTION)

@@ -220,6 +220,22 @@ fn messages_whole_streamed_and_counted() {
         assert_eq!(delta["delta"]["stop_reason"], "stop_sequence");
         assert_eq!(delta["delta"]["stop_sequence"], stop);
     }
+
+    // Structured output: `output_config.format` holds the answer to the schema.
+    let schema = json!({"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 20}, "country": {"enum": ["France", "Spain"]}},
+        "required": ["city", "country"], "additionalProperties": false});
+    let m = post(
+        a,
+        "/v1/messages",
+        &ask(json!({"max_tokens": 60, "output_config": {"format": {"type": "json_schema", "schema": schema}}})),
+    )
+    .json();
+    assert_eq!(m["stop_reason"], "end_turn", "{m}");
+    let v: Value = serde_json::from_str(&text(&m)).unwrap_or_else(|e| panic!("{e}: {m}"));
+    assert!(v["city"].as_str().unwrap().chars().count() <= 20, "{v}");
+    assert!(v["country"] == "France" || v["country"] == "Spain", "{v}");
+    assert_eq!(v.as_object().unwrap().len(), 2, "{v}");
 }
 
 #[test]
@@ -316,6 +332,18 @@ fn errors_have_anthropic_shape() {
         405,
         "invalid_request_error",
         "GET",
+    );
+    // A schema that does not compile: a 400 before anything is generated (fail closed).
+    check(
+        &call(
+            "/v1/messages",
+            &keyed,
+            &ask(json!({"output_config": {"format": {"type": "json_schema",
+                "schema": {"type": "object", "properties": {"a": {"type": "strnig"}}}}}})),
+        ),
+        400,
+        "invalid_request_error",
+        "output_config.format",
     );
     check(
         &call(

@@ -3,7 +3,8 @@
 //! naming the field. The conversation becomes the chat template's messages: `system` a
 //! system turn; text blocks joined (a blank line between blocks); an assistant's `tool_use`
 //! blocks its `tool_calls`; each `tool_result` block a `tool` turn carrying the call's id
-//! and tool name, as the OpenAI route's `tool` messages are rendered.
+//! and tool name, as the OpenAI route's `tool` messages are rendered. `output_config.format`
+//! (a JSON schema) is an output constraint, enforced as the OpenAI route's `json_schema`.
 
 use super::types::{BlockIn, MessagesFields, TextOrBlocks, ToolChoiceIn};
 use crate::error::{ParamError, ServerError, from_value, parse_body};
@@ -14,6 +15,7 @@ use crate::params::{
 };
 use crate::spec::{SpecFields, validate_spec};
 use crate::structured::Structured;
+use mica::grammar::Constraint;
 use mica::grammar::tools::{Tool, ToolChoice};
 use mica::models::chat::{ChatMessage, FunctionCall, ToolCall};
 use std::collections::HashMap;
@@ -31,7 +33,7 @@ pub struct MessagesRequest {
     pub job: Generation,
     /// The system prompt first (when given), then the conversation.
     pub messages: Vec<ChatMessage>,
-    /// `tools` and `tool_choice` (no output constraint).
+    /// `tools`, `tool_choice` and the `output_config.format` constraint.
     pub structured: Structured,
 }
 
@@ -263,7 +265,27 @@ fn conversation(f: &MessagesFields) -> Result<Vec<ChatMessage>, ParamError> {
     Ok(out)
 }
 
-/// `tools` and `tool_choice` as the shared tool machinery takes them.
+/// `output_config.format` as a constraint.
+fn output_format(f: &MessagesFields) -> Result<Option<(Constraint, &'static str)>, ParamError> {
+    let Some(format) = f.output_config.as_ref().and_then(|c| c.format.as_ref()) else {
+        return Ok(None);
+    };
+    if format.kind != "json_schema" {
+        return Err(unsupported(
+            "output_config.format.type",
+            format!("use json_schema, got {:?}", format.kind),
+        ));
+    }
+    let schema = format.schema.clone().ok_or_else(|| ParamError::Missing {
+        field: "output_config.format.schema".into(),
+    })?;
+    Ok(Some((
+        Constraint::JsonSchema(schema),
+        "output_config.format",
+    )))
+}
+
+/// `tools`, `tool_choice` and `output_config.format` as the shared machinery takes them.
 fn tools(f: &MessagesFields) -> Result<Structured, ParamError> {
     let mut tools = Vec::new();
     for (i, t) in f.tools.iter().flatten().enumerate() {
@@ -294,7 +316,7 @@ fn tools(f: &MessagesFields) -> Result<Structured, ParamError> {
         });
     }
     Ok(Structured {
-        constraint: None,
+        constraint: output_format(f)?,
         tools,
         tool_choice: match &f.tool_choice {
             None => ToolChoice::Auto,
@@ -384,6 +406,16 @@ mod tests {
         assert_eq!(
             param(&with(r#", "tool_choice": {"type": "required"}"#)),
             "tool_choice.type"
+        );
+        assert_eq!(
+            param(&with(r#", "output_config": {"format": {"type": "xml"}}"#)),
+            "output_config.format.type"
+        );
+        assert_eq!(
+            param(&with(
+                r#", "output_config": {"format": {"type": "json_schema"}}"#
+            )),
+            "output_config.format.schema"
         );
         assert_eq!(
             param(&with(r#", "tools": [{"name": "f"}]"#)),

@@ -23,6 +23,9 @@ pub struct MessagesFields {
     pub stream: bool,
     pub tools: Option<Vec<ToolIn>>,
     pub tool_choice: Option<ToolChoiceIn>,
+    /// Structured output: `{"format": {"type": "json_schema", "schema": {...}}}` (`effort`
+    /// is ignored).
+    pub output_config: Option<OutputConfigIn>,
     /// Extensions, as on the OpenAI routes: a sampling seed, the lane, speculative decoding.
     pub seed: Option<u64>,
     pub priority: Option<String>,
@@ -61,6 +64,18 @@ pub struct BlockIn {
     pub tool_use_id: Option<String>,
     pub content: Option<Box<TextOrBlocks>>,
     pub is_error: Option<bool>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct OutputConfigIn {
+    pub format: Option<OutputFormatIn>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct OutputFormatIn {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub schema: Option<Value>,
 }
 
 /// A tool the model may call.
