@@ -210,6 +210,23 @@ def main():
     ]
     for i, b in enumerate(ollama):
         out("ollama_request", f"body{i}.json", json.dumps(b))
+    anthropic = [
+        {"model": "m", "max_tokens": 8, "system": "Be brief.", "stream": True, "temperature": 0.7,
+         "top_p": 0.9, "top_k": 40, "stop_sequences": ["\n"], "metadata": {"user_id": "u"},
+         "messages": [{"role": "user", "content": "Hi"}]},
+        {"model": "m", "max_tokens": 64, "system": [{"type": "text", "text": "Be brief."}],
+         "tools": [{"name": "get_weather", "description": "Weather",
+                    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+         "tool_choice": {"type": "tool", "name": "get_weather"},
+         "messages": [{"role": "user", "content": [{"type": "text", "text": "Paris?"}]},
+                      {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1",
+                                                         "name": "get_weather", "input": {"city": "Paris"}}]},
+                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                                    "content": [{"type": "text", "text": "21 C"}]}]}]},
+        {"model": "m", "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+    ]
+    for i, b in enumerate(anthropic):
+        out("anthropic_request", f"body{i}.json", json.dumps(b))
     total = sum(len(fs) for _, _, fs in os.walk(SEEDS))
     print(f"wrote {total} seeds under {SEEDS}")
 

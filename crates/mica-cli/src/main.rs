@@ -51,7 +51,8 @@ enum Command {
     Inspect(inspect::InspectArgs),
     /// Measure prompt-processing and generation speed (as llama.cpp's llama-bench).
     Bench(bench::BenchArgs),
-    /// Serve models over HTTP (OpenAI- and Ollama-compatible APIs, continuous batching).
+    /// Serve models over HTTP (OpenAI-, Anthropic- and Ollama-compatible APIs, continuous
+    /// batching).
     Serve(serve::ServeArgs),
     /// Convert a GGUF, .mica file or Hugging Face folder to .mica or GGUF, optionally
     /// quantizing it.

@@ -6,8 +6,9 @@
 //! error in its extensions with an empty body, and the outermost layer
 //! ([`crate::guard::finish`]) renders it in the shape of the route's API family — OpenAI's
 //! `{"error": {"message", "type", "param", "code"}}` everywhere except under `/api`, where
-//! it is Ollama's `{"error": "..."}` — so every status (404, 405, 413 included) has one
-//! shape per family, whichever layer produced it.
+//! it is Ollama's `{"error": "..."}`, and under `/v1/messages` Anthropic's
+//! `{"type": "error", "error": {"type", "message"}}` — so every status (404, 405, 413
+//! included) has one shape per family, whichever layer produced it.
 
 use axum::body::Body;
 use axum::http::{HeaderValue, Method, StatusCode, header};
@@ -21,13 +22,21 @@ use std::sync::Arc;
 pub enum Flavor {
     OpenAi,
     Ollama,
+    Anthropic,
 }
 
 impl Flavor {
-    /// Ollama's shape under `/api`, OpenAI's everywhere else.
+    /// Ollama's shape under `/api`, Anthropic's under `/v1/messages`, OpenAI's everywhere
+    /// else.
     pub fn for_path(path: &str) -> Flavor {
-        if path == "/api" || path.starts_with("/api/") {
+        let under = |prefix: &str| {
+            path.strip_prefix(prefix)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+        };
+        if under("/api") {
             Flavor::Ollama
+        } else if under("/v1/messages") {
+            Flavor::Anthropic
         } else {
             Flavor::OpenAi
         }
@@ -142,7 +151,7 @@ pub enum ServerError {
     InvalidRequest(String),
     #[error(transparent)]
     Param(#[from] ParamError),
-    #[error("invalid or missing API key (send `Authorization: Bearer KEY`)")]
+    #[error("invalid or missing API key (send `Authorization: Bearer KEY` or `x-api-key: KEY`)")]
     Unauthorized,
     #[error("origin '{0}' is not allowed (the server's --allowed-origins)")]
     OriginNotAllowed(String),
@@ -226,6 +235,20 @@ impl ServerError {
         }
     }
 
+    /// Anthropic's error `type`, which follows the status.
+    pub fn anthropic_type(&self) -> &'static str {
+        match self.status().as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            503 => "overloaded_error",
+            500..=599 => "api_error",
+            _ => "invalid_request_error",
+        }
+    }
+
     /// OpenAI's error `code`.
     pub fn code(&self) -> Option<&'static str> {
         use ServerError::*;
@@ -292,6 +315,18 @@ impl ServerError {
         struct OllamaBody {
             error: String,
         }
+        #[derive(Serialize)]
+        struct AnthropicBody {
+            #[serde(rename = "type")]
+            kind: &'static str,
+            error: AnthropicDetail,
+        }
+        #[derive(Serialize)]
+        struct AnthropicDetail {
+            #[serde(rename = "type")]
+            kind: &'static str,
+            message: String,
+        }
         let out = match flavor {
             Flavor::OpenAi => serde_json::to_vec(&OpenAiBody {
                 error: OpenAiDetail {
@@ -303,6 +338,13 @@ impl ServerError {
             }),
             Flavor::Ollama => serde_json::to_vec(&OllamaBody {
                 error: self.to_string(),
+            }),
+            Flavor::Anthropic => serde_json::to_vec(&AnthropicBody {
+                kind: "error",
+                error: AnthropicDetail {
+                    kind: self.anthropic_type(),
+                    message: self.to_string(),
+                },
             }),
         };
         out.unwrap_or_default()
@@ -461,5 +503,25 @@ mod tests {
         assert_eq!(Flavor::for_path("/api/tags"), Flavor::Ollama);
         assert_eq!(Flavor::for_path("/apixyz"), Flavor::OpenAi);
         assert_eq!(Flavor::for_path("/v1/models"), Flavor::OpenAi);
+        assert_eq!(Flavor::for_path("/v1/messages"), Flavor::Anthropic);
+        assert_eq!(
+            Flavor::for_path("/v1/messages/count_tokens"),
+            Flavor::Anthropic
+        );
+        assert_eq!(Flavor::for_path("/v1/messagesx"), Flavor::OpenAi);
+        let v: serde_json::Value = serde_json::from_slice(&e.body(Flavor::Anthropic)).unwrap();
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert_eq!(
+            v["error"]["message"],
+            "temperature must be between 0 and 2, got -5"
+        );
+        let v: serde_json::Value =
+            serde_json::from_slice(&ServerError::ModelNotFound("x".into()).body(Flavor::Anthropic))
+                .unwrap();
+        assert_eq!(v["error"]["type"], "not_found_error");
+        let overloaded = ServerError::ShuttingDown.body(Flavor::Anthropic);
+        let v: serde_json::Value = serde_json::from_slice(&overloaded).unwrap();
+        assert_eq!(v["error"]["type"], "overloaded_error");
     }
 }

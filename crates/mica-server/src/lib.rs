@@ -1,5 +1,6 @@
 //! mica-server: the HTTP front of `mica serve` (axum on hyper and tokio). OpenAI-compatible
-//! routes under `/v1`, Ollama-compatible ones under `/api`, the probes `/health`
+//! routes under `/v1`, Anthropic's Messages API at `/v1/messages` ([`anthropic`]),
+//! Ollama-compatible ones under `/api`, the probes `/health`
 //! (liveness) and `/ready` (readiness), and Prometheus `/metrics`.
 //!
 //! The server knows nothing of tensors: handlers parse and validate requests
@@ -14,6 +15,7 @@
 //! timeouts and graceful shutdown), [`models`] (loading and unloading under a memory
 //! budget; a failed load unloads nothing).
 
+pub mod anthropic;
 pub mod body;
 pub mod bridge;
 pub mod config;
@@ -56,6 +58,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(openai::chat))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/embeddings", post(embeddings::openai))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/api/embed", post(embeddings::ollama))
         .route("/api/embeddings", post(embeddings::ollama_legacy))
         .route("/api/generate", post(ollama::generate))

@@ -10,7 +10,8 @@
   as numpy arrays. One model serves many Python threads at once: its engine batches them.
 - :func:`pull` fetches a model into the store; :func:`list_models` lists the store.
 - :func:`convert` converts and quantizes (GGUF, ``.mica``, Hugging Face folders).
-- :class:`Server` runs the OpenAI- and Ollama-compatible HTTP server in the background.
+- :class:`Server` runs the OpenAI-, Anthropic- and Ollama-compatible HTTP server in the
+  background.
 
 Errors are :class:`MicaError` subclasses (``mica.InvalidParameter`` is also a
 ``ValueError``).

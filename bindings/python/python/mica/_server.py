@@ -1,5 +1,5 @@
-"""``mica.Server``: ``mica serve`` (the OpenAI- and Ollama-compatible HTTP server) started and
-stopped from Python, for tests, notebooks and Ray replicas."""
+"""``mica.Server``: ``mica serve`` (the OpenAI-, Anthropic- and Ollama-compatible HTTP server)
+started and stopped from Python, for tests, notebooks and Ray replicas."""
 
 from __future__ import annotations
 

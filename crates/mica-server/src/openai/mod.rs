@@ -32,8 +32,9 @@ use types::{
 };
 
 /// Checks `prompt` against the model's context (`field` names it in the error) and submits
-/// the request: the part the chat and completion routes share.
-fn submit(
+/// the request: the part the chat and completion routes (and Anthropic's messages route)
+/// share.
+pub(crate) fn submit(
     loaded: &Arc<Loaded>,
     job: &Generation,
     prompt: Vec<u32>,
@@ -69,7 +70,8 @@ fn rand_id() -> u64 {
     RandomState::new().hash_one(std::time::Instant::now())
 }
 
-fn sse(body: Body) -> Response {
+/// A server-sent-events response.
+pub(crate) fn sse(body: Body) -> Response {
     (
         StatusCode::OK,
         [
