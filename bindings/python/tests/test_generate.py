@@ -110,5 +110,8 @@ def test_typical_xtc_and_dry_keywords(model):
         a = model.generate("Once upon a time", **kw, **extra)
         assert a == model.generate("Once upon a time", **kw, **extra)
         assert a != base, extra
+    # The OpenAI-shaped methods take typical_p too (as llama-cpp-python's).
+    d = model.create_completion("Once upon a time", typical_p=0.2, **kw)
+    assert d["choices"][0]["text"] == model.generate("Once upon a time", typical_p=0.2, **kw)
     with pytest.raises(mica.InvalidParameter):
         model.generate("x", max_tokens=1, dry_base=0.5)

@@ -392,6 +392,7 @@ class Model:
         repeat_penalty: float = 1.0,
         presence_penalty: float = 0.0,
         frequency_penalty: float = 0.0,
+        typical_p: float = 1.0,
         logit_bias: Optional[Mapping[int, float]] = None,
         ignore_eos: bool = False,
         logprobs: Optional[int] = None,
@@ -411,7 +412,7 @@ class Model:
         kw = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, min_p=min_p,
                   top_k=top_k, stop=stop, seed=seed, repeat_penalty=repeat_penalty,
                   presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                  logit_bias=logit_bias, ignore_eos=ignore_eos)
+                  typical_p=typical_p, logit_bias=logit_bias, ignore_eos=ignore_eos)
         events = self._submit(ids, kw, n=n, logprobs=logprobs)
         name = model or self.name
         if stream:
@@ -437,6 +438,7 @@ class Model:
         repeat_penalty: float = 1.0,
         presence_penalty: float = 0.0,
         frequency_penalty: float = 0.0,
+        typical_p: float = 1.0,
         logit_bias: Optional[Mapping[int, float]] = None,
         ignore_eos: bool = False,
         logprobs: bool = False,
@@ -482,7 +484,7 @@ class Model:
         kw = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, min_p=min_p,
                   top_k=top_k, stop=stop, seed=seed, repeat_penalty=repeat_penalty,
                   presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                  logit_bias=logit_bias, ignore_eos=ignore_eos)
+                  typical_p=typical_p, logit_bias=logit_bias, ignore_eos=ignore_eos)
         k = (top_logprobs or 0) if logprobs else None
         events = self._submit(ids, kw, n=n, logprobs=k, structured=structured)
         name = model or self.name
