@@ -5,12 +5,14 @@ without, on the same prompt, from the server's own decode timing (Ollama's `eval
 compilation). Standard library only; traffic to 127.0.0.1 only.
 
 The schema asks for a long array (at least 200 short strings), so the constrained run
-decodes until `--n` tokens like the free one; both runs' token counts are printed. Runs
-alternate (free, constrained) `--reps` times after one warm-up of each; the medians are
+decodes until `--n` tokens, and the free run takes the prompt the model answers longer
+(see FREE_RAW); both runs' token counts are printed. `--spec off` measures the constraint
+alone: with n-gram speculation (the server's default) the free text may gain more from
+drafts than the JSON does. Runs alternate (free, constrained) `--reps` times after one warm-up of each; the medians are
 reported with the slowdown.
 
 usage: bench/structured_cost.py --mica target/release/mica --model MODEL.gguf [--threads 2]
-                                [--n 128] [--reps 5] [--port 18181]
+                                [--n 128] [--reps 5] [--port 18181] [--spec off|ngram]
 """
 
 import argparse
@@ -25,6 +27,11 @@ SCHEMA = {"type": "object", "properties": {"fruits": {
     "type": "array", "items": {"type": "string", "maxLength": 24}, "minItems": 200}},
     "required": ["fruits"]}
 PROMPT = "List as many fruits as you can, as a JSON object {\"fruits\": [...]}."
+# Unconstrained runs take whichever of two prompts the model answers longer (the chat
+# request above, or a raw list already begun), so that they decode about as many tokens as
+# the constrained run: both then time tokens at similar context lengths.
+FREE_RAW = ("A JSON object listing three hundred fruits, one per item:\n"
+               "{\"fruits\": [\"apple\", \"banana\", \"cherry\", ")
 
 
 def post(url, body):
@@ -34,9 +41,9 @@ def post(url, body):
         return json.loads(r.read())
 
 
-def run(url, model, n, constrained):
-    body = {"model": model, "prompt": PROMPT, "stream": False,
-            "options": {"temperature": 0, "num_predict": n}}
+def run(url, model, n, constrained, raw=False):
+    body = {"model": model, "prompt": FREE_RAW if raw else PROMPT, "raw": raw,
+            "stream": False, "options": {"temperature": 0, "num_predict": n}}
     if constrained:
         body["format"] = SCHEMA
     r = post(f"{url}/api/generate", body)
@@ -51,11 +58,15 @@ def main():
     ap.add_argument("--n", type=int, default=128)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--port", type=int, default=18181)
+    ap.add_argument("--spec", choices=["off", "ngram"],
+                    help="the server's --spec (default: its own, n-gram lookup)")
     a = ap.parse_args()
     name = a.model.rsplit("/", 1)[-1].removesuffix(".gguf")
     url = f"http://127.0.0.1:{a.port}"
-    srv = subprocess.Popen([a.mica, "serve", "-m", a.model, "--port", str(a.port),
-                            "-t", str(a.threads)], stderr=subprocess.DEVNULL)
+    cmd = [a.mica, "serve", "-m", a.model, "--port", str(a.port), "-t", str(a.threads)]
+    if a.spec:
+        cmd += ["--spec", a.spec]
+    srv = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
     try:
         for _ in range(600):
             try:
@@ -63,15 +74,15 @@ def main():
                 break
             except OSError:
                 time.sleep(0.1)
-        run(url, name, 16, False)
+        raw = run(url, name, a.n, False, True)[0] > run(url, name, a.n, False)[0]
         run(url, name, 16, True)
         free, cons = [], []
         for _ in range(a.reps):
-            free.append(run(url, name, a.n, False))
+            free.append(run(url, name, a.n, False, raw))
             cons.append(run(url, name, a.n, True))
         f = statistics.median(r for _, r in free)
         c = statistics.median(r for _, r in cons)
-        print(f"{name}, {a.threads} threads, {a.reps} reps: "
+        print(f"{name}, {a.threads} threads, spec {a.spec or 'default'}, {a.reps} reps: "
               f"free {f:.1f} tok/s (tokens {[t for t, _ in free]}), "
               f"json-schema {c:.1f} tok/s (tokens {[t for t, _ in cons]}), "
               f"slowdown {100 * (1 - c / f):.1f}%")
