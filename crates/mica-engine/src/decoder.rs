@@ -142,6 +142,14 @@ impl SequenceDecoder {
         left.min(room).saturating_sub(1).min(MAX_DRAFT)
     }
 
+    /// Tells the processors the draft the next step verifies, before its forward pass (see
+    /// [`LogitsProcessor::prefetch`]).
+    pub fn prefetch(&mut self, draft: &[u32]) {
+        for p in &mut self.processors {
+            p.prefetch(draft);
+        }
+    }
+
     /// Chooses the next tokens into `out` from `rows` (`[1 + draft.len(), n_vocab]`): the
     /// model's logits at the sequence's last token and at each drafted token after it. The
     /// result is the drafted tokens accepted (module docs), then the model's own next token

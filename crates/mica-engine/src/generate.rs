@@ -373,8 +373,10 @@ impl<M: Deref<Target = LoadedModel> + Clone> Session<M> {
                     draft.truncate(max);
                 }
             }
+            let newest = history[history.len() - 1];
+            dec.prefetch(&draft.tokens);
             step.clear();
-            step.push(history[history.len() - 1]);
+            step.push(newest);
             step.extend_from_slice(&draft.tokens);
             // A draft's step gets one-at-a-time decoding's arithmetic (and so its tokens).
             self.ws.alone_paths = !draft.is_empty();

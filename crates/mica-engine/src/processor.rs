@@ -38,6 +38,13 @@ pub trait LogitsProcessor: Send {
         let _ = n;
     }
 
+    /// The drafted tokens the next step verifies, told before its forward pass runs: a
+    /// processor may prepare the positions after them meanwhile (a grammar computes their
+    /// masks), so that processing the step's rows waits less. Nothing is accepted.
+    fn prefetch(&mut self, draft: &[u32]) {
+        let _ = draft;
+    }
+
     /// Whether no token may follow the tokens accepted so far (a grammar whose output is
     /// complete): the decoder then ends the sequence after the token just committed, with
     /// [`FinishReason::Constraint`](crate::generate::FinishReason::Constraint), rather than

@@ -52,6 +52,10 @@ pub struct ConstraintStats {
     pub max_mask_ns: AtomicU64,
     /// Time `process` waited for a mask: the cost left on the critical path (nanoseconds).
     pub wait_ns: AtomicU64,
+    /// Masks computed ahead, during the forward pass, for positions after drafted tokens.
+    pub ahead: AtomicU64,
+    /// Of those, the ones used (their drafted tokens were verified through the grammar).
+    pub ahead_used: AtomicU64,
     error: Mutex<Option<String>>,
 }
 
@@ -86,25 +90,65 @@ impl ConstraintStats {
     }
 }
 
-type MaskResult = (Matcher, Result<SimpleVob, String>, Duration);
+type MaskResult = Result<SimpleVob, String>;
+
+/// Work for the helper thread. Each [`Job::Mask`] hands it the matcher and is followed by
+/// exactly one [`Job::Ahead`] or [`Job::Return`], after which the thread sends the matcher
+/// back with what it computed ([`Done`]).
+enum Job {
+    /// The matcher, and whether the mask of its current position is wanted (false when the
+    /// processor already has it).
+    Mask(Box<Matcher>, bool),
+    /// Drafted tokens the next step verifies: after the current position's mask, walk
+    /// through them computing the mask after each, then roll them back.
+    Ahead(Vec<u32>),
+    /// Send the matcher back now.
+    Return,
+}
+
+/// What the helper thread sends back.
+struct Done {
+    matcher: Box<Matcher>,
+    /// The current position's mask, if it was asked for, and its time.
+    base: Option<(MaskResult, Duration)>,
+    /// The drafted tokens walked through, each with the mask after it and its time (fewer
+    /// than the draft when the grammar refused one).
+    ahead: Vec<(u32, MaskResult, Duration)>,
+    /// Why the walk could not be rolled back (the matcher is then unusable).
+    error: Option<String>,
+}
 
 /// The helper thread that computes masks in the background.
 struct Worker {
-    jobs: Sender<Matcher>,
-    results: Receiver<MaskResult>,
+    jobs: Sender<Job>,
+    results: Receiver<Done>,
 }
 
 impl Worker {
     fn spawn() -> Option<Worker> {
-        let (jobs, job_rx) = channel::<Matcher>();
-        let (res_tx, results) = channel::<MaskResult>();
+        let (jobs, job_rx) = channel::<Job>();
+        let (res_tx, results) = channel::<Done>();
         std::thread::Builder::new()
             .name("mica-grammar".into())
             .spawn(move || {
-                for mut m in job_rx {
-                    let t = Instant::now();
-                    let mask = m.compute_mask().map_err(|e| e.to_string());
-                    if res_tx.send((m, mask, t.elapsed())).is_err() {
+                while let Ok(job) = job_rx.recv() {
+                    let Job::Mask(mut m, want_base) = job else {
+                        continue;
+                    };
+                    let base = want_base.then(|| timed(&mut m));
+                    let draft = match job_rx.recv() {
+                        Ok(Job::Ahead(d)) => d,
+                        Ok(_) => Vec::new(),
+                        Err(_) => break,
+                    };
+                    let (ahead, error) = walk(&mut m, base.as_ref().map(|b| &b.0), &draft);
+                    let done = Done {
+                        matcher: m,
+                        base,
+                        ahead,
+                        error,
+                    };
+                    if res_tx.send(done).is_err() {
                         break;
                     }
                 }
@@ -114,12 +158,62 @@ impl Worker {
     }
 }
 
+/// The mask of the matcher's current position, and how long it took. A matcher whose
+/// grammar is complete allows only end-of-generation (asking llguidance for the mask of a
+/// stopped parser would put it in its error state for good: a drafted token that completes
+/// the grammar is followed by a row the verification processes).
+fn timed(m: &mut Matcher) -> (MaskResult, Duration) {
+    let t = Instant::now();
+    let mask = m.compute_mask_or_eos().map_err(|e| e.to_string());
+    (mask, t.elapsed())
+}
+
+/// Consumes the drafted tokens one by one while the grammar allows them (`first`: the
+/// current position's mask, when known), computing the mask after each, then rolls them
+/// back, leaving the matcher where it was.
+fn walk(
+    m: &mut Matcher,
+    first: Option<&MaskResult>,
+    draft: &[u32],
+) -> (Vec<(u32, MaskResult, Duration)>, Option<String>) {
+    let mut ahead: Vec<(u32, MaskResult, Duration)> = Vec::new();
+    for &t in draft {
+        let prev = ahead.last().map(|a| &a.1).or(first);
+        let allowed = match prev {
+            Some(Ok(v)) => v.is_allowed(t),
+            Some(Err(_)) => false,
+            None => true,
+        };
+        if !allowed || m.is_stopped() || !matches!(m.try_consume_tokens(&[t]), Ok(1)) {
+            break;
+        }
+        let (mask, took) = timed(m);
+        ahead.push((t, mask, took));
+    }
+    let error = match ahead.len() {
+        0 => None,
+        n => m.rollback(n).err().map(|e| e.to_string()),
+    };
+    (ahead, error)
+}
+
+/// Masks computed ahead for the drafted tokens of the step being verified: valid while the
+/// matcher follows `tokens` from the position where they start.
+struct Ahead {
+    tokens: Vec<u32>,
+    /// `masks[i]`: the mask after `tokens[..i]` (one more than `tokens`).
+    masks: Vec<MaskResult>,
+    /// How many of `tokens` the matcher has consumed.
+    pos: usize,
+}
+
 /// Where the matcher is.
 enum State {
     /// Here, with the mask of the current position if it is known.
-    Idle(Box<Matcher>, Option<Result<SimpleVob, String>>),
-    /// On the helper thread, computing the mask of the current position.
-    Computing,
+    Idle(Box<Matcher>, Option<MaskResult>),
+    /// On the helper thread, computing the mask of the current position (and, once told the
+    /// step's draft, the masks along it).
+    Computing { ahead_sent: bool },
     /// Gone (a failed hand-over to the helper thread); only EOS is allowed.
     Lost,
 }
@@ -132,6 +226,11 @@ pub struct GrammarProcessor {
     stats: Arc<ConstraintStats>,
     /// End-of-generation ids: what stays allowed when the matcher has failed.
     eos: Vec<u32>,
+    /// The masks along the draft being verified, once the helper thread has sent them.
+    ahead: Option<Ahead>,
+    /// The current position's mask, known before the matcher went to the helper thread
+    /// for the masks along a draft only.
+    known_base: Option<MaskResult>,
 }
 
 impl GrammarProcessor {
@@ -150,6 +249,8 @@ impl GrammarProcessor {
             opts,
             stats: Arc::new(ConstraintStats::default()),
             eos,
+            ahead: None,
+            known_base: None,
         }
     }
 
@@ -158,53 +259,106 @@ impl GrammarProcessor {
         self.stats.clone()
     }
 
-    /// Brings the matcher back from the helper thread if it is there, waiting for its mask.
+    /// Brings the matcher back from the helper thread if it is there, waiting for its
+    /// masks.
     fn settle(&mut self) {
-        if !matches!(self.state, State::Computing) {
+        let State::Computing { ahead_sent } = self.state else {
             return;
-        }
+        };
         let t = Instant::now();
-        let got = self.worker.as_ref().and_then(|w| w.results.recv().ok());
+        let got = self.worker.as_ref().and_then(|w| {
+            if !ahead_sent {
+                w.jobs.send(Job::Return).ok()?;
+            }
+            w.results.recv().ok()
+        });
         self.stats
             .wait_ns
             .fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
-        self.state = match got {
-            Some((m, mask, took)) => {
-                self.stats.record_mask(took);
-                State::Idle(Box::new(m), Some(mask))
-            }
-            None => {
-                self.stats.set_error("the mask thread stopped".to_string());
-                State::Lost
-            }
+        let known = self.known_base.take();
+        let Some(done) = got else {
+            self.stats.set_error("the mask thread stopped".to_string());
+            self.state = State::Lost;
+            return;
         };
-    }
-
-    /// Starts computing the current position's mask on the helper thread.
-    fn start_mask(&mut self) {
-        if !self.opts.background {
+        if let Some(e) = done.error {
+            self.stats.set_error(e);
+            self.state = State::Lost;
             return;
         }
-        let State::Idle(m, None) = &self.state else {
-            return;
+        let base = match done.base {
+            Some((mask, took)) => {
+                self.stats.record_mask(took);
+                Some(mask)
+            }
+            None => known,
         };
-        if m.is_stopped() {
-            return;
+        if let Some(base) = &base
+            && !done.ahead.is_empty()
+        {
+            let mut ahead = Ahead {
+                tokens: Vec::with_capacity(done.ahead.len()),
+                masks: Vec::with_capacity(done.ahead.len() + 1),
+                pos: 0,
+            };
+            ahead.masks.push(base.clone());
+            for (t, mask, took) in done.ahead {
+                self.stats.record_mask(took);
+                self.stats.ahead.fetch_add(1, Relaxed);
+                ahead.tokens.push(t);
+                ahead.masks.push(mask);
+            }
+            self.ahead = Some(ahead);
+        }
+        self.state = State::Idle(done.matcher, base);
+    }
+
+    /// Hands the matcher to the helper thread: to compute the current position's mask
+    /// (`want_base`), then, if `draft` is given, the masks along it. Returns false (the
+    /// matcher stays here) when there is no helper thread.
+    fn hand_over(&mut self, want_base: bool, draft: Option<Vec<u32>>) -> bool {
+        if !self.opts.background {
+            return false;
         }
         if self.worker.is_none() {
             self.worker = Worker::spawn();
         }
         let Some(w) = &self.worker else {
-            return;
+            return false;
         };
-        let State::Idle(m, _) = std::mem::replace(&mut self.state, State::Computing) else {
-            return;
+        let State::Idle(m, _) = std::mem::replace(
+            &mut self.state,
+            State::Computing {
+                ahead_sent: draft.is_some(),
+            },
+        ) else {
+            return false;
         };
-        if let Err(e) = w.jobs.send(*m) {
+        if let Err(e) = w.jobs.send(Job::Mask(m, want_base)) {
             // The thread is gone: take the matcher back and compute inline from now on.
-            self.state = State::Idle(Box::new(e.0), None);
+            if let Job::Mask(m, _) = e.0 {
+                self.state = State::Idle(m, self.known_base.take());
+            } else {
+                self.state = State::Lost;
+            }
             self.worker = None;
             self.opts.background = false;
+            return false;
+        }
+        if let Some(d) = draft {
+            // A failed send is found by `settle` (the thread is gone).
+            let _ = w.jobs.send(Job::Ahead(d));
+        }
+        true
+    }
+
+    /// Starts computing the current position's mask on the helper thread.
+    fn start_mask(&mut self) {
+        match &self.state {
+            State::Idle(m, None) if !m.is_stopped() => {
+                self.hand_over(true, None);
+            }
+            _ => {}
         }
     }
 
@@ -215,9 +369,7 @@ impl GrammarProcessor {
             return None;
         };
         if mask.is_none() {
-            let t0 = Instant::now();
-            let r = m.compute_mask().map_err(|e| e.to_string());
-            let took = t0.elapsed();
+            let (r, took) = timed(m);
             self.stats.record_mask(took);
             self.stats
                 .wait_ns
@@ -237,7 +389,7 @@ impl GrammarProcessor {
     fn matcher_failed(&self) -> bool {
         match &self.state {
             State::Idle(m, mask) => m.is_error() || matches!(mask, Some(Err(_))),
-            State::Computing => false,
+            State::Computing { .. } => false,
             State::Lost => true,
         }
     }
@@ -278,6 +430,16 @@ impl LogitsProcessor for GrammarProcessor {
                 return false;
             }
         }
+        // Along the draft whose masks were computed ahead: the next mask is known.
+        if let Some(a) = &mut self.ahead
+            && a.tokens.get(a.pos) == Some(&token)
+        {
+            a.pos += 1;
+            *mask = Some(a.masks[a.pos].clone());
+            self.stats.ahead_used.fetch_add(1, Relaxed);
+            return true;
+        }
+        self.ahead = None;
         *mask = None;
         self.start_mask();
         true
@@ -288,15 +450,48 @@ impl LogitsProcessor for GrammarProcessor {
         if let State::Idle(m, mask) = &mut self.state {
             if let Err(e) = m.rollback(n) {
                 self.stats.set_error(e.to_string());
+                self.ahead = None;
             }
-            *mask = None;
+            *mask = match &mut self.ahead {
+                Some(a) if a.pos >= n => {
+                    a.pos -= n;
+                    Some(a.masks[a.pos].clone())
+                }
+                _ => {
+                    self.ahead = None;
+                    None
+                }
+            };
+        }
+    }
+
+    fn prefetch(&mut self, draft: &[u32]) {
+        if draft.is_empty() || !self.opts.background {
+            return;
+        }
+        self.ahead = None;
+        match &mut self.state {
+            State::Computing { ahead_sent } => {
+                if !*ahead_sent && let Some(w) = &self.worker {
+                    *ahead_sent = true;
+                    // A failed send is found by `settle` (the thread is gone).
+                    let _ = w.jobs.send(Job::Ahead(draft.to_vec()));
+                }
+            }
+            State::Idle(m, mask) if !m.is_stopped() => {
+                let known = mask.take();
+                let want_base = known.is_none();
+                self.known_base = known;
+                self.hand_over(want_base, Some(draft.to_vec()));
+            }
+            _ => {}
         }
     }
 
     fn is_complete(&self) -> bool {
         match &self.state {
             State::Idle(m, _) => m.is_stopped() || self.matcher_failed(),
-            State::Computing => false,
+            State::Computing { .. } => false,
             State::Lost => true,
         }
     }

@@ -166,6 +166,77 @@ fn drafted_tokens_are_verified_through_the_grammar() {
     assert!(drafted.timings.gen_passes < plain.timings.gen_passes);
 }
 
+/// Proposes the next `n` tokens of a known continuation.
+struct Exact {
+    prompt_len: usize,
+    continuation: Vec<u32>,
+    n: usize,
+}
+
+impl Proposer for Exact {
+    fn propose(&mut self, history: &[u32], max: usize) -> Vec<u32> {
+        let done = history.len() - self.prompt_len;
+        let end = (done + max.min(self.n)).min(self.continuation.len());
+        self.continuation[done.min(end)..end].to_vec()
+    }
+}
+
+/// The masks after drafted tokens are computed on the helper thread while the step's
+/// forward pass runs, and used when verification walks through the draft: with right
+/// drafts, partly wrong ones and inline masks alike, the tokens are those of plain decoding.
+#[test]
+fn masks_along_a_draft_are_computed_ahead_and_change_nothing() {
+    let (m, g) = model(SMOLLM);
+    let cg = g.compile(&Constraint::JsonSchema(schema())).unwrap();
+    let p = prompt(&m, "A person as JSON, please.");
+    let plain = run(
+        &m,
+        Some(&cg),
+        ProcessorOptions::default(),
+        &p,
+        &greedy(40),
+        None,
+    );
+    let drafted = |background: bool, proposer: &mut dyn Proposer| {
+        let proc = cg.processor_with(ProcessorOptions { background });
+        let stats = proc.stats();
+        let mut s = Session::new(&*m, 1024, threads());
+        let hooks = Hooks {
+            processors: vec![Box::new(proc) as Box<dyn LogitsProcessor>],
+            proposer: Some(proposer),
+        };
+        let out = s.generate_with(&p, &greedy(40), hooks, |_| true).unwrap();
+        (out, stats)
+    };
+    let mut exact = Exact {
+        prompt_len: p.len(),
+        continuation: plain.output_ids.clone(),
+        n: 4,
+    };
+    let (out, stats) = drafted(true, &mut exact);
+    assert_eq!(out.output_ids, plain.output_ids);
+    let ahead = stats.ahead.load(std::sync::atomic::Ordering::Relaxed);
+    let used = stats.ahead_used.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(ahead > 0 && used > 0, "ahead {ahead}, used {used}");
+    assert!(
+        out.timings.gen_passes * 2 < plain.timings.gen_passes,
+        "{} passes with right drafts vs {}",
+        out.timings.gen_passes,
+        plain.timings.gen_passes
+    );
+    let mut noisy = Noisy {
+        prompt_len: p.len(),
+        continuation: plain.output_ids.clone(),
+    };
+    let (out, stats) = drafted(true, &mut noisy);
+    assert_eq!(out.output_ids, plain.output_ids);
+    assert!(stats.ahead.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    exact.n = 4;
+    let (out, stats) = drafted(false, &mut exact);
+    assert_eq!(out.output_ids, plain.output_ids);
+    assert_eq!(stats.ahead.load(std::sync::atomic::Ordering::Relaxed), 0);
+}
+
 #[test]
 fn finish_reasons_tell_complete_from_cut() {
     let (m, g) = model(SMOLLM);

@@ -239,6 +239,7 @@ impl Core {
         let mut draft = proposer.draft(dec.history(), max, dec.sampling());
         draft.truncate(max);
         if !draft.is_empty() && self.sched.set_draft(id, &draft.tokens) {
+            choice.decoder.prefetch(&draft.tokens);
             choice.draft_dists = draft.dists;
         }
     }
