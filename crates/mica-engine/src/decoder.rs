@@ -142,6 +142,26 @@ impl SequenceDecoder {
         left.min(room).saturating_sub(1).min(MAX_DRAFT)
     }
 
+    /// Puts the tokens a processor forces next (see [`LogitsProcessor::forced`]: a grammar's
+    /// fixed keys and punctuation) in `draft`, unless the draft already begins with them:
+    /// they are all but certain to be accepted. At most [`SequenceDecoder::max_draft`].
+    pub fn forced_draft(&mut self, draft: &mut Draft) {
+        let max = self.max_draft();
+        if max == 0 {
+            return;
+        }
+        for p in &mut self.processors {
+            let forced = p.forced(max);
+            if forced.is_empty() {
+                continue;
+            }
+            if !draft.tokens.starts_with(&forced) {
+                *draft = Draft::points(forced);
+            }
+            return;
+        }
+    }
+
     /// Tells the processors the draft the next step verifies, before its forward pass (see
     /// [`LogitsProcessor::prefetch`]).
     pub fn prefetch(&mut self, draft: &[u32]) {

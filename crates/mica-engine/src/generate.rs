@@ -364,6 +364,7 @@ impl<M: Deref<Target = LoadedModel> + Clone> Session<M> {
             // Keep the cache of the drafted tokens the model agreed with; the newest token
             // goes into the next pass with a new draft.
             let history = dec.history();
+            let newest = history[history.len() - 1];
             self.truncate(history.len() - 1);
             draft.clear();
             if let Some(p) = proposer.as_deref_mut() {
@@ -371,9 +372,9 @@ impl<M: Deref<Target = LoadedModel> + Clone> Session<M> {
                 if max > 0 {
                     draft = p.draft(history, max, dec.sampling());
                     draft.truncate(max);
+                    dec.forced_draft(&mut draft);
                 }
             }
-            let newest = history[history.len() - 1];
             dec.prefetch(&draft.tokens);
             step.clear();
             step.push(newest);

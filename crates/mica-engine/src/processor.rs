@@ -38,6 +38,15 @@ pub trait LogitsProcessor: Send {
         let _ = n;
     }
 
+    /// Up to `max` tokens this processor forces to follow the tokens accepted so far (a
+    /// grammar's fast-forward tokens: the only continuation it allows, tokenized as the
+    /// tokenizer would), offered as a draft for the next step; nothing is accepted. The
+    /// default forces nothing.
+    fn forced(&mut self, max: usize) -> Vec<u32> {
+        let _ = max;
+        Vec::new()
+    }
+
     /// The drafted tokens the next step verifies, told before its forward pass runs: a
     /// processor may prepare the positions after them meanwhile (a grammar computes their
     /// masks), so that processing the step's rows waits less. Nothing is accepted.

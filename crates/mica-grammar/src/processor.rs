@@ -121,6 +121,9 @@ struct Done {
 /// The helper thread that computes masks in the background.
 struct Worker {
     jobs: Sender<Job>,
+    /// The grammar's forced tokens at the position of each [`Job::Mask`], sent before its
+    /// mask is computed (they take microseconds; the mask much longer).
+    forced: Receiver<Vec<u32>>,
     results: Receiver<Done>,
 }
 
@@ -128,6 +131,7 @@ impl Worker {
     fn spawn() -> Option<Worker> {
         let (jobs, job_rx) = channel::<Job>();
         let (res_tx, results) = channel::<Done>();
+        let (ff_tx, forced) = channel::<Vec<u32>>();
         std::thread::Builder::new()
             .name("mica-grammar".into())
             .spawn(move || {
@@ -135,6 +139,14 @@ impl Worker {
                     let Job::Mask(mut m, want_base) = job else {
                         continue;
                     };
+                    let ff = if m.is_stopped() {
+                        Vec::new()
+                    } else {
+                        m.compute_ff_tokens()
+                    };
+                    if ff_tx.send(ff).is_err() {
+                        break;
+                    }
                     let base = want_base.then(|| timed(&mut m));
                     let draft = match job_rx.recv() {
                         Ok(Job::Ahead(d)) => d,
@@ -154,7 +166,11 @@ impl Worker {
                 }
             })
             .ok()?;
-        Some(Worker { jobs, results })
+        Some(Worker {
+            jobs,
+            forced,
+            results,
+        })
     }
 }
 
@@ -231,6 +247,9 @@ pub struct GrammarProcessor {
     /// The current position's mask, known before the matcher went to the helper thread
     /// for the masks along a draft only.
     known_base: Option<MaskResult>,
+    /// Whether the helper thread's forced tokens for the job it holds are still to be
+    /// received.
+    forced_pending: bool,
 }
 
 impl GrammarProcessor {
@@ -251,6 +270,7 @@ impl GrammarProcessor {
             eos,
             ahead: None,
             known_base: None,
+            forced_pending: false,
         }
     }
 
@@ -266,7 +286,11 @@ impl GrammarProcessor {
             return;
         };
         let t = Instant::now();
+        let pending = std::mem::take(&mut self.forced_pending);
         let got = self.worker.as_ref().and_then(|w| {
+            if pending {
+                w.forced.recv().ok()?;
+            }
             if !ahead_sent {
                 w.jobs.send(Job::Return).ok()?;
             }
@@ -345,6 +369,7 @@ impl GrammarProcessor {
             self.opts.background = false;
             return false;
         }
+        self.forced_pending = true;
         if let Some(d) = draft {
             // A failed send is found by `settle` (the thread is gone).
             let _ = w.jobs.send(Job::Ahead(d));
@@ -463,6 +488,24 @@ impl LogitsProcessor for GrammarProcessor {
                 }
             };
         }
+    }
+
+    fn forced(&mut self, max: usize) -> Vec<u32> {
+        let mut ff = match &mut self.state {
+            State::Computing { .. } if self.forced_pending => {
+                self.forced_pending = false;
+                let t = Instant::now();
+                let ff = self.worker.as_ref().and_then(|w| w.forced.recv().ok());
+                self.stats
+                    .wait_ns
+                    .fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
+                ff.unwrap_or_default()
+            }
+            State::Idle(m, _) if !m.is_stopped() => m.compute_ff_tokens(),
+            _ => Vec::new(),
+        };
+        ff.truncate(max);
+        ff
     }
 
     fn prefetch(&mut self, draft: &[u32]) {

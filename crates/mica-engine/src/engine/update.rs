@@ -238,6 +238,7 @@ impl Core {
         let dec = &choice.decoder;
         let mut draft = proposer.draft(dec.history(), max, dec.sampling());
         draft.truncate(max);
+        choice.decoder.forced_draft(&mut draft);
         if !draft.is_empty() && self.sched.set_draft(id, &draft.tokens) {
             choice.decoder.prefetch(&draft.tokens);
             choice.draft_dists = draft.dists;
