@@ -428,6 +428,13 @@ impl EventSink for Sink {
 
 #[test]
 fn engine_batches_differently_constrained_requests() {
+    engine_batch(false);
+    engine_batch(true);
+}
+
+/// The constrained batch of the test above, each request with a proposer that drafts
+/// nothing of its own (`speculate`: the grammar's forced tokens are then drafted) or none.
+fn engine_batch(speculate: bool) {
     let (m, g) = model(SMOLLM);
     let cfg = EngineConfig {
         n_threads: threads(),
@@ -460,18 +467,21 @@ fn engine_batches_differently_constrained_requests() {
                 logprobs: None,
                 sink: Box::new(Sink(tx)),
                 processors: grammar.as_ref().map(CompiledGrammar::factory),
-                proposer: None,
+                proposer: speculate.then(|| Box::new(Silent) as Box<dyn Proposer>),
             })
             .unwrap();
         rxs.push((grammar, rx));
     }
     for (grammar, rx) in rxs {
-        let (mut ids, mut finish) = (Vec::new(), None);
+        let (mut ids, mut finish, mut accepted) = (Vec::new(), None, 0);
         for ev in rx {
             match ev {
                 Event::Token { token, .. } => ids.push(token),
                 Event::Done { finish: f, .. } => finish = Some(f),
-                Event::Finished { .. } => break,
+                Event::Finished { usage } => {
+                    accepted = usage.accepted_draft_tokens;
+                    break;
+                }
                 Event::Error(e) => panic!("{e}"),
             }
         }
@@ -483,8 +493,12 @@ fn engine_batches_differently_constrained_requests() {
             &greedy(40),
             None,
         );
-        assert_eq!(ids, single.output_ids);
+        assert_eq!(ids, single.output_ids, "speculate {speculate}");
         assert_eq!(finish, Some(single.finish));
+        // The JSON schema's keys are forced: drafted and accepted when speculating.
+        if grammar.as_ref().map(CompiledGrammar::kind) == Some(ConstraintKind::JsonSchema) {
+            assert_eq!(accepted > 0, speculate, "{accepted} forced tokens accepted");
+        }
         if let Some(g) = &grammar
             && single.finish != FinishReason::Length
         {
