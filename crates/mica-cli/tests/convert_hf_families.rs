@@ -26,6 +26,8 @@ const REFUSED: &[(&str, &str)] = &[
     // mlp_only_layers = [1]: llama.cpp's MoE graphs have no dense layers.
     ("qwen2moe", "mlp_only_layers"),
     ("qwen3moe", "mlp_only_layers"),
+    // NoPE layers 1 and 3: llama.cpp's smollm3 fixes every 4th layer, and GGUF has no key.
+    ("smollm3", "no_rope_layers"),
 ];
 
 /// Fixtures whose sliding window GGUF `llama` cannot say (dropped with a warning): compared

@@ -14,7 +14,11 @@
 //!   `minijinja_contrib::pycompat`;
 //! - `raise_exception(msg)`, `strftime_now(fmt)` (UTC: a library has no business reading the
 //!   local time zone), and a `tojson` that writes Python's `json.dumps` layout (`", "` and
-//!   `": "` separators, non-ASCII kept) rather than minijinja's compact HTML-safe one.
+//!   `": "` separators, non-ASCII kept) rather than minijinja's compact HTML-safe one;
+//! - transformers' `{% generation %}` … `{% endgeneration %}` block (SmolLM3's template marks
+//!   the assistant's text with it for training masks), which renders its body: it is
+//!   compiled as `{% if true %}` … `{% endif %}`, a block tag with the same whitespace
+//!   control (llama.cpp's Jinja parser skips these tags).
 //!
 //! As llama.cpp does after rendering, a leading BOS text is removed when the tokenizer will add
 //! BOS itself (and a trailing EOS text when it adds EOS), so the prompt never starts with two.
@@ -184,7 +188,7 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
-        env.add_template_owned(TEMPLATE_NAME, source.to_string())
+        env.add_template_owned(TEMPLATE_NAME, generation_blocks_as_if(source))
             .map_err(|e| ChatTemplateError::from_minijinja(&e, true))?;
         Ok(ChatTemplate {
             env,
@@ -435,6 +439,38 @@ fn json_string(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_string())
 }
 
+/// `source` with each `{% generation %}` / `{% endgeneration %}` tag (transformers' block that
+/// marks assistant text, rendering its body) as `{% if true %}` / `{% endif %}`, keeping the
+/// tag's `-` / `+` whitespace modifiers, so the block renders as transformers renders it.
+fn generation_blocks_as_if(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(open) = rest.find("{%") {
+        let tag = &rest[open..];
+        let Some(close) = tag.find("%}") else {
+            break;
+        };
+        out.push_str(&rest[..open]);
+        let inner = &tag[2..close];
+        let (lead, body) = match inner.strip_prefix(['-', '+']) {
+            Some(b) => (&inner[..1], b),
+            None => ("", inner),
+        };
+        let (body, trail) = match body.strip_suffix(['-', '+']) {
+            Some(b) => (b, &body[b.len()..]),
+            None => (body, ""),
+        };
+        match body.trim() {
+            "generation" => out.push_str(&format!("{{%{lead} if true {trail}%}}")),
+            "endgeneration" => out.push_str(&format!("{{%{lead} endif {trail}%}}")),
+            _ => out.push_str(&tag[..close + 2]),
+        }
+        rest = &tag[close + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// `strftime_now(format)`: the current UTC time, with the common `strftime` codes.
 fn strftime_now(format: String) -> String {
     let secs = std::time::SystemTime::now()
@@ -538,6 +574,25 @@ fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn generation_tags_become_if_blocks() {
+        let src = "a{% generation %}b{%- endgeneration -%} {%+ generation+%}{% if x %}{%endgeneration%}{{ '%}' }}{%";
+        assert_eq!(
+            generation_blocks_as_if(src),
+            "a{% if true %}b{%- endif -%} {%+ if true +%}{% if x %}{% endif %}{{ '%}' }}{%"
+        );
+        let t = ChatTemplate::new(
+            "{% for m in messages %}{% generation %}[{{ m.content }}]{% endgeneration %}{% endfor %}",
+            "",
+            "",
+        )
+        .unwrap();
+        let text = t
+            .render(&[ChatMessage::new("assistant", "hi")], false)
+            .unwrap();
+        assert_eq!(text, "[hi]");
+    }
 
     #[test]
     fn strftime_known_dates() {

@@ -126,6 +126,9 @@ pub struct ModelConfig {
     pub long_rope: Option<LongRope>,
     /// `[n_layer]` the sliding window of each layer (`None`: global attention).
     pub layer_window: Vec<Option<usize>>,
+    /// `[n_layer]` whether each layer rotates its queries and keys (SmolLM3's NoPE layers
+    /// do not: their attention sees no position but the causal mask).
+    pub layer_rope: Vec<bool>,
     /// Multiplies the token embeddings (Gemma: `sqrt(n_embd)`).
     pub embd_scale: Option<f32>,
     /// Multiplies the queries after RoPE, before attention, which then scales by 1 (how
@@ -162,12 +165,16 @@ impl ModelConfig {
         self.rope.n_dims > 0
     }
 
-    /// The RoPE parameters of layer `l`.
-    pub fn rope_of(&self, l: usize) -> &RopeConfig {
-        match (&self.rope_local, self.layer_window[l]) {
+    /// The RoPE parameters of layer `l`; `None` when the layer does not rotate (the model
+    /// has no RoPE, or the layer is one of its NoPE layers).
+    pub fn rope_of(&self, l: usize) -> Option<&RopeConfig> {
+        if !self.has_rope() || !self.layer_rope[l] {
+            return None;
+        }
+        Some(match (&self.rope_local, self.layer_window[l]) {
             (Some(local), Some(_)) => local,
             _ => &self.rope,
-        }
+        })
     }
 }
 
@@ -334,6 +341,7 @@ impl ModelConfig {
             rope_local: None,
             long_rope: None,
             layer_window: vec![None; n_layer],
+            layer_rope: vec![true; n_layer],
             embd_scale: None,
             q_scale: None,
             attn_softcap: None,

@@ -46,6 +46,10 @@ pub struct HfConfig {
     /// Per layer: `"sliding_attention"` or `"full_attention"`.
     pub layer_types: Option<Vec<String>>,
     pub sliding_window_pattern: Option<usize>,
+    /// SmolLM3: per layer, 1 where the layer applies RoPE and 0 where it does not (NoPE).
+    pub no_rope_layers: Option<Vec<Value>>,
+    /// SmolLM3: without `no_rope_layers`, every `no_rope_layer_interval`-th layer is NoPE.
+    pub no_rope_layer_interval: Option<usize>,
     pub query_pre_attn_scalar: Option<f64>,
     pub attn_logit_softcapping: Option<f64>,
     pub final_logit_softcapping: Option<f64>,
@@ -265,6 +269,7 @@ impl HfFolder {
             rope_local: None,
             long_rope,
             layer_window: vec![None; n_layer],
+            layer_rope: vec![true; n_layer],
             embd_scale: None,
             q_scale: None,
             attn_softcap: None,

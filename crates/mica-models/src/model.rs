@@ -311,6 +311,7 @@ impl Model {
         self.layers.truncate(n);
         self.config.n_layer = n;
         self.config.layer_window.truncate(n);
+        self.config.layer_rope.truncate(n);
         true
     }
 
@@ -438,10 +439,10 @@ impl Model {
             if let Some(w) = &layer.k_norm {
                 norm_in_place(&mut ws.k[..n * kvd], w, cfg.norm_eps, &mut ws.cos_sin);
             }
-            if cfg.has_rope() {
+            if let Some(r) = cfg.rope_of(l) {
                 self.rope(
                     batch,
-                    cfg.rope_of(l),
+                    r,
                     kv.n_ctx(),
                     &mut ws.q[..n * qd],
                     &mut ws.k[..n * kvd],

@@ -235,3 +235,39 @@ fn templates_with_tools_match_python_jinja2() {
     }
     assert_eq!(checked, 4);
 }
+
+/// SmolLM3's template against transformers' renderer (`fixtures/tokenizer/
+/// smollm3_chat_reference.json`, from `gen_smollm3_chat_reference.py`): llama.cpp's copy,
+/// and the same with the transformers-only `{% generation %}` markers SmolLM3-3B's own
+/// template has, which render their body (llama.cpp's Jinja parser ignores them too).
+#[test]
+fn smollm3_template_matches_transformers() {
+    let reference = fixture("smollm3_chat_reference.json");
+    let mut checked = 0;
+    for (name, source) in reference["templates"].as_object().unwrap() {
+        let template = ChatTemplate::new(source.as_str().unwrap(), "", "<|im_end|>")
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        for r in reference["renders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["template"] == name.as_str())
+        {
+            let got = template
+                .render(
+                    &messages(&r["messages"]),
+                    r["add_generation_prompt"].as_bool().unwrap(),
+                )
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(
+                got,
+                r["text"].as_str().unwrap(),
+                "{name} {} {}",
+                r["conversation"],
+                r["add_generation_prompt"]
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 16);
+}

@@ -8,7 +8,8 @@
 //! cache, f32 attention, GELU by its formula): measured max |Δlogit| (transformers 5.23,
 //! x86-64 AVX-512) llama 7.1e-6, mistral 4.9e-6, qwen2 5.0e-6, qwen3 5.6e-6, phi3 3.7e-6,
 //! qwen2moe 4.5e-6, gemma3 2.5e-6, gemma3_swa6 5.4e-6, gpt2 2.9e-6, gptneox 2.0e-6, gemma2
-//! 3.0e-6 (the GGUF copies within 1e-7 of the folders); with llama.cpp's numerics (f16
+//! 3.0e-6, smollm3 6.1e-6 (its llama.cpp-converted GGUF 7.2e-6; the GGUF copies within 1e-7
+//! of the folders); with llama.cpp's numerics (f16
 //! cache) they were 3.8e-3..8.4e-3.
 
 use mica_kernels::ThreadPool;
@@ -369,6 +370,51 @@ fn qwen2moe_q8_0_matches_llama_cpp() {
 #[test]
 fn qwen3moe_q8_0_matches_llama_cpp() {
     check_llama_cpp_q8("qwen3moe");
+}
+
+/// SmolLM3: the folder's NoPE layers are 1 and 3 (its explicit `no_rope_layers`), and they
+/// are what makes the logits match: the same model with RoPE on every layer is far off.
+#[test]
+fn smollm3_matches_transformers() {
+    check("smollm3");
+    let (mut model, exp, want) = load("smollm3");
+    assert_eq!(model.config.layer_rope, [true, false, true, false]);
+    model.config.layer_rope = vec![true; 4];
+    let seq = ids(&exp["sequences"][0]);
+    let n = seq.len() * model.config.n_vocab;
+    let off = max_diff("smollm3 (RoPE everywhere)", &model, &seq, 64, &want[..n]);
+    println!("smollm3 with RoPE on its NoPE layers: max |Δlogit| {off:.2e}");
+    assert!(
+        off > 100.0 * MAX_ABS,
+        "RoPE on the NoPE layers moved the logits by only {off:.2e}"
+    );
+}
+
+/// SmolLM3 through llama.cpp's converter: `smollm3` GGUF files carry no NoPE key, and mica
+/// makes every 4th layer NoPE as llama.cpp does (the converted model's default pattern).
+#[test]
+fn smollm3_gguf_matches_transformers() {
+    let model = check_converted("smollm3");
+    assert_eq!(model.config.layer_rope, [true, true, true, false]);
+}
+
+#[test]
+fn smollm3_config_errors_name_the_field() {
+    config_error_names("smollm3", "no_rope_layers", |c| {
+        c["no_rope_layers"] = serde_json::json!([1, 0]);
+    });
+    config_error_names("smollm3", "no_rope_layers", |c| {
+        c["no_rope_layers"] = serde_json::json!([1, 0, 2, 1]);
+    });
+    config_error_names("smollm3", "no_rope_layer_interval", |c| {
+        c.as_object_mut().unwrap().remove("no_rope_layers");
+        c["no_rope_layer_interval"] = 0.into();
+    });
+}
+
+#[test]
+fn smollm3_q8_0_matches_llama_cpp() {
+    check_llama_cpp_q8("smollm3");
 }
 
 /// A copy of a fixture folder whose config.json `edit` changes; the load error must name

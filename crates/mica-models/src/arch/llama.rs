@@ -1,5 +1,5 @@
 //! LLaMA family (LLaMA 1-3, SmolLM, TinyLlama, Mistral); its loader also builds Qwen2 /
-//! Qwen2.5 ([`super::qwen2`]) and Qwen3 ([`super::qwen3`]).
+//! Qwen2.5 ([`super::qwen2`]), Qwen3 ([`super::qwen3`]) and SmolLM3 ([`super::smollm3`]).
 //!
 //! Pre-norm decoder: RMSNorm → attention (GQA, RoPE) → residual → RMSNorm → SwiGLU MLP →
 //! residual; final RMSNorm and an output head that may be tied to the token embedding.
