@@ -118,6 +118,7 @@ pub(crate) fn special_tokens(
         // GPT-NeoX's id 11, llama.cpp's historical default for BPE files that name none.
         (VocabKind::Bpe, Some(p)) => (p.add_bos, (!p.no_bos).then_some(11), Some(11), None),
         (VocabKind::Bpe, None) => (false, Some(11), Some(11), None),
+        (VocabKind::Gemma4, _) => (true, None, None, None),
     };
     let in_range = |id: Option<u32>| id.filter(|&i| (i as usize) < n);
     let mut pick = |key: &str, from_file: Option<u32>, default: Option<u32>| match from_file {
@@ -141,7 +142,13 @@ pub(crate) fn special_tokens(
         pick("tokenizer.ggml.fim_rep_token_id", spec.fim_rep_id, None),
         pick("tokenizer.ggml.fim_sep_token_id", spec.fim_sep_id, None),
     ];
-    let add_bos = spec.add_bos.unwrap_or(default_add_bos);
+    let mut add_bos = spec.add_bos.unwrap_or(default_add_bos);
+    if kind == VocabKind::Gemma4 && !add_bos {
+        // llama.cpp overrides the flag for Gemma 4, whose converted files may say false.
+        warnings
+            .push("'tokenizer.ggml.add_bos_token' is false; Gemma 4 needs BOS: using true".into());
+        add_bos = true;
+    }
     let add_eos = spec.add_eos.unwrap_or(false);
     if add_bos && bos.is_none() {
         return Err(TokenizerError::MissingSpecialToken {
@@ -247,8 +254,11 @@ pub(crate) fn piece_of<'t>(
     }
     if a & attr::NORMAL != 0 {
         return match kind {
-            VocabKind::Spm if !text.contains('▁') => Cow::Borrowed(text.as_bytes()),
-            VocabKind::Spm => Cow::Owned(text.replace('▁', " ").into_bytes()),
+            // SentencePiece-style vocabularies spell spaces as `▁`.
+            VocabKind::Spm | VocabKind::Gemma4 if !text.contains('▁') => {
+                Cow::Borrowed(text.as_bytes())
+            }
+            VocabKind::Spm | VocabKind::Gemma4 => Cow::Owned(text.replace('▁', " ").into_bytes()),
             VocabKind::Bpe => Cow::Owned(decode::byte_level_piece(text, byte_table)),
         };
     }
