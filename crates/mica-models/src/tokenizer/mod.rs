@@ -14,7 +14,8 @@
 //!      byte fallback on the `▁`-escaped fragment (`bpe.rs`), as the `tokenizers` library
 //!      runs that file;
 //!    - `gemma4`: ranked-merge BPE over raw UTF-8 with spaces as `▁`, split at newlines
-//!      (`gemma4.rs`).
+//!      (`gemma4.rs`);
+//!    - `bert`: WordPiece, BERT's normalization and greedy longest-match (`wordpiece.rs`).
 //!
 //! BOS/EOS are added when the caller asks for special tokens and the model wants them
 //! (`tokenizer.ggml.add_bos_token`, defaulting as llama.cpp does: yes for SentencePiece, no
@@ -35,6 +36,7 @@ mod special;
 mod spm;
 mod store;
 mod vocab;
+mod wordpiece;
 
 use std::sync::Arc;
 
@@ -56,6 +58,8 @@ pub enum VocabKind {
     Spm,
     /// GGUF `gemma4`: BPE with ranked merges over raw UTF-8, spaces as `▁`, byte fallback.
     Gemma4,
+    /// GGUF `bert`: WordPiece (embedding models).
+    WordPiece,
 }
 
 /// The subword model run on plain-text fragments.
@@ -69,6 +73,7 @@ enum Model {
     SpmMerges(Box<BpeEncoder>),
     /// Gemma 4's BPE: the same ranked merges, on newline-separated runs.
     Gemma4(Box<BpeEncoder>),
+    WordPiece(wordpiece::WordPiece),
 }
 
 struct Inner {
@@ -118,6 +123,7 @@ impl Tokenizer {
             "gpt2" => VocabKind::Bpe,
             "llama" => VocabKind::Spm,
             "gemma4" => VocabKind::Gemma4,
+            "bert" => VocabKind::WordPiece,
             other => return Err(TokenizerError::UnknownModel(other.to_string())),
         };
         check_len(
@@ -137,7 +143,7 @@ impl Tokenizer {
                 warnings.extend(warning);
                 Some(pre)
             }
-            VocabKind::Spm | VocabKind::Gemma4 => None,
+            VocabKind::Spm | VocabKind::Gemma4 | VocabKind::WordPiece => None,
         };
 
         // A later duplicate shadows an earlier one, as in HF's vocabulary map.
@@ -218,6 +224,9 @@ impl Tokenizer {
                         Model::Bpe(bpe) => bpe.encode(plain, &mut out)?,
                         Model::SpmMerges(bpe) => bpe.encode(&escape(plain), &mut out)?,
                         Model::Gemma4(bpe) => gemma4::encode(bpe, &inner.vocab, plain, &mut out)?,
+                        Model::WordPiece(wp) => {
+                            wp.encode(&inner.vocab, inner.ids.unk, plain, &mut out)
+                        }
                         Model::Spm {
                             scores,
                             byte_tokens,
@@ -236,6 +245,9 @@ impl Tokenizer {
                 }
             }
             first = false;
+        }
+        if add_special && inner.ids.add_sep {
+            out.extend(inner.ids.sep);
         }
         if add_special && inner.ids.add_eos {
             out.extend(inner.ids.eos);
@@ -340,6 +352,10 @@ impl Tokenizer {
     pub fn pad(&self) -> Option<u32> {
         self.inner.ids.pad
     }
+    /// The separator WordPiece appends with special tokens (`[SEP]`).
+    pub fn sep(&self) -> Option<u32> {
+        self.inner.ids.sep
+    }
     /// Whether `encode(.., add_special = true, ..)` starts with BOS.
     pub fn add_bos(&self) -> bool {
         self.inner.ids.add_bos
@@ -382,6 +398,13 @@ fn build_model(
     store: &VocabStore,
     warnings: &mut Vec<String>,
 ) -> Result<Model> {
+    if kind == VocabKind::WordPiece {
+        return Ok(Model::WordPiece(wordpiece::WordPiece::new(
+            &spec.tokens,
+            spec.normalizer_lowercase,
+            spec.normalizer_strip_accents,
+        )));
+    }
     if kind == VocabKind::Gemma4 {
         let merges = spec
             .merges
