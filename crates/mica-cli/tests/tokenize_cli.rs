@@ -170,3 +170,16 @@ fn running_a_vocabulary_only_file_is_a_clear_error() {
         "{err}"
     );
 }
+
+#[test]
+fn inspect_describes_a_vocabulary_only_file() {
+    let vocab = vocab_path("bert-bge");
+    let (ok, out, err) = mica(&["inspect", vocab.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(out.contains("0 tensors"), "{out}");
+    assert!(out.contains("vocabulary only"), "{out}");
+    assert!(
+        out.contains("tokenizer:     WordPiece (bert), 30522 tokens"),
+        "{out}"
+    );
+}
