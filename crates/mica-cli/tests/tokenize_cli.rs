@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 const SMOLLM: &str = "smollm2-135m-instruct-q4_1";
 
@@ -26,7 +26,7 @@ fn vocab_path(name: &str) -> PathBuf {
 
 /// llama.cpp's expected ids for `input` in the suite's `.inp`/`.out` files (tokenized
 /// without special tokens, special tokens not parsed).
-fn expected_ids(vocab: &PathBuf, input: &str) -> Vec<u32> {
+fn expected_ids(vocab: &Path, input: &str) -> Vec<u32> {
     let inp = std::fs::read_to_string(format!("{}.inp", vocab.display())).unwrap();
     let out = std::fs::read_to_string(format!("{}.out", vocab.display())).unwrap();
     let i = inp
