@@ -19,7 +19,8 @@
 //!
 //! BOS/EOS are added when the caller asks for special tokens and the model wants them
 //! (`tokenizer.ggml.add_bos_token`, defaulting as llama.cpp does: yes for SentencePiece, no
-//! for byte-level BPE except the Llama-3 family).
+//! for byte-level BPE except the Llama-3 family; always for Gemma 4). WordPiece always wraps
+//! the text in `[CLS]` ... `[SEP]` when asked for special tokens, as llama.cpp does.
 //!
 //! Load-time vocabulary rules (token attributes, special-token defaults, the end-of-generation
 //! set) live in `vocab.rs`. Decoding (`decode.rs`) concatenates per-token byte strings;
