@@ -4,7 +4,8 @@ use anyhow::Result;
 use clap::Args;
 use mica::formats::{Container, GgufFile, MetaValue, MicaFile};
 use mica::models::hf::HfFolder;
-use mica::models::{LoadOptions, LoadedModel};
+use mica::models::tokenizer::Tokenizer;
+use mica::models::{LoadOptions, LoadedModel, ModelError, open_tokenizer};
 use std::collections::BTreeMap;
 
 #[derive(Args, Debug)]
@@ -70,6 +71,14 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
                 println!("merges:        {}", m.len());
             }
             for w in lm.tokenizer.warnings() {
+                println!("warning:       {w}");
+            }
+        }
+        Err(ModelError::VocabOnly { .. }) => {
+            println!("(vocabulary only: no tensors to run; it can tokenize)");
+            let t = open_tokenizer(&file)?;
+            tokenizer_summary(&t, g.get_str("tokenizer.ggml.model").unwrap_or("?"));
+            for w in t.warnings() {
                 println!("warning:       {w}");
             }
         }
@@ -171,7 +180,11 @@ fn resolved(lm: &LoadedModel, vocab_model: &str) {
         c.numerics,
         c.numerics.kv_type().name()
     );
-    let t = &lm.tokenizer;
+    tokenizer_summary(&lm.tokenizer, vocab_model);
+}
+
+/// The tokenizer's kind, size and special tokens.
+fn tokenizer_summary(t: &Tokenizer, vocab_model: &str) {
     let name = |id: Option<u32>| {
         id.map(|i| format!("{i} {:?}", t.token_text(i).unwrap_or("?")))
             .unwrap_or_else(|| "-".into())

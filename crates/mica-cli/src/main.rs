@@ -15,6 +15,7 @@ mod sampling_args;
 mod serve;
 mod spec_args;
 mod store;
+mod tokenize;
 mod verify;
 
 use clap::{Parser, Subcommand};
@@ -49,6 +50,9 @@ enum Command {
     Rm(store::RmArgs),
     /// Describe a model file: architecture, sizes, tokenizer, tensors, chat template.
     Inspect(inspect::InspectArgs),
+    /// Tokenize text with a model's tokenizer (as llama.cpp's llama-tokenize); loads only
+    /// the vocabulary.
+    Tokenize(tokenize::TokenizeArgs),
     /// Measure prompt-processing and generation speed (as llama.cpp's llama-bench).
     Bench(bench::BenchArgs),
     /// Serve models over HTTP (OpenAI-, Anthropic- and Ollama-compatible APIs, continuous
@@ -75,6 +79,7 @@ fn main() -> ExitCode {
         Command::List(args) => store::list_cmd(args),
         Command::Rm(args) => store::rm_cmd(args),
         Command::Inspect(args) => inspect::inspect(args),
+        Command::Tokenize(args) => tokenize::tokenize(args),
         Command::Bench(args) => bench::bench(args),
         Command::Serve(args) => serve::serve(args),
         Command::Convert(args) => convert::convert(args),

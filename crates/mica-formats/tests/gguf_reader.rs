@@ -142,6 +142,40 @@ fn truncated_files_are_rejected_at_every_length() {
     );
 }
 
+/// A GGUF with no tensors (llama.cpp's vocabulary-only `ggml-vocab-*.gguf` files) is valid,
+/// whether or not the metadata is padded to the alignment; cut inside its metadata it is not.
+#[test]
+fn files_without_tensors_are_read() {
+    let mut w = GgufWriter::new();
+    w.meta("general.architecture", MetaValue::String("llama".into()))
+        .meta(
+            "tokenizer.ggml.tokens",
+            MetaValue::Array(MetaArray::String(vec!["a".into(), "bc".into()])),
+        );
+    let padded = w.to_bytes();
+    // The metadata ends before the padding: where the last string's bytes end.
+    let end = padded
+        .windows(2)
+        .rposition(|b| b == b"bc")
+        .map(|p| p + 2)
+        .unwrap();
+    assert!(end < padded.len(), "the writer pads to the alignment");
+    for (name, bytes) in [
+        ("vocab-padded.gguf", &padded[..]),
+        ("vocab-only.gguf", &padded[..end]),
+    ] {
+        let g = GgufFile::open(tmp(name, bytes)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(g.tensors().is_empty(), "{name}");
+        assert_eq!(
+            g.get_array("tokenizer.ggml.tokens").map(MetaArray::len),
+            Some(2),
+            "{name}"
+        );
+    }
+    let s = open_err("vocab-cut.gguf", &padded[..end - 1]);
+    assert!(s.contains("truncated"), "{s}");
+}
+
 #[test]
 fn wrong_magic() {
     let s = open_err("magic.gguf", b"GGML\x03\0\0\0rest of a file");

@@ -25,6 +25,12 @@ pub enum ModelError {
         arch: String,
         supported: String,
     },
+    /// A GGUF file with metadata but no tensors (llama.cpp's `ggml-vocab-*.gguf`): it can
+    /// tokenize, not run.
+    #[error(
+        "{path} has no tensors: it is a vocabulary-only GGUF (it can tokenize text but holds no weights to run)"
+    )]
+    VocabOnly { path: PathBuf },
     #[error("{path}: missing tensor '{tensor}', required by the {arch} architecture")]
     MissingTensor {
         path: PathBuf,

@@ -23,5 +23,5 @@ pub use config::ModelConfig;
 pub use conversation::{Conversation, ConversationError};
 pub use error::{ModelError, Result};
 pub use kv_cache::{KvCache, SeqId};
-pub use loader::{ChatPromptError, LoadOptions, LoadedModel};
+pub use loader::{ChatPromptError, LoadOptions, LoadedModel, open_tokenizer};
 pub use model::{Model, Output, Workspace};

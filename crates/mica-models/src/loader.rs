@@ -115,20 +115,7 @@ impl LoadedModel {
     fn open_hf(dir: &Path) -> Result<LoadedModel> {
         let folder = HfFolder::open(dir)?;
         let model = crate::arch::load_hf(&folder)?;
-        let tok_path = dir.join("tokenizer.json");
-        let tok_json = read_json(&tok_path)?.ok_or_else(|| ModelError::Config {
-            path: tok_path.clone(),
-            key: "tokenizer.json".into(),
-            msg: "missing from the folder (mica needs the tokenizer to run the model)".into(),
-        })?;
-        let config = read_json(&dir.join("tokenizer_config.json"))?;
-        let jinja = std::fs::read_to_string(dir.join("chat_template.jinja")).ok();
-        let tokenizer = spec_from_hf(&tok_json, config.as_ref(), jinja)
-            .and_then(|spec| Tokenizer::from_spec(&spec))
-            .map_err(|cause| ModelError::Tokenizer {
-                path: tok_path,
-                cause,
-            })?;
+        let tokenizer = hf_tokenizer(dir)?;
         Self::assemble(dir, model, tokenizer)
     }
 
@@ -151,4 +138,39 @@ impl LoadedModel {
             template,
         })
     }
+}
+
+/// Opens only the tokenizer of a model: a GGUF or `.mica` file (a vocabulary-only GGUF
+/// included; no tensor data is read) or a Hugging Face folder (its tokenizer.json and
+/// tokenizer_config.json; the weights are not opened).
+pub fn open_tokenizer(path: impl AsRef<Path>) -> Result<Tokenizer> {
+    let path = path.as_ref();
+    if path.is_dir() {
+        return hf_tokenizer(path);
+    }
+    let mut file = GgufFile::open(path)?;
+    TokenizerSpec::take_from_gguf(&mut file)
+        .and_then(|spec| Tokenizer::from_spec(&spec))
+        .map_err(|cause| ModelError::Tokenizer {
+            path: path.to_path_buf(),
+            cause,
+        })
+}
+
+/// The tokenizer of a Hugging Face folder.
+fn hf_tokenizer(dir: &Path) -> Result<Tokenizer> {
+    let tok_path = dir.join("tokenizer.json");
+    let tok_json = read_json(&tok_path)?.ok_or_else(|| ModelError::Config {
+        path: tok_path.clone(),
+        key: "tokenizer.json".into(),
+        msg: "missing from the folder (mica needs the tokenizer to run the model)".into(),
+    })?;
+    let config = read_json(&dir.join("tokenizer_config.json"))?;
+    let jinja = std::fs::read_to_string(dir.join("chat_template.jinja")).ok();
+    spec_from_hf(&tok_json, config.as_ref(), jinja)
+        .and_then(|spec| Tokenizer::from_spec(&spec))
+        .map_err(|cause| ModelError::Tokenizer {
+            path: tok_path,
+            cause,
+        })
 }

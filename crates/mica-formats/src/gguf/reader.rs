@@ -307,14 +307,19 @@ pub(super) fn parse(path: &Path, buf: &[u8]) -> Result<Parsed> {
         raw.push((name, shape, ggml_type, offset));
     }
 
-    let data_offset = align_up(c.pos as u64, alignment)
-        .filter(|&d| d <= buf.len() as u64)
-        .ok_or_else(|| {
-            c.err(
-                c.pos,
-                "file is truncated: it ends before the tensor data section",
-            )
-        })?;
+    // A file without tensors (a vocabulary-only GGUF, as llama.cpp's `models/ggml-vocab-*`)
+    // may end right after its metadata, without the padding to the (empty) data section.
+    let aligned = align_up(c.pos as u64, alignment);
+    let aligned = match aligned {
+        Some(d) if n_tensors == 0 => Some(d.min(buf.len() as u64)),
+        other => other,
+    };
+    let data_offset = aligned.filter(|&d| d <= buf.len() as u64).ok_or_else(|| {
+        c.err(
+            c.pos,
+            "file is truncated: it ends before the tensor data section",
+        )
+    })?;
 
     let file_len = buf.len() as u64;
     let mut tensors = Vec::with_capacity(raw.len());

@@ -83,8 +83,14 @@ fn dispatch(
     Ok(model)
 }
 
-/// Builds the model a GGUF file describes.
+/// Builds the model a GGUF file describes. A file without tensors (vocabulary only) is
+/// refused with [`ModelError::VocabOnly`].
 pub fn load_gguf(file: Arc<GgufFile>) -> Result<Model> {
+    if file.tensors().is_empty() {
+        return Err(ModelError::VocabOnly {
+            path: file.path().to_path_buf(),
+        });
+    }
     let arch = file
         .get_str("general.architecture")
         .ok_or_else(|| ModelError::Config {

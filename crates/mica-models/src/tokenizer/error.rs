@@ -14,7 +14,7 @@ pub enum TokenizerError {
     BadKey { key: &'static str, msg: String },
     /// `tokenizer.ggml.model` names a tokenizer family mica does not implement.
     #[error(
-        "unknown tokenizer model '{0}' (supported: 'gpt2' byte-level BPE, 'llama' SentencePiece)"
+        "unknown tokenizer model '{0}' (supported: 'gpt2' byte-level BPE, 'llama' SentencePiece, 'gemma4', 'bert' WordPiece)"
     )]
     UnknownModel(String),
     /// `tokenizer.ggml.pre` names a pre-tokenizer mica has no regex list for.

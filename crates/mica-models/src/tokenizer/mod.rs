@@ -12,11 +12,15 @@
 //!    - `llama`: SentencePiece BPE by token score with `<0xNN>` byte fallback (`spm.rs`); or,
 //!      for a SentencePiece-style `tokenizer.json` (ranked merges, no scores), HF's BPE with
 //!      byte fallback on the `▁`-escaped fragment (`bpe.rs`), as the `tokenizers` library
-//!      runs that file.
+//!      runs that file;
+//!    - `gemma4`: ranked-merge BPE over raw UTF-8 with spaces as `▁`, split at newlines
+//!      (`gemma4.rs`);
+//!    - `bert`: WordPiece, BERT's normalization and greedy longest-match (`wordpiece.rs`).
 //!
 //! BOS/EOS are added when the caller asks for special tokens and the model wants them
 //! (`tokenizer.ggml.add_bos_token`, defaulting as llama.cpp does: yes for SentencePiece, no
-//! for byte-level BPE except the Llama-3 family).
+//! for byte-level BPE except the Llama-3 family; always for Gemma 4). WordPiece always wraps
+//! the text in `[CLS]` ... `[SEP]` when asked for special tokens, as llama.cpp does.
 //!
 //! Load-time vocabulary rules (token attributes, special-token defaults, the end-of-generation
 //! set) live in `vocab.rs`. Decoding (`decode.rs`) concatenates per-token byte strings;
@@ -25,6 +29,7 @@
 mod bpe;
 mod decode;
 mod error;
+mod gemma4;
 pub mod hf_json;
 mod pretokenize;
 mod spec;
@@ -32,6 +37,7 @@ mod special;
 mod spm;
 mod store;
 mod vocab;
+mod wordpiece;
 
 use std::sync::Arc;
 
@@ -51,6 +57,10 @@ pub enum VocabKind {
     Bpe,
     /// GGUF `llama`: SentencePiece BPE with scores and byte fallback.
     Spm,
+    /// GGUF `gemma4`: BPE with ranked merges over raw UTF-8, spaces as `▁`, byte fallback.
+    Gemma4,
+    /// GGUF `bert`: WordPiece (embedding models).
+    WordPiece,
 }
 
 /// The subword model run on plain-text fragments.
@@ -62,6 +72,9 @@ enum Model {
     },
     /// SentencePiece-style vocabulary with ranked merges (a `tokenizer.json`).
     SpmMerges(Box<BpeEncoder>),
+    /// Gemma 4's BPE: the same ranked merges, on newline-separated runs.
+    Gemma4(Box<BpeEncoder>),
+    WordPiece(wordpiece::WordPiece),
 }
 
 struct Inner {
@@ -110,6 +123,8 @@ impl Tokenizer {
         let kind = match spec.model.as_str() {
             "gpt2" => VocabKind::Bpe,
             "llama" => VocabKind::Spm,
+            "gemma4" => VocabKind::Gemma4,
+            "bert" => VocabKind::WordPiece,
             other => return Err(TokenizerError::UnknownModel(other.to_string())),
         };
         check_len(
@@ -129,7 +144,7 @@ impl Tokenizer {
                 warnings.extend(warning);
                 Some(pre)
             }
-            VocabKind::Spm => None,
+            VocabKind::Spm | VocabKind::Gemma4 | VocabKind::WordPiece => None,
         };
 
         // A later duplicate shadows an earlier one, as in HF's vocabulary map.
@@ -151,7 +166,7 @@ impl Tokenizer {
             })
             .collect();
         let specials = SpecialMatcher::new(&specials);
-        let model = build_model(spec, pre.as_ref(), &store, &mut warnings)?;
+        let model = build_model(spec, kind, pre.as_ref(), &store, &mut warnings)?;
         let alphabet = decode::Gpt2Alphabet::new();
         store.set_pieces(|id, text| vocab::piece_of(kind, text, attrs[id], &alphabet))?;
 
@@ -209,6 +224,10 @@ impl Tokenizer {
                     match &inner.model {
                         Model::Bpe(bpe) => bpe.encode(plain, &mut out)?,
                         Model::SpmMerges(bpe) => bpe.encode(&escape(plain), &mut out)?,
+                        Model::Gemma4(bpe) => gemma4::encode(bpe, &inner.vocab, plain, &mut out)?,
+                        Model::WordPiece(wp) => {
+                            wp.encode(&inner.vocab, inner.ids.unk, plain, &mut out)
+                        }
                         Model::Spm {
                             scores,
                             byte_tokens,
@@ -227,6 +246,9 @@ impl Tokenizer {
                 }
             }
             first = false;
+        }
+        if add_special && inner.ids.add_sep {
+            out.extend(inner.ids.sep);
         }
         if add_special && inner.ids.add_eos {
             out.extend(inner.ids.eos);
@@ -308,7 +330,7 @@ impl Tokenizer {
     pub fn kind(&self) -> VocabKind {
         self.inner.kind
     }
-    /// The resolved BPE pre-tokenizer name (`None` for SentencePiece).
+    /// The resolved BPE pre-tokenizer name (`None` for the other kinds).
     pub fn pre_tokenizer(&self) -> Option<&str> {
         self.inner.pre.as_deref()
     }
@@ -330,6 +352,10 @@ impl Tokenizer {
     }
     pub fn pad(&self) -> Option<u32> {
         self.inner.ids.pad
+    }
+    /// The separator WordPiece appends with special tokens (`[SEP]`).
+    pub fn sep(&self) -> Option<u32> {
+        self.inner.ids.sep
     }
     /// Whether `encode(.., add_special = true, ..)` starts with BOS.
     pub fn add_bos(&self) -> bool {
@@ -368,10 +394,27 @@ fn check_len(key: &'static str, len: Option<usize>, vocab: usize) -> Result<()> 
 /// The subword model for the plain-text fragments.
 fn build_model(
     spec: &TokenizerSpec,
+    kind: VocabKind,
     pre: Option<&pretokenize::PreTokenizer>,
     store: &VocabStore,
     warnings: &mut Vec<String>,
 ) -> Result<Model> {
+    if kind == VocabKind::WordPiece {
+        return Ok(Model::WordPiece(wordpiece::WordPiece::new(
+            &spec.tokens,
+            spec.normalizer_lowercase,
+            spec.normalizer_strip_accents,
+        )));
+    }
+    if kind == VocabKind::Gemma4 {
+        let merges = spec
+            .merges
+            .as_ref()
+            .ok_or(TokenizerError::MissingKey("tokenizer.ggml.merges"))?;
+        // No unknown token: a byte without its `<0xNN>` token is dropped, as in llama.cpp.
+        let bpe = BpeEncoder::new_spm(&spec.tokens, merges, None)?;
+        return Ok(Model::Gemma4(Box::new(bpe)));
+    }
     if let Some(pre) = pre {
         let merges = spec
             .merges

@@ -23,6 +23,12 @@ const GPT4O: &str = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z
 const TEKKEN: &str = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const SEED_CODER: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+";
 const BAILINGMOE: &str = r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+";
+/// Qwen3.5: Qwen2's regex with combining marks (`\p{M}`) kept inside words.
+const QWEN35: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// DeepSeek LLM's letters: an explicit list of cased-letter ranges (from its tokenizer.json).
+const DEEPSEEK_LLM_LETTERS: &str = r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+";
+/// DeepSeek LLM's punctuation: ASCII and full-width punctuation, quotes and CJK symbols.
+const DEEPSEEK_LLM_PUNCT: &str = r"\s?[!-/:-~！-／：-～‘-‟\x{3000}-。]+";
 const BLOOM: &str = r" ?[^(\s|.,!?…。，、।۔،)]+";
 const CJK: &str = r"[一-龥ࠀ-一가-퟿]+";
 const DEEPSEEK3_WORDS: &str = r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##;
@@ -69,6 +75,18 @@ fn lookup(name: &str) -> Result<PreTokenizer> {
             false,
             false,
         ),
+        "deepseek-llm" => (
+            &[
+                "[\r\n]",
+                DEEPSEEK_LLM_LETTERS,
+                DEEPSEEK_LLM_PUNCT,
+                r"\s+$",
+                CJK,
+                r"\p{N}+",
+            ],
+            false,
+            false,
+        ),
         "deepseek-v3" | "hunyuan-dense" => (
             &[r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+", DEEPSEEK3_WORDS],
             false,
@@ -88,6 +106,7 @@ fn lookup(name: &str) -> Result<PreTokenizer> {
         "qwen2" | "deepseek-r1-qwen" | "stablelm2" | "hunyuan" | "megrez" | "grok-2" => {
             (&[QWEN2], false, false)
         }
+        "qwen35" => (&[QWEN35], false, false),
         "poro-chat" | "bloom" | "gpt3-finnish" => (&[BLOOM], false, false),
         "viking" => (&[BLOOM, r"\p{N}"], false, false),
         "tekken" => (&[TEKKEN], true, true),
@@ -129,11 +148,13 @@ mod tests {
             "llama3",
             "dbrx",
             "deepseek-coder",
+            "deepseek-llm",
             "deepseek-v3",
             "falcon",
             "smollm",
             "gpt-2",
             "qwen2",
+            "qwen35",
             "bloom",
             "viking",
             "tekken",

@@ -54,7 +54,8 @@ pub enum SpacePrefix {
 /// [`Tokenizer::from_spec`](super::Tokenizer::from_spec) checks it.
 #[derive(Clone, Debug, Default)]
 pub struct TokenizerSpec {
-    /// `tokenizer.ggml.model`: `"gpt2"` (byte-level BPE) or `"llama"` (SentencePiece).
+    /// `tokenizer.ggml.model`: `"gpt2"` (byte-level BPE), `"llama"` (SentencePiece),
+    /// `"gemma4"` (Gemma 4's BPE) or `"bert"` (WordPiece).
     pub model: String,
     /// `tokenizer.ggml.pre`: which pre-tokenizer regexes a BPE vocabulary was trained with.
     pub pre: Option<String>,
@@ -75,6 +76,9 @@ pub struct TokenizerSpec {
     pub eom_id: Option<u32>,
     pub unk_id: Option<u32>,
     pub pad_id: Option<u32>,
+    /// Separator (`[SEP]`), which WordPiece encoding appends with special tokens
+    /// (`tokenizer.ggml.seperator_token_id`, spelled as in llama.cpp).
+    pub sep_id: Option<u32>,
     /// Fill-in-the-middle pad / repository / file-separator tokens: llama.cpp ends generation
     /// on them.
     pub fim_pad_id: Option<u32>,
@@ -83,6 +87,10 @@ pub struct TokenizerSpec {
     /// `tokenizer.ggml.add_bos_token`; when absent the per-model default applies.
     pub add_bos: Option<bool>,
     pub add_eos: Option<bool>,
+    /// `tokenizer.ggml.normalizer.lowercase` (WordPiece only; default true).
+    pub normalizer_lowercase: Option<bool>,
+    /// `tokenizer.ggml.normalizer.strip_accents` (WordPiece only; default: as lowercase).
+    pub normalizer_strip_accents: Option<bool>,
     /// `tokenizer.ggml.add_space_prefix` (SentencePiece only).
     pub add_space_prefix: Option<bool>,
     /// Which fragments get the space prefix (no GGUF key: llama.cpp's rule).
@@ -212,11 +220,14 @@ impl TokenizerSpec {
             eom_id: id_key("tokenizer.ggml.eom_token_id")?,
             unk_id: id_key("tokenizer.ggml.unknown_token_id")?,
             pad_id: id_key("tokenizer.ggml.padding_token_id")?,
+            sep_id: id_key("tokenizer.ggml.seperator_token_id")?,
             fim_pad_id: id_key("tokenizer.ggml.fim_pad_token_id")?,
             fim_rep_id: id_key("tokenizer.ggml.fim_rep_token_id")?,
             fim_sep_id: id_key("tokenizer.ggml.fim_sep_token_id")?,
             add_bos: bool_key("tokenizer.ggml.add_bos_token")?,
             add_eos: bool_key("tokenizer.ggml.add_eos_token")?,
+            normalizer_lowercase: bool_key("tokenizer.ggml.normalizer.lowercase")?,
+            normalizer_strip_accents: bool_key("tokenizer.ggml.normalizer.strip_accents")?,
             add_space_prefix: bool_key("tokenizer.ggml.add_space_prefix")?,
             space_prefix_rule: SpacePrefix::default(),
             chat_template: str_key("tokenizer.chat_template")?,

@@ -81,8 +81,11 @@ pub(crate) struct SpecialTokens {
     pub eom: Option<u32>,
     pub unk: Option<u32>,
     pub pad: Option<u32>,
+    /// WordPiece's separator, appended after the text with special tokens (`add_sep`).
+    pub sep: Option<u32>,
     pub add_bos: bool,
     pub add_eos: bool,
+    pub add_sep: bool,
     pub add_space_prefix: bool,
     pub space_prefix_rule: super::SpacePrefix,
     /// End-of-generation ids, ascending.
@@ -118,6 +121,9 @@ pub(crate) fn special_tokens(
         // GPT-NeoX's id 11, llama.cpp's historical default for BPE files that name none.
         (VocabKind::Bpe, Some(p)) => (p.add_bos, (!p.no_bos).then_some(11), Some(11), None),
         (VocabKind::Bpe, None) => (false, Some(11), Some(11), None),
+        (VocabKind::Gemma4, _) => (true, None, None, None),
+        // BERT's [CLS] and [UNK].
+        (VocabKind::WordPiece, _) => (true, Some(101), None, Some(100)),
     };
     let in_range = |id: Option<u32>| id.filter(|&i| (i as usize) < n);
     let mut pick = |key: &str, from_file: Option<u32>, default: Option<u32>| match from_file {
@@ -134,6 +140,13 @@ pub(crate) fn special_tokens(
     let eos = pick("tokenizer.ggml.eos_token_id", spec.eos_id, default_eos);
     let unk = pick("tokenizer.ggml.unknown_token_id", spec.unk_id, default_unk);
     let pad = pick("tokenizer.ggml.padding_token_id", spec.pad_id, None);
+    let wordpiece = kind == VocabKind::WordPiece;
+    // BERT's [SEP].
+    let sep = pick(
+        "tokenizer.ggml.seperator_token_id",
+        spec.sep_id,
+        wordpiece.then_some(102),
+    );
     let eot = pick("tokenizer.ggml.eot_token_id", spec.eot_id, None);
     let eom = pick("tokenizer.ggml.eom_token_id", spec.eom_id, None);
     let fim = [
@@ -141,7 +154,21 @@ pub(crate) fn special_tokens(
         pick("tokenizer.ggml.fim_rep_token_id", spec.fim_rep_id, None),
         pick("tokenizer.ggml.fim_sep_token_id", spec.fim_sep_id, None),
     ];
-    let add_bos = spec.add_bos.unwrap_or(default_add_bos);
+    let mut add_bos = spec.add_bos.unwrap_or(default_add_bos);
+    if kind == VocabKind::Gemma4 && !add_bos {
+        // llama.cpp overrides the flag for Gemma 4, whose converted files may say false.
+        warnings
+            .push("'tokenizer.ggml.add_bos_token' is false; Gemma 4 needs BOS: using true".into());
+        add_bos = true;
+    }
+    // WordPiece encoding adds [CLS] ... [SEP] with special tokens, whatever the flags say.
+    let add_bos = add_bos || wordpiece;
+    if wordpiece && sep.is_none() {
+        return Err(TokenizerError::MissingSpecialToken {
+            flag: "tokenizer.ggml.model = bert",
+            id_key: "tokenizer.ggml.seperator_token_id",
+        });
+    }
     let add_eos = spec.add_eos.unwrap_or(false);
     if add_bos && bos.is_none() {
         return Err(TokenizerError::MissingSpecialToken {
@@ -188,8 +215,10 @@ pub(crate) fn special_tokens(
         eom,
         unk,
         pad,
+        sep,
         add_bos,
         add_eos,
+        add_sep: wordpiece,
         add_space_prefix: spec.add_space_prefix.unwrap_or(kind == VocabKind::Spm),
         space_prefix_rule: spec.space_prefix_rule,
         eog,
@@ -247,9 +276,10 @@ pub(crate) fn piece_of<'t>(
     }
     if a & attr::NORMAL != 0 {
         return match kind {
-            VocabKind::Spm if !text.contains('▁') => Cow::Borrowed(text.as_bytes()),
-            VocabKind::Spm => Cow::Owned(text.replace('▁', " ").into_bytes()),
+            // SentencePiece-style vocabularies spell spaces as `▁`.
             VocabKind::Bpe => Cow::Owned(decode::byte_level_piece(text, byte_table)),
+            _ if !text.contains('▁') => Cow::Borrowed(text.as_bytes()),
+            _ => Cow::Owned(text.replace('▁', " ").into_bytes()),
         };
     }
     if a & attr::BYTE != 0
