@@ -112,8 +112,15 @@ pub struct ModelConfig {
     pub n_embd: usize,
     pub n_layer: usize,
     pub n_head: usize,
+    /// Key/value heads of a layer not listed otherwise in `layer_n_head_kv`.
     pub n_head_kv: usize,
+    /// Head size of a layer not listed otherwise in `layer_head_dim`.
     pub head_dim: usize,
+    /// `[n_layer]` each layer's head size (Gemma 4's global layers have wider heads than
+    /// its sliding-window ones); every entry is `head_dim` in most families.
+    pub layer_head_dim: Vec<usize>,
+    /// `[n_layer]` each layer's key/value heads (Gemma 4: fewer on global layers).
+    pub layer_n_head_kv: Vec<usize>,
     pub n_ff: usize,
     /// Context length the model was trained with.
     pub n_ctx_train: usize,
@@ -158,6 +165,36 @@ impl ModelConfig {
     /// Key/value width: `n_head_kv * head_dim`.
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
+    }
+
+    /// Head size of layer `l`.
+    pub fn head_dim_of(&self, l: usize) -> usize {
+        self.layer_head_dim[l]
+    }
+
+    /// Key/value heads of layer `l`.
+    pub fn n_head_kv_of(&self, l: usize) -> usize {
+        self.layer_n_head_kv[l]
+    }
+
+    /// Query width of layer `l`: `n_head * head_dim_of(l)`.
+    pub fn q_dim_of(&self, l: usize) -> usize {
+        self.n_head * self.layer_head_dim[l]
+    }
+
+    /// Key/value width of layer `l`: `n_head_kv_of(l) * head_dim_of(l)`.
+    pub fn kv_dim_of(&self, l: usize) -> usize {
+        self.layer_n_head_kv[l] * self.layer_head_dim[l]
+    }
+
+    /// The widest query of any layer (what the forward pass's buffers hold).
+    pub fn max_q_dim(&self) -> usize {
+        (0..self.n_layer).map(|l| self.q_dim_of(l)).max().unwrap_or(0)
+    }
+
+    /// The widest key/value row of any layer.
+    pub fn max_kv_dim(&self) -> usize {
+        (0..self.n_layer).map(|l| self.kv_dim_of(l)).max().unwrap_or(0)
     }
 
     /// Whether layers rotate queries and keys (GPT-2 adds learned positions instead).
@@ -328,6 +365,8 @@ impl ModelConfig {
             n_head,
             n_head_kv,
             head_dim,
+            layer_head_dim: vec![head_dim; n_layer],
+            layer_n_head_kv: vec![n_head_kv; n_layer],
             n_ff,
             n_ctx_train,
             norm_eps,

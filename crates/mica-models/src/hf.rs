@@ -262,6 +262,8 @@ impl HfFolder {
             n_head,
             n_head_kv,
             head_dim,
+            layer_head_dim: vec![head_dim; n_layer],
+            layer_n_head_kv: vec![n_head_kv; n_layer],
             n_ff,
             n_ctx_train: c.max_position_embeddings.unwrap_or(2048),
             norm_eps,

@@ -312,6 +312,8 @@ impl Model {
         self.config.n_layer = n;
         self.config.layer_window.truncate(n);
         self.config.layer_rope.truncate(n);
+        self.config.layer_head_dim.truncate(n);
+        self.config.layer_n_head_kv.truncate(n);
         true
     }
 
@@ -360,7 +362,7 @@ impl Model {
         let cfg = &self.config;
         self.validate(batch, kv)?;
         let n = batch.len();
-        let (d, qd, kvd) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim());
+        let d = cfg.n_embd;
 
         // Token embeddings: `x[t] = tok_embd[token t]`.
         let x = grow(&mut ws.x, n * d);
@@ -386,18 +388,6 @@ impl Model {
             }
         }
 
-        let mut shape = AttnShape {
-            n_head: cfg.n_head,
-            n_head_kv: cfg.n_head_kv,
-            head_dim: cfg.head_dim,
-            scale: match cfg.q_scale {
-                Some(_) => 1.0,
-                None => 1.0 / (cfg.head_dim as f32).sqrt(),
-            },
-            softcap: cfg.attn_softcap,
-            window: None,
-            policy: ws.attention,
-        };
         ws.acts.alone = ws.alone_paths;
         // Rows still carried through the layers; the last layer keeps only output rows.
         let mut out_rows = std::mem::take(&mut ws.out_rows);
@@ -409,7 +399,20 @@ impl Model {
                 ws.out_rows = out_rows;
                 return Ok(None);
             }
-            // Attention sub-block.
+            // Attention sub-block, in the layer's shape.
+            let (qd, kvd, hd) = (cfg.q_dim_of(l), cfg.kv_dim_of(l), cfg.head_dim_of(l));
+            let shape = AttnShape {
+                n_head: cfg.n_head,
+                n_head_kv: cfg.n_head_kv_of(l),
+                head_dim: hd,
+                scale: match cfg.q_scale {
+                    Some(_) => 1.0,
+                    None => 1.0 / (hd as f32).sqrt(),
+                },
+                softcap: cfg.attn_softcap,
+                window: cfg.layer_window[l],
+                policy: ws.attention,
+            };
             norm_rows(
                 cfg,
                 &ws.x[..n * d],
@@ -443,6 +446,7 @@ impl Model {
                 self.rope(
                     batch,
                     r,
+                    (hd, qd, kvd),
                     kv.n_ctx(),
                     &mut ws.q[..n * qd],
                     &mut ws.k[..n * kvd],
@@ -452,7 +456,6 @@ impl Model {
             if let Some(s) = cfg.q_scale {
                 ops::scale(&mut ws.q[..n * qd], s);
             }
-            shape.window = cfg.layer_window[l];
             for t in 0..n {
                 kv.write(
                     l,
@@ -617,12 +620,14 @@ impl Model {
         Ok(())
     }
 
-    /// Applies rotary embeddings to every head of `q` (`[n, q_dim]`) and `k` (`[n, kv_dim]`);
-    /// `n_ctx` (the cache's tokens per sequence) picks LongRoPE's factors.
+    /// Applies rotary embeddings to every head (of `head_dim` values) of `q` (`[n, q_dim]`)
+    /// and `k` (`[n, kv_dim]`), the widths of the layer; `n_ctx` (the cache's tokens per
+    /// sequence) picks LongRoPE's factors.
     fn rope(
         &self,
         batch: &Batch,
         r: &RopeConfig,
+        (hd, q_dim, kv_dim): (usize, usize, usize),
         n_ctx: usize,
         q: &mut [f32],
         k: &mut [f32],
@@ -630,7 +635,6 @@ impl Model {
     ) {
         let cfg = &self.config;
         let cs = grow(cos_sin, r.n_dims);
-        let hd = cfg.head_dim;
         let (factors, mscale) = match &cfg.long_rope {
             Some(lr) => {
                 let (f, s) = lr.for_ctx(n_ctx);
@@ -643,10 +647,10 @@ impl Model {
             if mscale != 1.0 {
                 ops::scale(cs, mscale);
             }
-            for head in q[t * cfg.q_dim()..(t + 1) * cfg.q_dim()].chunks_exact_mut(hd) {
+            for head in q[t * q_dim..(t + 1) * q_dim].chunks_exact_mut(hd) {
                 rope_apply(head, r.n_dims, r.style, cs);
             }
-            for head in k[t * cfg.kv_dim()..(t + 1) * cfg.kv_dim()].chunks_exact_mut(hd) {
+            for head in k[t * kv_dim..(t + 1) * kv_dim].chunks_exact_mut(hd) {
                 rope_apply(head, r.n_dims, r.style, cs);
             }
         }

@@ -79,13 +79,7 @@ pub fn build_with(
     file: Option<Arc<GgufFile>>,
     ffn: &dyn Fn(usize) -> Result<Option<Ffn>>,
 ) -> Result<Model> {
-    let (d, qd, kvd, ff, hd) = (
-        cfg.n_embd,
-        cfg.q_dim(),
-        cfg.kv_dim(),
-        cfg.n_ff,
-        cfg.head_dim,
-    );
+    let (d, ff) = (cfg.n_embd, cfg.n_ff);
     let opt = |on: bool, name: String, n: usize| -> Result<Option<Vec<f32>>> {
         if on {
             w.norm(&name, n).map(Some)
@@ -115,6 +109,7 @@ pub fn build_with(
     let layers = (0..cfg.n_layer)
         .map(|i| {
             let p = |s: &str| format!("blk.{i}.{s}");
+            let (qd, kvd, hd) = (cfg.q_dim_of(i), cfg.kv_dim_of(i), cfg.head_dim_of(i));
             let (wq, wk, wv) = if parts.fused_qkv {
                 let (name, total) = (p("attn_qkv.weight"), qd + 2 * kvd);
                 (
