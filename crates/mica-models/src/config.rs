@@ -6,7 +6,7 @@
 
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvType;
-use mica_formats::GgufFile;
+use mica_formats::{GgufFile, MetaArray, MetaValue};
 use mica_kernels::ops::RopeStyle;
 
 /// Rotary position embedding parameters.
@@ -189,12 +189,18 @@ impl ModelConfig {
 
     /// The widest query of any layer (what the forward pass's buffers hold).
     pub fn max_q_dim(&self) -> usize {
-        (0..self.n_layer).map(|l| self.q_dim_of(l)).max().unwrap_or(0)
+        (0..self.n_layer)
+            .map(|l| self.q_dim_of(l))
+            .max()
+            .unwrap_or(0)
     }
 
     /// The widest key/value row of any layer.
     pub fn max_kv_dim(&self) -> usize {
-        (0..self.n_layer).map(|l| self.kv_dim_of(l)).max().unwrap_or(0)
+        (0..self.n_layer)
+            .map(|l| self.kv_dim_of(l))
+            .max()
+            .unwrap_or(0)
     }
 
     /// Whether layers rotate queries and keys (GPT-2 adds learned positions instead).
@@ -255,6 +261,35 @@ impl GgufKeys<'_> {
         self.usize(k).map(Some)
     }
 
+    /// A positive integer per layer: an array of `n_layer` entries, or one value for every
+    /// layer (llama.cpp's `get_key_or_arr`); `None` when absent.
+    pub fn usize_per_layer(&self, k: &str, n_layer: usize) -> Result<Option<Vec<usize>>> {
+        let key = self.key(k);
+        let Some(v) = self.gguf.metadata(&key) else {
+            return Ok(None);
+        };
+        let MetaValue::Array(a) = v else {
+            return self.usize(k).map(|x| Some(vec![x; n_layer]));
+        };
+        let bad = || {
+            self.err(
+                &key,
+                format!("expected {n_layer} positive integers, got {v}"),
+            )
+        };
+        let vals: Vec<u64> = match a {
+            MetaArray::U32(x) => x.iter().map(|&y| y as u64).collect(),
+            MetaArray::I32(x) => x.iter().map(|&y| y.max(0) as u64).collect(),
+            MetaArray::U64(x) => x.clone(),
+            MetaArray::I64(x) => x.iter().map(|&y| y.max(0) as u64).collect(),
+            _ => return Err(bad()),
+        };
+        if vals.len() != n_layer || vals.iter().any(|&x| x == 0) {
+            return Err(bad());
+        }
+        Ok(Some(vals.into_iter().map(|x| x as usize).collect()))
+    }
+
     /// A finite float, optional.
     pub fn f32_opt(&self, k: &str) -> Result<Option<f32>> {
         let key = self.key(k);
@@ -285,13 +320,16 @@ impl ModelConfig {
         let n_embd = k.usize("embedding_length")?;
         let n_layer = k.usize("block_count")?;
         let n_head = k.usize("attention.head_count")?;
-        let n_head_kv = k.usize_opt("attention.head_count_kv")?.unwrap_or(n_head);
-        if n_head % n_head_kv != 0 {
+        let layer_n_head_kv = k
+            .usize_per_layer("attention.head_count_kv", n_layer)?
+            .unwrap_or_else(|| vec![n_head; n_layer]);
+        if let Some(bad) = layer_n_head_kv.iter().find(|&&h| n_head % h != 0) {
             return Err(k.err(
                 &format!("{arch}.attention.head_count_kv"),
-                format!("{n_head_kv} does not divide the {n_head} query heads"),
+                format!("{bad} does not divide the {n_head} query heads"),
             ));
         }
+        let n_head_kv = layer_n_head_kv[0];
         let head_dim = match k.usize_opt("attention.key_length")? {
             Some(d) => d,
             None if n_embd % n_head == 0 => n_embd / n_head,
@@ -366,7 +404,7 @@ impl ModelConfig {
             n_head_kv,
             head_dim,
             layer_head_dim: vec![head_dim; n_layer],
-            layer_n_head_kv: vec![n_head_kv; n_layer],
+            layer_n_head_kv,
             n_ff,
             n_ctx_train,
             norm_eps,

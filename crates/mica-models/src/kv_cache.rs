@@ -74,8 +74,14 @@ impl<T: KvElem> Pools<T> {
     /// Pools of `rows` positions for layers of `kv_dims` widths.
     fn new(kv_dims: &[usize], rows: usize) -> Self {
         Pools {
-            k: kv_dims.iter().map(|&w| vec![T::default(); rows * w]).collect(),
-            v: kv_dims.iter().map(|&w| vec![T::default(); rows * w]).collect(),
+            k: kv_dims
+                .iter()
+                .map(|&w| vec![T::default(); rows * w])
+                .collect(),
+            v: kv_dims
+                .iter()
+                .map(|&w| vec![T::default(); rows * w])
+                .collect(),
         }
     }
 

@@ -37,8 +37,13 @@ pub struct DecoderLayer {
     pub wq: Linear,
     /// `[kv_dim × n_embd]`
     pub wk: Linear,
-    /// `[kv_dim × n_embd]`
-    pub wv: Linear,
+    /// `[kv_dim × n_embd]`; `None`: the values are the key projection's output, taken
+    /// before `k_norm` (Gemma 4's global layers, `attention_k_eq_v`).
+    pub wv: Option<Linear>,
+    /// `[head_dim]` all ones: RMSNorm of every value head with no weight (Gemma 4).
+    pub v_norm: Option<Vec<f32>>,
+    /// Multiplies the residual stream after the layer (Gemma 4's `layer_scalar`).
+    pub out_scale: Option<f32>,
     /// `[n_embd × q_dim]`
     pub wo: Linear,
     /// `[n_embd]`
@@ -241,7 +246,10 @@ impl Model {
     /// The weight matrices (the output head only when it is not the token embedding).
     fn matrices(&self) -> impl Iterator<Item = &Matrix> {
         let layers = self.layers.iter().flat_map(move |l| {
-            let attn = [&l.wq, &l.wk, &l.wv, &l.wo].map(|lin| &lin.w);
+            let attn = [Some(&l.wq), Some(&l.wk), l.wv.as_ref(), Some(&l.wo)]
+                .into_iter()
+                .flatten()
+                .map(|lin| &lin.w);
             let ffn: Vec<&Matrix> = match &l.ffn {
                 Ffn::Dense(e) => expert_matrices(e).to_vec(),
                 Ffn::Moe(m) => std::iter::once(&m.router.w)
@@ -431,16 +439,22 @@ impl Model {
                 ws.acts.get(pool, &layer.wk.w, xn, n),
                 grow(&mut ws.k, n * kvd),
             );
-            layer.wv.forward(
-                pool,
-                ws.acts.get(pool, &layer.wv.w, xn, n),
-                grow(&mut ws.v, n * kvd),
-            );
+            match &layer.wv {
+                Some(wv) => wv.forward(
+                    pool,
+                    ws.acts.get(pool, &wv.w, xn, n),
+                    grow(&mut ws.v, n * kvd),
+                ),
+                None => grow(&mut ws.v, n * kvd).copy_from_slice(&ws.k[..n * kvd]),
+            }
             if let Some(w) = &layer.q_norm {
                 norm_in_place(&mut ws.q[..n * qd], w, cfg.norm_eps, &mut ws.cos_sin);
             }
             if let Some(w) = &layer.k_norm {
                 norm_in_place(&mut ws.k[..n * kvd], w, cfg.norm_eps, &mut ws.cos_sin);
+            }
+            if let Some(w) = &layer.v_norm {
+                norm_in_place(&mut ws.v[..n * kvd], w, cfg.norm_eps, &mut ws.cos_sin);
             }
             if let Some(r) = cfg.rope_of(l) {
                 self.rope(
@@ -536,6 +550,9 @@ impl Model {
                 norm_in_place(proj, w, cfg.norm_eps, &mut ws.cos_sin);
             }
             ops::add_assign(&mut ws.x[..rows * d], &ws.proj[..rows * d]);
+            if let Some(s) = layer.out_scale {
+                ops::scale(&mut ws.x[..rows * d], s);
+            }
         }
 
         let n_out = out_rows.len();
@@ -693,7 +710,15 @@ fn norm_in_place(x: &mut [f32], w: &[f32], eps: f32, tmp: &mut Vec<f32>) {
 /// The three matrices of an expert.
 /// The weight matrices of one layer, mutably.
 fn layer_matrices_mut(l: &mut DecoderLayer) -> impl Iterator<Item = &mut Matrix> {
-    let attn = [&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo].map(|lin| &mut lin.w);
+    let attn = [
+        Some(&mut l.wq),
+        Some(&mut l.wk),
+        l.wv.as_mut(),
+        Some(&mut l.wo),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|lin| &mut lin.w);
     let ffn: Vec<&mut Matrix> = match &mut l.ffn {
         Ffn::Dense(e) => vec![&mut e.gate.w, &mut e.up.w, &mut e.down.w],
         Ffn::Moe(m) => std::iter::once(&mut m.router.w)

@@ -597,3 +597,67 @@ fn gemma2_matches_transformers() {
         "attention cap has no effect: {off:.2e}"
     );
 }
+
+/// Gemma 4 (dense): sliding layers of 2 KV heads × 16, global layers (2 and 4) of 1 KV head
+/// × 32 whose values are their keys (`attention_k_eq_v`), proportional RoPE on the global
+/// layers, weightless value norm, random per-layer output scales. Each of these is seen to
+/// matter: the same model without the layer scales, or with the global layers' unrotated
+/// pairs rotated, is far off.
+#[test]
+fn gemma4_matches_transformers() {
+    check("gemma4");
+    let (mut model, exp, want) = load("gemma4");
+    let cfg = &model.config;
+    assert_eq!(cfg.layer_head_dim, [16, 16, 32, 16, 32]);
+    assert_eq!(cfg.layer_n_head_kv, [2, 2, 1, 2, 1]);
+    assert_eq!(
+        cfg.layer_window,
+        [Some(5), Some(5), None, Some(5), None],
+        "sliding pattern"
+    );
+    assert!(model.layers[2].wv.is_none() && model.layers[0].wv.is_some());
+    let seq = ids(&exp["sequences"][0]);
+    let n = seq.len() * model.config.n_vocab;
+    let scales: Vec<Option<f32>> = model.layers.iter().map(|l| l.out_scale).collect();
+    for l in &mut model.layers {
+        l.out_scale = None;
+    }
+    let off = max_diff("gemma4 (no layer scale)", &model, &seq, 64, &want[..n]);
+    println!("gemma4 without its layer scales: max |Δlogit| {off:.2e}");
+    assert!(
+        off > 100.0 * MAX_ABS,
+        "layer scales moved the logits by {off:.2e}"
+    );
+    for (l, s) in model.layers.iter_mut().zip(scales) {
+        l.out_scale = s;
+    }
+    model.config.rope.freq_factors = None;
+    let off = max_diff("gemma4 (full RoPE)", &model, &seq, 64, &want[..n]);
+    println!("gemma4 with whole-head RoPE on its global layers: max |Δlogit| {off:.2e}");
+    assert!(
+        off > 100.0 * MAX_ABS,
+        "proportional RoPE moved the logits by {off:.2e}"
+    );
+}
+
+/// Gemma 4 through llama.cpp's converter: per-layer `head_count_kv`, `key_length` /
+/// `key_length_swa`, the layer pattern, `rope_freqs.weight` and `layer_output_scale.weight`.
+#[test]
+fn gemma4_gguf_matches_transformers() {
+    let model = check_converted("gemma4");
+    assert_eq!(model.config.layer_head_dim, [16, 16, 32, 16, 32]);
+    assert_eq!(model.config.layer_n_head_kv, [2, 2, 1, 2, 1]);
+}
+
+#[test]
+fn gemma4_config_errors_name_the_field() {
+    config_error_names("gemma4", "hidden_size_per_layer_input", |c| {
+        c["hidden_size_per_layer_input"] = 8.into();
+    });
+    config_error_names("gemma4", "num_kv_shared_layers", |c| {
+        c["num_kv_shared_layers"] = 2.into();
+    });
+    config_error_names("gemma4", "per_layer_config.2.num_key_value_heads", |c| {
+        c["per_layer_config"]["2"]["num_key_value_heads"] = 3.into();
+    });
+}

@@ -28,6 +28,14 @@ pub struct Parts {
     pub norm_bias: bool,
     /// An ungated MLP, `ffn_down(act(ffn_up(x)))` (GPT-2, GPT-NeoX).
     pub plain_mlp: bool,
+    /// A layer without `attn_v` takes its values from the key projection (Gemma 4's
+    /// `attention_k_eq_v`); otherwise `attn_v` is required.
+    pub optional_v: bool,
+    /// A weightless RMSNorm of every value head (Gemma 4).
+    pub v_norm: bool,
+    /// `layer_output_scale.weight` (one float), when present, scales each layer's output
+    /// (Gemma 4).
+    pub out_scale: bool,
 }
 
 /// The LayerNorm epsilon of a GGUF file (`{arch}.attention.layer_norm_epsilon`, llama.cpp's
@@ -115,13 +123,18 @@ pub fn build_with(
                 (
                     split(name.clone(), 0, qd, total)?,
                     split(name.clone(), qd, kvd, total)?,
-                    split(name, qd + kvd, kvd, total)?,
+                    Some(split(name, qd + kvd, kvd, total)?),
                 )
             } else {
+                let v = if parts.optional_v && w.info(&p("attn_v.weight")).is_none() {
+                    None
+                } else {
+                    Some(w.linear(&p("attn_v"), kvd, d)?)
+                };
                 (
                     w.linear(&p("attn_q"), qd, d)?,
                     w.linear(&p("attn_k"), kvd, d)?,
-                    w.linear(&p("attn_v"), kvd, d)?,
+                    v,
                 )
             };
             let ffn = match ffn(i)? {
@@ -153,6 +166,13 @@ pub fn build_with(
                 wq,
                 wk,
                 wv,
+                v_norm: parts.v_norm.then(|| vec![1.0; hd]),
+                out_scale: match parts.out_scale {
+                    true => w
+                        .vector_opt(&p("layer_output_scale.weight"), 1)?
+                        .map(|s| s[0]),
+                    false => None,
+                },
                 wo: w.linear(&p("attn_output"), d, qd)?,
                 post_attn_norm: opt(parts.post_norms, p("post_attention_norm.weight"), d)?,
                 ffn_norm: w.norm(&p("ffn_norm.weight"), d)?,

@@ -1,0 +1,308 @@
+//! Gemma 4 (text), the dense models: Gemma 3's decoder (embeddings × `sqrt(n_embd)`, pre-
+//! and post-norms around both sub-blocks, per-head query and key RMSNorm, GeGLU with tanh,
+//! interleaved sliding-window and global layers, optional final logit soft-capping) with
+//! - plain `x·w` RMSNorms (checkpoints store the weight itself, not Gemma 3's `w` of `1 + w`);
+//! - a weightless RMSNorm of every value head, and attention scaled by 1;
+//! - per-layer head shapes: global layers have wider heads (`global_head_dim`, GGUF
+//!   `key_length`) and their own key/value head count (`num_global_key_value_heads`, a
+//!   per-layer GGUF `head_count_kv`); sliding ones `head_dim` (`key_length_swa`);
+//! - `attention_k_eq_v`: global layers have no value projection, their values are the key
+//!   projection's output (taken before `k_norm`, then the weightless norm);
+//! - RoPE: sliding layers rotate whole heads at base `rope_theta` of `sliding_attention`
+//!   (GGUF `rope.freq_base_swa`, `rope.dimension_count_swa`); global layers use
+//!   "proportional" RoPE, the first `partial_rotary_factor × head_dim / 2` pairs at
+//!   `base^(-2i / head_dim)` and the rest unrotated (GGUF: `rope_freqs.weight`, divisors 1
+//!   and 1e30);
+//! - each layer's output scaled by its `layer_scalar` (GGUF `layer_output_scale.weight`).
+//!
+//! The per-layer embedding inputs of the small models (`hidden_size_per_layer_input`), the
+//! key/value sharing of their last layers (`num_kv_shared_layers`) and the mixture-of-experts
+//! block (`enable_moe_block`) are refused with an error naming the field.
+//!
+//! References: llama.cpp `src/models/gemma4.cpp` and `conversion/gemma.py` (`Gemma4Model`);
+//! transformers `models/gemma4/{configuration,modeling}_gemma4.py`.
+
+use super::Source;
+use super::decoder::{Parts, build, gguf_start, token_embedding};
+use super::family::{Family, GgufHints, GgufKeys, PLAIN};
+use crate::config::{Activation, ModelConfig, RopeConfig};
+use crate::error::{ModelError, Result};
+use crate::hf::HfFolder;
+use crate::model::Model;
+use crate::names::{DECODER_GLOBAL, NameTable, decoder_layer_names};
+use mica_formats::{MetaArray, MetaValue};
+use mica_kernels::ops::RopeStyle;
+use serde_json::Value;
+
+pub(super) static FAMILY: Family = Family {
+    name: "gemma4",
+    gguf_archs: &["gemma4"],
+    hf_classes: &["Gemma4ForCausalLM"],
+    hf_names: &HF_NAMES,
+    load,
+    gguf: GgufHints {
+        arch: "gemma4",
+        keys: gguf_keys,
+        ..PLAIN
+    },
+};
+
+/// Gemma 3's names plus the per-layer output scale.
+pub(crate) static HF_NAMES: NameTable = NameTable {
+    layer_prefix: "model.layers.{i}.",
+    global: DECODER_GLOBAL,
+    layer: decoder_layer_names![
+        (
+            "post_attention_norm.weight",
+            "post_attention_layernorm.weight"
+        ),
+        ("ffn_norm.weight", "pre_feedforward_layernorm.weight"),
+        ("post_ffw_norm.weight", "post_feedforward_layernorm.weight"),
+        ("layer_output_scale.weight", "layer_scalar"),
+    ],
+};
+
+const PARTS: Parts = Parts {
+    qk_norm: true,
+    post_norms: true,
+    fused_qkv: false,
+    fused_gate_up: false,
+    norm_bias: false,
+    plain_mlp: false,
+    optional_v: true,
+    v_norm: true,
+    out_scale: true,
+};
+
+/// transformers' defaults: every 6th layer global, global heads of 512.
+const DEFAULT_PATTERN: usize = 6;
+const DEFAULT_GLOBAL_HEAD_DIM: usize = 512;
+
+/// What differs between sliding and global layers, resolved from either source.
+struct Layers {
+    /// `[n_layer]` sliding (true) or global.
+    is_swa: Vec<bool>,
+    window: usize,
+    /// Head size and key/value heads of each layer.
+    head_dim: Vec<usize>,
+    n_head_kv: Vec<usize>,
+    /// RoPE of the sliding layers.
+    local: RopeConfig,
+    final_cap: Option<f32>,
+}
+
+fn load(src: &Source, arch: &str) -> Result<Model> {
+    let (w, mut cfg, tok_embd, layers, file) = match src {
+        Source::Gguf(file) => {
+            let (w, mut cfg, tok_embd) = gguf_start(file, arch, RopeStyle::Neox)?;
+            let layers = gguf_layers(file, arch, &cfg)?;
+            // Proportional RoPE of the global layers: `[n_dims / 2]` frequency divisors.
+            cfg.rope.freq_factors = w.vector_opt("rope_freqs.weight", cfg.rope.n_dims / 2)?;
+            (w, cfg, tok_embd, layers, Some((*file).clone()))
+        }
+        Source::Hf(hf) => {
+            let w = hf.weights(arch, &HF_NAMES);
+            let tok_embd = token_embedding(&w, hf.config.hidden_size.unwrap_or(0))?;
+            let mut cfg = hf.decoder_config(arch, tok_embd.rows)?;
+            let layers = hf_layers(hf, &mut cfg)?;
+            (w, cfg, tok_embd, layers, None)
+        }
+    };
+    cfg.embd_scale = Some((cfg.n_embd as f32).sqrt());
+    cfg.act = Activation::GeluTanh;
+    // Attention scale 1: queries multiplied by 1, scores unscaled.
+    cfg.q_scale = Some(1.0);
+    cfg.final_softcap = layers.final_cap;
+    cfg.layer_window = layers
+        .is_swa
+        .iter()
+        .map(|&s| s.then_some(layers.window))
+        .collect();
+    cfg.rope_local = Some(layers.local);
+    // `head_dim` / `n_head_kv` name the global layers' shape (GGUF `key_length`).
+    if let Some(g) = layers.is_swa.iter().position(|&s| !s) {
+        cfg.head_dim = layers.head_dim[g];
+        cfg.n_head_kv = layers.n_head_kv[g];
+    }
+    cfg.layer_head_dim = layers.head_dim;
+    cfg.layer_n_head_kv = layers.n_head_kv;
+    build(&w, cfg, tok_embd, PARTS, file)
+}
+
+/// The layer shapes, window and local RoPE a `gemma4` file gives.
+fn gguf_layers(file: &mica_formats::GgufFile, arch: &str, cfg: &ModelConfig) -> Result<Layers> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let err = |k: &str, msg: String| ModelError::Config {
+        path: file.path().to_path_buf(),
+        key: key(k),
+        msg,
+    };
+    let positive = |k: &str| file.get_u64(&key(k)).filter(|&x| x > 0).map(|x| x as usize);
+    for (k, what) in [
+        ("embedding_length_per_layer_input", "per-layer embedding inputs"),
+        ("attention.shared_kv_layers", "key/value sharing between layers"),
+        ("expert_count", "the mixture-of-experts block"),
+    ] {
+        if let Some(n) = positive(k) {
+            return Err(err(
+                k,
+                format!("{n}: {what} (Gemma 4's smaller and MoE models) are not supported yet"),
+            ));
+        }
+    }
+    let n = cfg.n_layer;
+    let is_swa = match file.metadata(&key("attention.sliding_window_pattern")) {
+        Some(MetaValue::Array(MetaArray::Bool(b))) if b.len() == n => b.clone(),
+        _ => {
+            return Err(err(
+                "attention.sliding_window_pattern",
+                format!("expected {n} booleans (one per layer: sliding or not)"),
+            ));
+        }
+    };
+    let hd_swa = positive("attention.key_length_swa")
+        .ok_or_else(|| err("attention.key_length_swa", "missing or zero".into()))?;
+    if let Some(v) = positive("attention.value_length_swa")
+        && v != hd_swa
+    {
+        return Err(err(
+            "attention.value_length_swa",
+            format!("{v} differs from the key length {hd_swa}"),
+        ));
+    }
+    let window = positive("attention.sliding_window")
+        .ok_or_else(|| err("attention.sliding_window", "missing or zero".into()))?;
+    let n_rot_swa = positive("rope.dimension_count_swa").unwrap_or(hd_swa);
+    if n_rot_swa > hd_swa || n_rot_swa % 2 != 0 {
+        return Err(err(
+            "rope.dimension_count_swa",
+            format!("{n_rot_swa} must be even and at most the head size {hd_swa}"),
+        ));
+    }
+    let local = RopeConfig {
+        n_dims: n_rot_swa,
+        freq_base: file.get_f32(&key("rope.freq_base_swa")).unwrap_or(10000.0),
+        freq_scale: 1.0,
+        freq_factors: None,
+        ..cfg.rope.clone()
+    };
+    Ok(Layers {
+        head_dim: is_swa
+            .iter()
+            .map(|&s| if s { hd_swa } else { cfg.head_dim })
+            .collect(),
+        n_head_kv: cfg.layer_n_head_kv.clone(),
+        is_swa,
+        window,
+        local,
+        final_cap: file
+            .get_f32(&key("final_logit_softcapping"))
+            .filter(|&c| c > 0.0),
+    })
+}
+
+/// The layer shapes, window and RoPE of a Gemma 4 folder (and the global layers' RoPE,
+/// set in `cfg`).
+fn hf_layers(hf: &HfFolder, cfg: &mut ModelConfig) -> Result<Layers> {
+    let c = &hf.config;
+    let n = cfg.n_layer;
+    for (field, on) in [
+        (
+            "hidden_size_per_layer_input",
+            c.hidden_size_per_layer_input.is_some_and(|x| x > 0),
+        ),
+        ("num_kv_shared_layers", c.num_kv_shared_layers.is_some_and(|x| x > 0)),
+        ("enable_moe_block", c.enable_moe_block == Some(true)),
+    ] {
+        if on {
+            return Err(hf.field_err(
+                field,
+                "per-layer embeddings, key/value sharing and the mixture-of-experts block of \
+                 Gemma 4's smaller and MoE models are not supported yet",
+            ));
+        }
+    }
+    let window = c
+        .sliding_window
+        .filter(|&w| w > 0)
+        .ok_or_else(|| hf.field_err("sliding_window", "missing or zero"))?;
+    let mut is_swa: Vec<bool> = hf
+        .layer_windows(n, true, Some(DEFAULT_PATTERN))?
+        .iter()
+        .map(Option::is_some)
+        .collect();
+    // transformers makes the last layer global whatever `layer_types` says.
+    if let Some(last) = is_swa.last_mut() {
+        *last = false;
+    }
+    let k_eq_v = c.attention_k_eq_v.unwrap_or(false);
+    let (mut head_dim, mut n_head_kv) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for (l, &swa) in is_swa.iter().enumerate() {
+        let over = c
+            .per_layer_config
+            .as_ref()
+            .and_then(|p| p.get(l.to_string()))
+            .filter(|v| v.is_object());
+        let field = |name: &str| -> Result<Option<usize>> {
+            match over.map(|o| &o[name]) {
+                None | Some(Value::Null) => Ok(None),
+                Some(v) => v
+                    .as_u64()
+                    .filter(|&x| x > 0)
+                    .map(|x| Some(x as usize))
+                    .ok_or_else(|| {
+                        hf.field_err(
+                            &format!("per_layer_config.{l}.{name}"),
+                            format!("must be a positive integer, got {v}"),
+                        )
+                    }),
+            }
+        };
+        // Without `per_layer_config`, transformers' constructor defaults for global layers.
+        let (hd_default, kv_default) = match (swa, c.per_layer_config.is_some()) {
+            (false, false) => (
+                c.global_head_dim.unwrap_or(DEFAULT_GLOBAL_HEAD_DIM),
+                c.num_global_key_value_heads
+                    .filter(|_| k_eq_v)
+                    .unwrap_or(cfg.n_head_kv),
+            ),
+            _ => (cfg.head_dim, cfg.n_head_kv),
+        };
+        let hd = field("head_dim")?.unwrap_or(hd_default);
+        let kv = field("num_key_value_heads")?.unwrap_or(kv_default);
+        if cfg.n_head % kv != 0 {
+            return Err(hf.field_err(
+                &format!("per_layer_config.{l}.num_key_value_heads"),
+                format!("{kv} does not divide the {} query heads", cfg.n_head),
+            ));
+        }
+        head_dim.push(hd);
+        n_head_kv.push(kv);
+    }
+    let global_hd = is_swa
+        .iter()
+        .position(|&s| !s)
+        .map_or(cfg.head_dim, |g| head_dim[g]);
+    cfg.rope = hf.rope(hf.rope_params("full_attention"), global_hd)?;
+    let local = hf.rope(hf.rope_params("sliding_attention"), cfg.head_dim)?;
+    Ok(Layers {
+        is_swa,
+        window,
+        head_dim,
+        n_head_kv,
+        local,
+        final_cap: c
+            .final_logit_softcapping
+            .filter(|&c| c > 0.0)
+            .map(|c| c as f32),
+    })
+}
+
+/// mica's converter does not write `gemma4` files (per-layer head counts and shapes, the
+/// layer pattern and proportional RoPE's `rope_freqs.weight` would all need writing);
+/// llama.cpp's `convert_hf_to_gguf.py` does.
+fn gguf_keys(_: &Model, _: &HfFolder, _: &mut GgufKeys) -> std::result::Result<(), String> {
+    Err("mica's converter does not write Gemma 4 GGUF files; llama.cpp's \
+         convert_hf_to_gguf.py does, and mica runs its output"
+        .into())
+}
