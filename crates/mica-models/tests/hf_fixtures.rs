@@ -661,3 +661,8 @@ fn gemma4_config_errors_name_the_field() {
         c["per_layer_config"]["2"]["num_key_value_heads"] = 3.into();
     });
 }
+
+#[test]
+fn gemma4_q8_0_matches_llama_cpp() {
+    check_llama_cpp_q8("gemma4");
+}
