@@ -298,11 +298,50 @@ fn hf_layers(hf: &HfFolder, cfg: &mut ModelConfig) -> Result<Layers> {
     })
 }
 
-/// mica's converter does not write `gemma4` files (per-layer head counts and shapes, the
-/// layer pattern and proportional RoPE's `rope_freqs.weight` would all need writing);
-/// llama.cpp's `convert_hf_to_gguf.py` does.
-fn gguf_keys(_: &Model, _: &HfFolder, _: &mut GgufKeys) -> std::result::Result<(), String> {
-    Err("mica's converter does not write Gemma 4 GGUF files; llama.cpp's \
-         convert_hf_to_gguf.py does, and mica runs its output"
-        .into())
+/// What a `gemma4` file says beyond the shared keys (which carry the global layers' head
+/// size and the per-layer key/value heads): the layer pattern and window, the sliding layers'
+/// head size and RoPE, the final soft-cap, and no per-layer embeddings or shared layers.
+/// (`rope_freqs.weight`, the global layers' proportional RoPE, is written from the resolved
+/// frequency factors.)
+fn gguf_keys(model: &Model, _: &HfFolder, keys: &mut GgufKeys) -> std::result::Result<(), String> {
+    let cfg = &model.config;
+    let is_swa: Vec<bool> = cfg.layer_window.iter().map(Option::is_some).collect();
+    let window = cfg.layer_window.iter().flatten().next().copied();
+    let swa = is_swa.iter().position(|&s| s);
+    keys.f32(
+        "rope.freq_base_swa",
+        cfg.rope_local.as_ref().map_or(10000.0, |r| r.freq_base),
+    );
+    if let Some(c) = cfg.final_softcap {
+        keys.f32("final_logit_softcapping", c);
+    }
+    if let Some(w) = window {
+        keys.u32("attention.sliding_window", w);
+    }
+    keys.u32("attention.shared_kv_layers", 0);
+    keys.u32("embedding_length_per_layer_input", 0);
+    keys.set(
+        "attention.sliding_window_pattern",
+        MetaValue::Array(MetaArray::Bool(is_swa.clone())),
+    );
+    let hd_swa = swa.map_or(cfg.head_dim, |l| cfg.layer_head_dim[l]);
+    // GGUF has one head size per kind of layer and one window.
+    let uniform = (0..cfg.n_layer).all(|l| {
+        let want = if is_swa[l] { hd_swa } else { cfg.head_dim };
+        cfg.layer_head_dim[l] == want && cfg.layer_window[l].is_none_or(|w| Some(w) == window)
+    });
+    if !uniform {
+        return Err(format!(
+            "GGUF gemma4 has one head size for sliding layers, one for global ones and one \
+             window; this model's head sizes are {:?} and windows {:?} (per_layer_config)",
+            cfg.layer_head_dim, cfg.layer_window
+        ));
+    }
+    keys.u32("attention.key_length_swa", hd_swa);
+    keys.u32("attention.value_length_swa", hd_swa);
+    keys.u32(
+        "rope.dimension_count_swa",
+        cfg.rope_local.as_ref().map_or(hd_swa, |r| r.n_dims),
+    );
+    Ok(())
 }
