@@ -284,7 +284,7 @@ impl GgufKeys<'_> {
             MetaArray::I64(x) => x.iter().map(|&y| y.max(0) as u64).collect(),
             _ => return Err(bad()),
         };
-        if vals.len() != n_layer || vals.iter().any(|&x| x == 0) {
+        if vals.len() != n_layer || vals.contains(&0) {
             return Err(bad());
         }
         Ok(Some(vals.into_iter().map(|x| x as usize).collect()))

@@ -270,7 +270,7 @@ fn hf_layers(hf: &HfFolder, cfg: &mut ModelConfig) -> Result<Layers> {
         };
         let hd = field("head_dim")?.unwrap_or(hd_default);
         let kv = field("num_key_value_heads")?.unwrap_or(kv_default);
-        if cfg.n_head % kv != 0 {
+        if !cfg.n_head.is_multiple_of(kv) {
             return Err(hf.field_err(
                 &format!("per_layer_config.{l}.num_key_value_heads"),
                 format!("{kv} does not divide the {} query heads", cfg.n_head),
