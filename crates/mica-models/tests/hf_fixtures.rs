@@ -480,7 +480,18 @@ fn gptneox_matches_transformers() {
 /// against the same prompt evaluated token by token.
 #[test]
 fn f32_cache_tiled_prefill_matches_token_by_token() {
-    let (model, _, _) = load("mistral");
+    tiled_prefill_matches_token_by_token("mistral");
+}
+
+/// The same for Gemma 4, whose layers differ in head size and key/value heads (the cache
+/// holds rows of each layer's own width) and alternate sliding and global attention.
+#[test]
+fn gemma4_tiled_prefill_matches_token_by_token() {
+    tiled_prefill_matches_token_by_token("gemma4");
+}
+
+fn tiled_prefill_matches_token_by_token(family: &str) {
+    let (model, _, _) = load(family);
     assert_eq!(
         model.config.numerics,
         mica_models::config::Numerics::F32,
@@ -510,8 +521,8 @@ fn f32_cache_tiled_prefill_matches_token_by_token() {
             worst = worst.max((a - b).abs());
         }
     }
-    println!("tiled vs vector (f32 cache): max |Δlogit| {worst:.2e}");
-    assert!(worst <= 1e-4, "tiled vs vector: {worst:.2e}");
+    println!("{family}: tiled vs vector (f32 cache): max |Δlogit| {worst:.2e}");
+    assert!(worst <= 1e-4, "{family}: tiled vs vector: {worst:.2e}");
 }
 
 // The dense fixtures through the GGUF path: llama.cpp's converter (`--outtype f32`) wrote
@@ -665,4 +676,40 @@ fn gemma4_config_errors_name_the_field() {
 #[test]
 fn gemma4_q8_0_matches_llama_cpp() {
     check_llama_cpp_q8("gemma4");
+}
+
+/// A paged cache for Gemma 4's layers of different widths: a prefix copied block by block
+/// (`copy_block`, as the engine's copy-on-write does) into another sequence continues
+/// exactly as the original, and a block costs each layer's own width.
+#[test]
+fn gemma4_paged_cache_copies_blocks_of_every_layer_width() {
+    use mica_models::kv_cache::BLOCK_SIZE;
+    let (model, _, _) = load("gemma4");
+    let cfg = &model.config;
+    let width: usize = (0..cfg.n_layer).map(|l| cfg.kv_dim_of(l)).sum();
+    assert_eq!(width, 3 * 32 + 2 * 32, "sliding 2×16, global 1×32");
+    assert_eq!(KvCache::bytes_per_block(cfg), 2 * BLOCK_SIZE * width * 4);
+    let pool = ThreadPool::new(2);
+    let mut kv = KvCache::paged(cfg, 8, 2, 64);
+    let mut ws = Workspace::default();
+    let prompt: Vec<u32> = (0..20u32).map(|i| (i * 29 + 5) % 128).collect();
+    kv.set_table(0, &[3, 1], 0).unwrap();
+    model
+        .forward(
+            &pool,
+            &Batch::for_sequence(&prompt, 0, 0, false),
+            &mut kv,
+            &mut ws,
+        )
+        .unwrap();
+    kv.copy_block(3, 5);
+    kv.copy_block(1, 0);
+    kv.set_table(1, &[5, 0], prompt.len()).unwrap();
+    let next = |kv: &mut KvCache, ws: &mut Workspace, seq| {
+        let b = Batch::for_sequence(&[7], prompt.len(), seq, true);
+        model.forward(&pool, &b, kv, ws).unwrap().to_vec()
+    };
+    let a = next(&mut kv, &mut ws, 0);
+    let b = next(&mut kv, &mut ws, 1);
+    assert_eq!(a, b, "the copied prefix continues as the original");
 }
