@@ -8,6 +8,7 @@
 use crate::batch::Batch;
 use crate::blocks::attention::{AttentionPolicy, AttnShape, attention};
 pub use crate::blocks::moe::{Expert, Moe};
+pub use crate::blocks::ple::{LayerPle, PerLayerInputs};
 use crate::config::{Activation, ModelConfig, NormKind, Numerics, RopeConfig};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::{KvCache, SeqId};
@@ -44,6 +45,9 @@ pub struct DecoderLayer {
     pub v_norm: Option<Vec<f32>>,
     /// Multiplies the residual stream after the layer (Gemma 4's `layer_scalar`).
     pub out_scale: Option<f32>,
+    /// The layer's per-layer-embedding term (Gemma 4's smaller models), added after the
+    /// feed-forward residual, before `out_scale`.
+    pub ple: Option<LayerPle>,
     /// `[n_embd × q_dim]`
     pub wo: Linear,
     /// `[n_embd]`
@@ -72,6 +76,8 @@ pub struct Model {
     pub tok_embd: Matrix,
     /// `[n_ctx_train × n_embd]` learned position embeddings, added to the token's (GPT-2).
     pub pos_embd: Option<Matrix>,
+    /// Per-layer embedding inputs (Gemma 4's smaller models; each layer's [`LayerPle`]).
+    pub ple: Option<PerLayerInputs>,
     pub layers: Vec<DecoderLayer>,
     /// `[n_embd]`
     pub output_norm: Vec<f32>,
@@ -108,6 +114,8 @@ pub struct Workspace {
     logits: Vec<f32>,
     /// `[rope n_dims]` cos/sin pairs of one position
     cos_sin: Vec<f32>,
+    /// `[n_tok, n_layer · ple dim]` per-layer embedding inputs
+    ple: Vec<f32>,
     /// Batch rows that produce logits.
     out_rows: Vec<usize>,
     /// The attention path to take (llama.cpp's choice by default).
@@ -258,11 +266,14 @@ impl Model {
                     .collect(),
                 Ffn::Plain { up, down } => vec![&up.w, &down.w],
             };
-            attn.into_iter().chain(ffn)
+            let ple = l.ple.iter().flat_map(|p| [&p.gate.w, &p.proj.w]);
+            attn.into_iter().chain(ffn).chain(ple)
         });
         let head = (self.output.w.name != self.tok_embd.name).then_some(&self.output.w);
+        let ple = self.ple.iter().flat_map(|p| [&p.tok, &p.proj.w]);
         std::iter::once(&self.tok_embd)
             .chain(&self.pos_embd)
+            .chain(ple)
             .chain(layers)
             .chain(head)
     }
@@ -271,7 +282,10 @@ impl Model {
     /// is the token embedding: its copy in `output` is the one products use).
     fn product_matrices_mut(&mut self) -> impl Iterator<Item = &mut Matrix> {
         let layers = self.layers.iter_mut().flat_map(layer_matrices_mut);
-        layers.chain(std::iter::once(&mut self.output.w))
+        let ple = self.ple.as_mut().map(|p| &mut p.proj.w);
+        ple.into_iter()
+            .chain(layers)
+            .chain(std::iter::once(&mut self.output.w))
     }
 
     /// Every weight matrix named `name` (canonical, GGUF-style), mutably: the token
@@ -289,12 +303,15 @@ impl Model {
         let Model {
             tok_embd,
             pos_embd,
+            ple,
             layers,
             output,
             ..
         } = self;
+        let ple = ple.iter_mut().flat_map(|p| [&mut p.tok, &mut p.proj.w]);
         std::iter::once(tok_embd)
             .chain(pos_embd.as_mut())
+            .chain(ple)
             .chain(layers.iter_mut().flat_map(layer_matrices_mut))
             .chain(std::iter::once(&mut output.w))
             .collect()
@@ -397,6 +414,20 @@ impl Model {
         }
 
         ws.acts.alone = ws.alone_paths;
+        let ple_width = self.ple.as_ref().map_or(0, |p| p.proj.out_dim());
+        if let Some(p) = &self.ple {
+            let out = grow(&mut ws.ple, n * ple_width);
+            let x = &ws.x[..n * d];
+            p.compute(
+                pool,
+                &mut ws.acts,
+                x,
+                &batch.tokens,
+                cfg.norm_eps,
+                out,
+                &mut ws.proj,
+            );
+        }
         // Rows still carried through the layers; the last layer keeps only output rows.
         let mut out_rows = std::mem::take(&mut ws.out_rows);
         out_rows.clear();
@@ -496,6 +527,8 @@ impl Model {
                 for (i, &t) in out_rows.iter().enumerate() {
                     ws.attn.copy_within(t * qd..(t + 1) * qd, i * qd);
                     ws.x.copy_within(t * d..(t + 1) * d, i * d);
+                    let w = ple_width;
+                    ws.ple.copy_within(t * w..(t + 1) * w, i * w);
                 }
                 rows = out_rows.len();
                 if rows == 0 {
@@ -550,6 +583,17 @@ impl Model {
                 norm_in_place(proj, w, cfg.norm_eps, &mut ws.cos_sin);
             }
             ops::add_assign(&mut ws.x[..rows * d], &ws.proj[..rows * d]);
+            if let Some(p) = &layer.ple {
+                p.forward(
+                    pool,
+                    &mut ws.acts,
+                    (&mut ws.x, rows),
+                    (&ws.ple[..rows * ple_width], l),
+                    &|h| activate(cfg, h),
+                    cfg.norm_eps,
+                    (&mut ws.gate, &mut ws.proj, &mut ws.cos_sin),
+                );
+            }
             if let Some(s) = layer.out_scale {
                 ops::scale(&mut ws.x[..rows * d], s);
             }
@@ -599,6 +643,14 @@ impl Model {
             return Err(ModelError::Batch(format!(
                 "token id {bad} is outside the vocabulary of {}",
                 self.config.n_vocab
+            )));
+        }
+        if let Some(p) = &self.ple
+            && let Some(&bad) = batch.tokens.iter().find(|&&t| t as usize >= p.tok.rows)
+        {
+            return Err(ModelError::Batch(format!(
+                "token id {bad} is outside the {} rows of the per-layer embedding",
+                p.tok.rows
             )));
         }
         if let Some(pe) = &self.pos_embd
@@ -732,7 +784,11 @@ fn layer_matrices_mut(l: &mut DecoderLayer) -> impl Iterator<Item = &mut Matrix>
             .collect(),
         Ffn::Plain { up, down } => vec![&mut up.w, &mut down.w],
     };
-    attn.into_iter().chain(ffn)
+    let ple = l
+        .ple
+        .iter_mut()
+        .flat_map(|p| [&mut p.gate.w, &mut p.proj.w]);
+    attn.into_iter().chain(ffn).chain(ple)
 }
 
 fn expert_matrices(e: &Expert) -> [&Matrix; 3] {

@@ -662,8 +662,8 @@ fn gemma4_gguf_matches_transformers() {
 
 #[test]
 fn gemma4_config_errors_name_the_field() {
-    config_error_names("gemma4", "hidden_size_per_layer_input", |c| {
-        c["hidden_size_per_layer_input"] = 8.into();
+    config_error_names("gemma4", "enable_moe_block", |c| {
+        c["enable_moe_block"] = true.into();
     });
     config_error_names("gemma4", "num_kv_shared_layers", |c| {
         c["num_kv_shared_layers"] = 2.into();
@@ -712,4 +712,36 @@ fn gemma4_paged_cache_copies_blocks_of_every_layer_width() {
     let a = next(&mut kv, &mut ws, 0);
     let b = next(&mut kv, &mut ws, 1);
     assert_eq!(a, b, "the copied prefix continues as the original");
+}
+
+/// Gemma 4 with per-layer embeddings (8 values per layer): the folder, its llama.cpp
+/// conversion and that quantized to Q8_0 by llama.cpp. Without the per-layer terms the
+/// logits are far off.
+#[test]
+fn gemma4_ple_matches_transformers() {
+    check("gemma4_ple");
+    let (mut model, exp, want) = load("gemma4_ple");
+    assert_eq!(model.ple.as_ref().map(|p| p.dim), Some(8));
+    let seq = ids(&exp["sequences"][0]);
+    let n = seq.len() * model.config.n_vocab;
+    for l in &mut model.layers {
+        l.ple = None;
+    }
+    let off = max_diff("gemma4_ple (no PLE)", &model, &seq, 64, &want[..n]);
+    println!("gemma4_ple without its per-layer terms: max |Δlogit| {off:.2e}");
+    assert!(
+        off > 100.0 * MAX_ABS,
+        "per-layer embeddings moved the logits by {off:.2e}"
+    );
+}
+
+#[test]
+fn gemma4_ple_gguf_matches_transformers() {
+    let model = check_converted("gemma4_ple");
+    assert_eq!(model.ple.as_ref().map(|p| p.dim), Some(8));
+}
+
+#[test]
+fn gemma4_ple_q8_0_matches_llama_cpp() {
+    check_llama_cpp_q8("gemma4_ple");
 }

@@ -15,9 +15,10 @@
 //!   and 1e30);
 //! - each layer's output scaled by its `layer_scalar` (GGUF `layer_output_scale.weight`).
 //!
-//! The per-layer embedding inputs of the small models (`hidden_size_per_layer_input`), the
-//! key/value sharing of their last layers (`num_kv_shared_layers`) and the mixture-of-experts
-//! block (`enable_moe_block`) are refused with an error naming the field.
+//! The smaller models' per-layer embedding inputs (`hidden_size_per_layer_input`, GGUF
+//! `embedding_length_per_layer_input`) are [`crate::blocks::ple`]. The key/value sharing of
+//! their last layers (`num_kv_shared_layers`) and the mixture-of-experts block
+//! (`enable_moe_block`) are refused with an error naming the field.
 //!
 //! References: llama.cpp `src/models/gemma4.cpp` and `conversion/gemma.py` (`Gemma4Model`);
 //! transformers `models/gemma4/{configuration,modeling}_gemma4.py`.
@@ -28,7 +29,8 @@ use super::family::{Family, GgufHints, GgufKeys, PLAIN};
 use crate::config::{Activation, ModelConfig, RopeConfig};
 use crate::error::{ModelError, Result};
 use crate::hf::HfFolder;
-use crate::model::Model;
+use crate::model::{LayerPle, Model, PerLayerInputs};
+use crate::weights::WeightLoader;
 use crate::names::{DECODER_GLOBAL, NameTable, decoder_layer_names};
 use mica_formats::{MetaArray, MetaValue};
 use mica_kernels::ops::RopeStyle;
@@ -47,10 +49,26 @@ pub(super) static FAMILY: Family = Family {
     },
 };
 
-/// Gemma 3's names plus the per-layer output scale.
+/// Gemma 3's names plus the per-layer output scale and the per-layer embeddings.
 pub(crate) static HF_NAMES: NameTable = NameTable {
     layer_prefix: "model.layers.{i}.",
-    global: DECODER_GLOBAL,
+    global: &[
+        DECODER_GLOBAL[0],
+        DECODER_GLOBAL[1],
+        DECODER_GLOBAL[2],
+        (
+            "per_layer_token_embd.weight",
+            "model.embed_tokens_per_layer.weight",
+        ),
+        (
+            "per_layer_model_proj.weight",
+            "model.per_layer_model_projection.weight",
+        ),
+        (
+            "per_layer_proj_norm.weight",
+            "model.per_layer_projection_norm.weight",
+        ),
+    ],
     layer: decoder_layer_names![
         (
             "post_attention_norm.weight",
@@ -59,6 +77,9 @@ pub(crate) static HF_NAMES: NameTable = NameTable {
         ("ffn_norm.weight", "pre_feedforward_layernorm.weight"),
         ("post_ffw_norm.weight", "post_feedforward_layernorm.weight"),
         ("layer_output_scale.weight", "layer_scalar"),
+        ("inp_gate.weight", "per_layer_input_gate.weight"),
+        ("proj.weight", "per_layer_projection.weight"),
+        ("post_norm.weight", "post_per_layer_input_norm.weight"),
     ],
 };
 
@@ -89,6 +110,8 @@ struct Layers {
     /// RoPE of the sliding layers.
     local: RopeConfig,
     final_cap: Option<f32>,
+    /// Per-layer embedding width (0: none).
+    ple_dim: usize,
 }
 
 fn load(src: &Source, arch: &str) -> Result<Model> {
@@ -126,7 +149,31 @@ fn load(src: &Source, arch: &str) -> Result<Model> {
     }
     cfg.layer_head_dim = layers.head_dim;
     cfg.layer_n_head_kv = layers.n_head_kv;
-    build(&w, cfg, tok_embd, PARTS, file)
+    let mut model = build(&w, cfg, tok_embd, PARTS, file)?;
+    if layers.ple_dim > 0 {
+        load_ple(&w, &mut model, layers.ple_dim)?;
+    }
+    Ok(model)
+}
+
+/// The per-layer embedding tensors (`dim` values per layer).
+fn load_ple(w: &WeightLoader, model: &mut Model, dim: usize) -> Result<()> {
+    let (d, n_layer) = (model.config.n_embd, model.config.n_layer);
+    model.ple = Some(PerLayerInputs {
+        tok: w.matrix_any_rows("per_layer_token_embd.weight", n_layer * dim)?,
+        proj: w.linear("per_layer_model_proj", n_layer * dim, d)?,
+        norm: w.norm("per_layer_proj_norm.weight", dim)?,
+        dim,
+    });
+    for (i, layer) in model.layers.iter_mut().enumerate() {
+        let p = |s: &str| format!("blk.{i}.{s}");
+        layer.ple = Some(LayerPle {
+            gate: w.linear(&p("inp_gate"), dim, d)?,
+            proj: w.linear(&p("proj"), d, dim)?,
+            post_norm: w.norm(&p("post_norm.weight"), d)?,
+        });
+    }
+    Ok(())
 }
 
 /// The layer shapes, window and local RoPE a `gemma4` file gives.
@@ -139,7 +186,6 @@ fn gguf_layers(file: &mica_formats::GgufFile, arch: &str, cfg: &ModelConfig) -> 
     };
     let positive = |k: &str| file.get_u64(&key(k)).filter(|&x| x > 0).map(|x| x as usize);
     for (k, what) in [
-        ("embedding_length_per_layer_input", "per-layer embedding inputs"),
         ("attention.shared_kv_layers", "key/value sharing between layers"),
         ("expert_count", "the mixture-of-experts block"),
     ] {
@@ -198,6 +244,7 @@ fn gguf_layers(file: &mica_formats::GgufFile, arch: &str, cfg: &ModelConfig) -> 
         final_cap: file
             .get_f32(&key("final_logit_softcapping"))
             .filter(|&c| c > 0.0),
+        ple_dim: positive("embedding_length_per_layer_input").unwrap_or(0),
     })
 }
 
@@ -207,18 +254,14 @@ fn hf_layers(hf: &HfFolder, cfg: &mut ModelConfig) -> Result<Layers> {
     let c = &hf.config;
     let n = cfg.n_layer;
     for (field, on) in [
-        (
-            "hidden_size_per_layer_input",
-            c.hidden_size_per_layer_input.is_some_and(|x| x > 0),
-        ),
         ("num_kv_shared_layers", c.num_kv_shared_layers.is_some_and(|x| x > 0)),
         ("enable_moe_block", c.enable_moe_block == Some(true)),
     ] {
         if on {
             return Err(hf.field_err(
                 field,
-                "per-layer embeddings, key/value sharing and the mixture-of-experts block of \
-                 Gemma 4's smaller and MoE models are not supported yet",
+                "key/value sharing and the mixture-of-experts block of Gemma 4's smaller and \
+                 MoE models are not supported yet",
             ));
         }
     }
@@ -295,6 +338,7 @@ fn hf_layers(hf: &HfFolder, cfg: &mut ModelConfig) -> Result<Layers> {
             .final_logit_softcapping
             .filter(|&c| c > 0.0)
             .map(|c| c as f32),
+        ple_dim: c.hidden_size_per_layer_input.unwrap_or(0),
     })
 }
 
@@ -319,7 +363,10 @@ fn gguf_keys(model: &Model, _: &HfFolder, keys: &mut GgufKeys) -> std::result::R
         keys.u32("attention.sliding_window", w);
     }
     keys.u32("attention.shared_kv_layers", 0);
-    keys.u32("embedding_length_per_layer_input", 0);
+    keys.u32(
+        "embedding_length_per_layer_input",
+        model.ple.as_ref().map_or(0, |p| p.dim),
+    );
     keys.set(
         "attention.sliding_window_pattern",
         MetaValue::Array(MetaArray::Bool(is_swa.clone())),

@@ -2,3 +2,4 @@
 
 pub mod attention;
 pub mod moe;
+pub mod ple;
