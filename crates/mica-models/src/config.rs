@@ -121,7 +121,15 @@ pub struct ModelConfig {
     pub layer_head_dim: Vec<usize>,
     /// `[n_layer]` each layer's key/value heads (Gemma 4: fewer on global layers).
     pub layer_n_head_kv: Vec<usize>,
+    /// `[n_layer]` per layer, `Some(j)`: the layer computes no keys or values and attends
+    /// over layer `j`'s (an earlier layer of the same shape and window; Gemma 4's
+    /// `num_kv_shared_layers`). `None` everywhere in most families.
+    pub layer_kv_from: Vec<Option<usize>>,
+    /// Feed-forward width of a layer not listed otherwise in `layer_n_ff`.
     pub n_ff: usize,
+    /// `[n_layer]` each layer's feed-forward width (Gemma 4's double-wide MLP in the layers
+    /// that share keys and values).
+    pub layer_n_ff: Vec<usize>,
     /// Context length the model was trained with.
     pub n_ctx_train: usize,
     pub norm_eps: f32,
@@ -180,6 +188,11 @@ impl ModelConfig {
     /// Query width of layer `l`: `n_head * head_dim_of(l)`.
     pub fn q_dim_of(&self, l: usize) -> usize {
         self.n_head * self.layer_head_dim[l]
+    }
+
+    /// Feed-forward width of layer `l`.
+    pub fn n_ff_of(&self, l: usize) -> usize {
+        self.layer_n_ff[l]
     }
 
     /// Key/value width of layer `l`: `n_head_kv_of(l) * head_dim_of(l)`.
@@ -348,7 +361,11 @@ impl ModelConfig {
                 format!("{v} differs from the key length {head_dim}, which mica does not support"),
             ));
         }
-        let n_ff = k.usize("feed_forward_length")?;
+        let layer_n_ff = match k.usize_per_layer("feed_forward_length", n_layer)? {
+            Some(v) => v,
+            None => vec![k.usize("feed_forward_length")?; n_layer],
+        };
+        let n_ff = layer_n_ff[0];
         let n_ctx_train = k.usize_opt("context_length")?.unwrap_or(2048);
         let norm_eps = k
             .f32_opt("attention.layer_norm_rms_epsilon")?
@@ -405,7 +422,9 @@ impl ModelConfig {
             head_dim,
             layer_head_dim: vec![head_dim; n_layer],
             layer_n_head_kv,
+            layer_kv_from: vec![None; n_layer],
             n_ff,
+            layer_n_ff,
             n_ctx_train,
             norm_eps,
             rope: RopeConfig {

@@ -445,9 +445,15 @@ impl Store {
     }
 }
 
-/// `[n_layer]` the key/value width of each layer.
+/// `[n_layer]` the key/value width of each layer (0 for a layer that reuses an earlier
+/// layer's keys and values: it stores none).
 fn layer_kv_dims(cfg: &ModelConfig) -> Vec<usize> {
-    (0..cfg.n_layer).map(|l| cfg.kv_dim_of(l)).collect()
+    (0..cfg.n_layer)
+        .map(|l| match cfg.layer_kv_from[l] {
+            Some(_) => 0,
+            None => cfg.kv_dim_of(l),
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -36,8 +36,9 @@ pub struct DecoderLayer {
     pub post_ffn_norm: Option<Vec<f32>>,
     /// `[q_dim × n_embd]`, optional bias `[q_dim]`
     pub wq: Linear,
-    /// `[kv_dim × n_embd]`
-    pub wk: Linear,
+    /// `[kv_dim × n_embd]`; `None` in a layer that attends over an earlier layer's keys
+    /// and values ([`crate::ModelConfig::layer_kv_from`]) and computes none.
+    pub wk: Option<Linear>,
     /// `[kv_dim × n_embd]`; `None`: the values are the key projection's output, taken
     /// before `k_norm` (Gemma 4's global layers, `attention_k_eq_v`).
     pub wv: Option<Linear>,
@@ -254,7 +255,7 @@ impl Model {
     /// The weight matrices (the output head only when it is not the token embedding).
     fn matrices(&self) -> impl Iterator<Item = &Matrix> {
         let layers = self.layers.iter().flat_map(move |l| {
-            let attn = [Some(&l.wq), Some(&l.wk), l.wv.as_ref(), Some(&l.wo)]
+            let attn = [Some(&l.wq), l.wk.as_ref(), l.wv.as_ref(), Some(&l.wo)]
                 .into_iter()
                 .flatten()
                 .map(|lin| &lin.w);
@@ -339,6 +340,8 @@ impl Model {
         self.config.layer_rope.truncate(n);
         self.config.layer_head_dim.truncate(n);
         self.config.layer_n_head_kv.truncate(n);
+        self.config.layer_n_ff.truncate(n);
+        self.config.layer_kv_from.truncate(n);
         true
     }
 
@@ -439,7 +442,14 @@ impl Model {
                 return Ok(None);
             }
             // Attention sub-block, in the layer's shape.
-            let (qd, kvd, hd) = (cfg.q_dim_of(l), cfg.kv_dim_of(l), cfg.head_dim_of(l));
+            let (qd, hd) = (cfg.q_dim_of(l), cfg.head_dim_of(l));
+            // A layer reusing an earlier layer's keys and values computes none.
+            let kvd = if layer.wk.is_some() {
+                cfg.kv_dim_of(l)
+            } else {
+                0
+            };
+            let kv_layer = cfg.layer_kv_from[l].unwrap_or(l);
             let shape = AttnShape {
                 n_head: cfg.n_head,
                 n_head_kv: cfg.n_head_kv_of(l),
@@ -465,11 +475,13 @@ impl Model {
                 ws.acts.get(pool, &layer.wq.w, xn, n),
                 grow(&mut ws.q, n * qd),
             );
-            layer.wk.forward(
-                pool,
-                ws.acts.get(pool, &layer.wk.w, xn, n),
-                grow(&mut ws.k, n * kvd),
-            );
+            if let Some(wk) = &layer.wk {
+                wk.forward(
+                    pool,
+                    ws.acts.get(pool, &wk.w, xn, n),
+                    grow(&mut ws.k, n * kvd),
+                );
+            }
             match &layer.wv {
                 Some(wv) => wv.forward(
                     pool,
@@ -501,7 +513,7 @@ impl Model {
             if let Some(s) = cfg.q_scale {
                 ops::scale(&mut ws.q[..n * qd], s);
             }
-            for t in 0..n {
+            for t in (0..n).filter(|_| kvd > 0) {
                 kv.write(
                     l,
                     batch.seq[t],
@@ -514,7 +526,7 @@ impl Model {
                 pool,
                 shape,
                 kv,
-                l,
+                kv_layer,
                 &batch.seq,
                 &batch.pos,
                 &ws.tiled_seqs,
@@ -764,7 +776,7 @@ fn norm_in_place(x: &mut [f32], w: &[f32], eps: f32, tmp: &mut Vec<f32>) {
 fn layer_matrices_mut(l: &mut DecoderLayer) -> impl Iterator<Item = &mut Matrix> {
     let attn = [
         Some(&mut l.wq),
-        Some(&mut l.wk),
+        l.wk.as_mut(),
         l.wv.as_mut(),
         Some(&mut l.wo),
     ]

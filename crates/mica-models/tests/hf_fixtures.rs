@@ -665,8 +665,9 @@ fn gemma4_config_errors_name_the_field() {
     config_error_names("gemma4", "enable_moe_block", |c| {
         c["enable_moe_block"] = true.into();
     });
+    // Only layer 0 (sliding) left unshared: the global layers have none to reuse.
     config_error_names("gemma4", "num_kv_shared_layers", |c| {
-        c["num_kv_shared_layers"] = 2.into();
+        c["num_kv_shared_layers"] = 4.into();
     });
     config_error_names("gemma4", "per_layer_config.2.num_key_value_heads", |c| {
         c["per_layer_config"]["2"]["num_key_value_heads"] = 3.into();
@@ -744,4 +745,40 @@ fn gemma4_ple_gguf_matches_transformers() {
 #[test]
 fn gemma4_ple_q8_0_matches_llama_cpp() {
     check_llama_cpp_q8("gemma4_ple");
+}
+
+/// Gemma 4 as its smallest models are built: per-layer embeddings, and layers 4 and 5
+/// computing no keys or values, attending over layers 2 and 3's (stored once), with
+/// double-wide feed-forwards. The folder, its llama.cpp conversion, and that quantized to
+/// Q8_0 by llama.cpp.
+#[test]
+fn gemma4_shared_matches_transformers() {
+    check("gemma4_shared");
+    let (model, _, _) = load("gemma4_shared");
+    let cfg = &model.config;
+    assert_eq!(
+        cfg.layer_kv_from,
+        [None, None, None, None, Some(2), Some(3)]
+    );
+    assert_eq!(cfg.layer_n_ff, [96, 96, 96, 96, 192, 192]);
+    assert!(model.layers[4].wk.is_none() && model.layers[5].wv.is_none());
+    // Shared layers store nothing: two sliding layers of 2×16 and two global of 1×32.
+    assert_eq!(
+        KvCache::bytes_per_block(cfg),
+        2 * mica_models::kv_cache::BLOCK_SIZE * (2 * 32 + 2 * 32) * 4
+    );
+}
+
+#[test]
+fn gemma4_shared_gguf_matches_transformers() {
+    let model = check_converted("gemma4_shared");
+    assert_eq!(
+        model.config.layer_kv_from,
+        [None, None, None, None, Some(2), Some(3)]
+    );
+}
+
+#[test]
+fn gemma4_shared_q8_0_matches_llama_cpp() {
+    check_llama_cpp_q8("gemma4_shared");
 }

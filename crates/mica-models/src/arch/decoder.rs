@@ -87,7 +87,7 @@ pub fn build_with(
     file: Option<Arc<GgufFile>>,
     ffn: &dyn Fn(usize) -> Result<Option<Ffn>>,
 ) -> Result<Model> {
-    let (d, ff) = (cfg.n_embd, cfg.n_ff);
+    let d = cfg.n_embd;
     let opt = |on: bool, name: String, n: usize| -> Result<Option<Vec<f32>>> {
         if on {
             w.norm(&name, n).map(Some)
@@ -118,24 +118,27 @@ pub fn build_with(
         .map(|i| {
             let p = |s: &str| format!("blk.{i}.{s}");
             let (qd, kvd, hd) = (cfg.q_dim_of(i), cfg.kv_dim_of(i), cfg.head_dim_of(i));
+            let ff = cfg.n_ff_of(i);
+            // A layer reusing an earlier layer's keys and values has no K/V weights.
+            let has_kv = cfg.layer_kv_from[i].is_none();
             let (wq, wk, wv) = if parts.fused_qkv {
                 let (name, total) = (p("attn_qkv.weight"), qd + 2 * kvd);
                 (
                     split(name.clone(), 0, qd, total)?,
-                    split(name.clone(), qd, kvd, total)?,
+                    Some(split(name.clone(), qd, kvd, total)?),
                     Some(split(name, qd + kvd, kvd, total)?),
                 )
             } else {
-                let v = if parts.optional_v && w.info(&p("attn_v.weight")).is_none() {
+                let v = if !has_kv || parts.optional_v && w.info(&p("attn_v.weight")).is_none() {
                     None
                 } else {
                     Some(w.linear(&p("attn_v"), kvd, d)?)
                 };
-                (
-                    w.linear(&p("attn_q"), qd, d)?,
-                    w.linear(&p("attn_k"), kvd, d)?,
-                    v,
-                )
+                let k = match has_kv {
+                    true => Some(w.linear(&p("attn_k"), kvd, d)?),
+                    false => None,
+                };
+                (w.linear(&p("attn_q"), qd, d)?, k, v)
             };
             let ffn = match ffn(i)? {
                 Some(f) => f,
@@ -162,11 +165,11 @@ pub fn build_with(
                 attn_norm: w.norm(&p("attn_norm.weight"), d)?,
                 attn_norm_b: bias(parts.norm_bias, p("attn_norm.bias"), d)?,
                 q_norm: opt(parts.qk_norm, p("attn_q_norm.weight"), hd)?,
-                k_norm: opt(parts.qk_norm, p("attn_k_norm.weight"), hd)?,
+                k_norm: opt(parts.qk_norm && has_kv, p("attn_k_norm.weight"), hd)?,
                 wq,
                 wk,
                 wv,
-                v_norm: parts.v_norm.then(|| vec![1.0; hd]),
+                v_norm: (parts.v_norm && has_kv).then(|| vec![1.0; hd]),
                 out_scale: match parts.out_scale {
                     true => w
                         .vector_opt(&p("layer_output_scale.weight"), 1)?

@@ -112,6 +112,10 @@ struct Layers {
     final_cap: Option<f32>,
     /// Per-layer embedding width (0: none).
     ple_dim: usize,
+    /// `[n_layer]` the earlier layer whose keys and values a layer reuses.
+    kv_from: Vec<Option<usize>>,
+    /// `[n_layer]` feed-forward widths.
+    n_ff: Vec<usize>,
 }
 
 fn load(src: &Source, arch: &str) -> Result<Model> {
@@ -149,6 +153,8 @@ fn load(src: &Source, arch: &str) -> Result<Model> {
     }
     cfg.layer_head_dim = layers.head_dim;
     cfg.layer_n_head_kv = layers.n_head_kv;
+    cfg.layer_kv_from = layers.kv_from;
+    cfg.layer_n_ff = layers.n_ff;
     let mut model = build(&w, cfg, tok_embd, PARTS, file)?;
     if layers.ple_dim > 0 {
         load_ple(&w, &mut model, layers.ple_dim)?;
@@ -185,16 +191,11 @@ fn gguf_layers(file: &mica_formats::GgufFile, arch: &str, cfg: &ModelConfig) -> 
         msg,
     };
     let positive = |k: &str| file.get_u64(&key(k)).filter(|&x| x > 0).map(|x| x as usize);
-    for (k, what) in [
-        ("attention.shared_kv_layers", "key/value sharing between layers"),
-        ("expert_count", "the mixture-of-experts block"),
-    ] {
-        if let Some(n) = positive(k) {
-            return Err(err(
-                k,
-                format!("{n}: {what} (Gemma 4's smaller and MoE models) are not supported yet"),
-            ));
-        }
+    if let Some(n) = positive("expert_count") {
+        return Err(err(
+            "expert_count",
+            format!("{n}: the mixture-of-experts block (Gemma 4's MoE models) is not supported yet"),
+        ));
     }
     let n = cfg.n_layer;
     let is_swa = match file.metadata(&key("attention.sliding_window_pattern")) {
@@ -232,6 +233,24 @@ fn gguf_layers(file: &mica_formats::GgufFile, arch: &str, cfg: &ModelConfig) -> 
         freq_factors: None,
         ..cfg.rope.clone()
     };
+    // llama.cpp: a shared layer reuses the last unshared layer when global, the one before
+    // it when sliding (`n_layer_kv_from_start - (is_swa ? 2 : 1)`).
+    let shared = positive("attention.shared_kv_layers").unwrap_or(0);
+    let Some(first) = n.checked_sub(shared).filter(|&f| f >= 2 || shared == 0) else {
+        return Err(err(
+            "attention.shared_kv_layers",
+            format!("{shared} of {n} layers leave fewer than 2 to share from"),
+        ));
+    };
+    let kv_from: Vec<Option<usize>> = (0..n)
+        .map(|l| (l >= first).then(|| first - if is_swa[l] { 2 } else { 1 }))
+        .collect();
+    if let Some(l) = (first..n).find(|&l| kv_from[l].is_some_and(|j| is_swa[j] != is_swa[l])) {
+        return Err(err(
+            "attention.shared_kv_layers",
+            format!("layer {l} would reuse keys and values of a layer of the other kind"),
+        ));
+    }
     Ok(Layers {
         head_dim: is_swa
             .iter()
@@ -245,6 +264,8 @@ fn gguf_layers(file: &mica_formats::GgufFile, arch: &str, cfg: &ModelConfig) -> 
             .get_f32(&key("final_logit_softcapping"))
             .filter(|&c| c > 0.0),
         ple_dim: positive("embedding_length_per_layer_input").unwrap_or(0),
+        kv_from,
+        n_ff: cfg.layer_n_ff.clone(),
     })
 }
 
@@ -253,17 +274,11 @@ fn gguf_layers(file: &mica_formats::GgufFile, arch: &str, cfg: &ModelConfig) -> 
 fn hf_layers(hf: &HfFolder, cfg: &mut ModelConfig) -> Result<Layers> {
     let c = &hf.config;
     let n = cfg.n_layer;
-    for (field, on) in [
-        ("num_kv_shared_layers", c.num_kv_shared_layers.is_some_and(|x| x > 0)),
-        ("enable_moe_block", c.enable_moe_block == Some(true)),
-    ] {
-        if on {
-            return Err(hf.field_err(
-                field,
-                "key/value sharing and the mixture-of-experts block of Gemma 4's smaller and \
-                 MoE models are not supported yet",
-            ));
-        }
+    if c.enable_moe_block == Some(true) {
+        return Err(hf.field_err(
+            "enable_moe_block",
+            "the mixture-of-experts block of Gemma 4's MoE models is not supported yet",
+        ));
     }
     let window = c
         .sliding_window
@@ -322,6 +337,24 @@ fn hf_layers(hf: &HfFolder, cfg: &mut ModelConfig) -> Result<Layers> {
         head_dim.push(hd);
         n_head_kv.push(kv);
     }
+    // transformers: from `num_hidden_layers - num_kv_shared_layers` on, a layer reuses the
+    // keys and values of the last earlier unshared layer of its type, and is double-wide
+    // when `use_double_wide_mlp`.
+    let first = n - c.num_kv_shared_layers.unwrap_or(0).min(n);
+    let mut kv_from = vec![None; n];
+    for l in first..n {
+        let src = (0..first).rev().find(|&j| is_swa[j] == is_swa[l]);
+        kv_from[l] = Some(src.ok_or_else(|| {
+            hf.field_err(
+                "num_kv_shared_layers",
+                format!("layer {l} shares keys and values but no unshared layer has its type"),
+            )
+        })?);
+    }
+    let wide = c.use_double_wide_mlp == Some(true);
+    let n_ff = (0..n)
+        .map(|l| cfg.n_ff * if wide && l >= first { 2 } else { 1 })
+        .collect();
     let global_hd = is_swa
         .iter()
         .position(|&s| !s)
@@ -339,6 +372,8 @@ fn hf_layers(hf: &HfFolder, cfg: &mut ModelConfig) -> Result<Layers> {
             .filter(|&c| c > 0.0)
             .map(|c| c as f32),
         ple_dim: c.hidden_size_per_layer_input.unwrap_or(0),
+        kv_from,
+        n_ff,
     })
 }
 
@@ -362,7 +397,22 @@ fn gguf_keys(model: &Model, _: &HfFolder, keys: &mut GgufKeys) -> std::result::R
     if let Some(w) = window {
         keys.u32("attention.sliding_window", w);
     }
-    keys.u32("attention.shared_kv_layers", 0);
+    // llama.cpp derives each shared layer's source from the count alone.
+    let shared = cfg.layer_kv_from.iter().filter(|s| s.is_some()).count();
+    let first = cfg.n_layer - shared;
+    let want: Vec<Option<usize>> = (0..cfg.n_layer)
+        .map(|l| (l >= first).then(|| first.wrapping_sub(if is_swa[l] { 2 } else { 1 })))
+        .collect();
+    if cfg.layer_kv_from != want {
+        return Err(format!(
+            "llama.cpp's gemma4 makes the last {shared} layers reuse layer {} (global) and {} \
+             (sliding); this model's layers reuse {:?} (num_kv_shared_layers, layer_types)",
+            first.wrapping_sub(1),
+            first.wrapping_sub(2),
+            cfg.layer_kv_from
+        ));
+    }
+    keys.u32("attention.shared_kv_layers", shared);
     keys.u32(
         "embedding_length_per_layer_input",
         model.ple.as_ref().map_or(0, |p| p.dim),

@@ -279,7 +279,15 @@ fn shared_keys(cfg: &ModelConfig, keys: &mut GgufKeys) {
     keys.u32("block_count", cfg.n_layer);
     keys.u32("context_length", cfg.n_ctx_train);
     keys.u32("embedding_length", cfg.n_embd);
-    keys.u32("feed_forward_length", cfg.n_ff);
+    if cfg.layer_n_ff.iter().all(|&f| f == cfg.n_ff) {
+        keys.u32("feed_forward_length", cfg.n_ff);
+    } else {
+        let per_layer = cfg.layer_n_ff.iter().map(|&f| f as i32).collect();
+        keys.set(
+            "feed_forward_length",
+            MetaValue::Array(mica_formats::MetaArray::I32(per_layer)),
+        );
+    }
     keys.u32("attention.head_count", cfg.n_head);
     if cfg.layer_n_head_kv.iter().all(|&h| h == cfg.n_head_kv) {
         keys.u32("attention.head_count_kv", cfg.n_head_kv);
