@@ -1,4 +1,4 @@
-//! Gemma 4 (text), the dense models: Gemma 3's decoder (embeddings × `sqrt(n_embd)`, pre-
+//! Gemma 4 (text): Gemma 3's decoder (embeddings × `sqrt(n_embd)`, pre-
 //! and post-norms around both sub-blocks, per-head query and key RMSNorm, GeGLU with tanh,
 //! interleaved sliding-window and global layers, optional final logit soft-capping) with
 //! - plain `x·w` RMSNorms (checkpoints store the weight itself, not Gemma 3's `w` of `1 + w`);
@@ -15,10 +15,14 @@
 //!   and 1e30);
 //! - each layer's output scaled by its `layer_scalar` (GGUF `layer_output_scale.weight`).
 //!
-//! The smaller models' per-layer embedding inputs (`hidden_size_per_layer_input`, GGUF
-//! `embedding_length_per_layer_input`) are [`crate::blocks::ple`]. The key/value sharing of
-//! their last layers (`num_kv_shared_layers`) and the mixture-of-experts block
-//! (`enable_moe_block`) are refused with an error naming the field.
+//! The smaller models add per-layer embedding inputs (`hidden_size_per_layer_input`, GGUF
+//! `embedding_length_per_layer_input`; [`crate::blocks::ple`]) and key/value sharing: the
+//! last `num_kv_shared_layers` layers compute no keys or values and attend over those of the
+//! last unshared layer of their kind ([`crate::ModelConfig::layer_kv_from`]; GGUF
+//! `attention.shared_kv_layers`, from which llama.cpp takes the last unshared layer for
+//! global layers and the one before it for sliding ones), with double-wide feed-forwards
+//! when `use_double_wide_mlp` (GGUF: a per-layer `feed_forward_length`). The
+//! mixture-of-experts block (`enable_moe_block`) is refused with an error naming the field.
 //!
 //! References: llama.cpp `src/models/gemma4.cpp` and `conversion/gemma.py` (`Gemma4Model`);
 //! transformers `models/gemma4/{configuration,modeling}_gemma4.py`.
