@@ -8,8 +8,8 @@
 //! cache, f32 attention, GELU by its formula): measured max |Δlogit| (transformers 5.23,
 //! x86-64 AVX-512) llama 7.1e-6, mistral 4.9e-6, qwen2 5.0e-6, qwen3 5.6e-6, phi3 3.7e-6,
 //! qwen2moe 4.5e-6, gemma3 2.5e-6, gemma3_swa6 5.4e-6, gpt2 2.9e-6, gptneox 2.0e-6, gemma2
-//! 3.0e-6, smollm3 6.1e-6 (its llama.cpp-converted GGUF 7.2e-6), gemma4 1.1e-5, gemma4_ple
-//! 3.6e-5, gemma4_shared 3.5e-5 (their converted GGUFs the same; the GGUF copies within 1e-7 of the folders); with llama.cpp's numerics (f16
+//! 3.0e-6, smollm3 6.1e-6 (its llama.cpp-converted GGUF 7.2e-6), gemma4 1.1e-5, gemma4_shared
+//! 3.5e-5 (their converted GGUFs the same; the GGUF copies within 1e-7 of the folders); with llama.cpp's numerics (f16
 //! cache) they were 3.8e-3..8.4e-3.
 
 use mica_kernels::ThreadPool;
@@ -715,38 +715,6 @@ fn gemma4_paged_cache_copies_blocks_of_every_layer_width() {
     assert_eq!(a, b, "the copied prefix continues as the original");
 }
 
-/// Gemma 4 with per-layer embeddings (8 values per layer): the folder, its llama.cpp
-/// conversion and that quantized to Q8_0 by llama.cpp. Without the per-layer terms the
-/// logits are far off.
-#[test]
-fn gemma4_ple_matches_transformers() {
-    check("gemma4_ple");
-    let (mut model, exp, want) = load("gemma4_ple");
-    assert_eq!(model.ple.as_ref().map(|p| p.dim), Some(8));
-    let seq = ids(&exp["sequences"][0]);
-    let n = seq.len() * model.config.n_vocab;
-    for l in &mut model.layers {
-        l.ple = None;
-    }
-    let off = max_diff("gemma4_ple (no PLE)", &model, &seq, 64, &want[..n]);
-    println!("gemma4_ple without its per-layer terms: max |Δlogit| {off:.2e}");
-    assert!(
-        off > 100.0 * MAX_ABS,
-        "per-layer embeddings moved the logits by {off:.2e}"
-    );
-}
-
-#[test]
-fn gemma4_ple_gguf_matches_transformers() {
-    let model = check_converted("gemma4_ple");
-    assert_eq!(model.ple.as_ref().map(|p| p.dim), Some(8));
-}
-
-#[test]
-fn gemma4_ple_q8_0_matches_llama_cpp() {
-    check_llama_cpp_q8("gemma4_ple");
-}
-
 /// Gemma 4 as its smallest models are built: per-layer embeddings, and layers 4 and 5
 /// computing no keys or values, attending over layers 2 and 3's (stored once), with
 /// double-wide feed-forwards. The folder, its llama.cpp conversion, and that quantized to
@@ -754,7 +722,8 @@ fn gemma4_ple_q8_0_matches_llama_cpp() {
 #[test]
 fn gemma4_shared_matches_transformers() {
     check("gemma4_shared");
-    let (model, _, _) = load("gemma4_shared");
+    let (mut model, exp, want) = load("gemma4_shared");
+    assert_eq!(model.ple.as_ref().map(|p| p.dim), Some(8));
     let cfg = &model.config;
     assert_eq!(
         cfg.layer_kv_from,
@@ -762,6 +731,18 @@ fn gemma4_shared_matches_transformers() {
     );
     assert_eq!(cfg.layer_n_ff, [96, 96, 96, 96, 192, 192]);
     assert!(model.layers[4].wk.is_none() && model.layers[5].wv.is_none());
+    let seq = ids(&exp["sequences"][0]);
+    let n = seq.len() * model.config.n_vocab;
+    for l in &mut model.layers {
+        l.ple = None;
+    }
+    let off = max_diff("gemma4_shared (no PLE)", &model, &seq, 64, &want[..n]);
+    println!("gemma4_shared without its per-layer terms: max |Δlogit| {off:.2e}");
+    assert!(
+        off > 100.0 * MAX_ABS,
+        "per-layer embeddings moved the logits by {off:.2e}"
+    );
+    let cfg = &model.config;
     // Shared layers store nothing: two sliding layers of 2×16 and two global of 1×32.
     assert_eq!(
         KvCache::bytes_per_block(cfg),
