@@ -6,7 +6,7 @@
 
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvType;
-use mica_formats::GgufFile;
+use mica_formats::{GgufFile, MetaArray, MetaValue};
 use mica_kernels::ops::RopeStyle;
 
 /// Rotary position embedding parameters.
@@ -112,9 +112,24 @@ pub struct ModelConfig {
     pub n_embd: usize,
     pub n_layer: usize,
     pub n_head: usize,
+    /// Key/value heads of a layer not listed otherwise in `layer_n_head_kv`.
     pub n_head_kv: usize,
+    /// Head size of a layer not listed otherwise in `layer_head_dim`.
     pub head_dim: usize,
+    /// `[n_layer]` each layer's head size (Gemma 4's global layers have wider heads than
+    /// its sliding-window ones); every entry is `head_dim` in most families.
+    pub layer_head_dim: Vec<usize>,
+    /// `[n_layer]` each layer's key/value heads (Gemma 4: fewer on global layers).
+    pub layer_n_head_kv: Vec<usize>,
+    /// `[n_layer]` per layer, `Some(j)`: the layer computes no keys or values and attends
+    /// over layer `j`'s (an earlier layer of the same shape and window; Gemma 4's
+    /// `num_kv_shared_layers`). `None` everywhere in most families.
+    pub layer_kv_from: Vec<Option<usize>>,
+    /// Feed-forward width of a layer not listed otherwise in `layer_n_ff`.
     pub n_ff: usize,
+    /// `[n_layer]` each layer's feed-forward width (Gemma 4's double-wide MLP in the layers
+    /// that share keys and values).
+    pub layer_n_ff: Vec<usize>,
     /// Context length the model was trained with.
     pub n_ctx_train: usize,
     pub norm_eps: f32,
@@ -158,6 +173,47 @@ impl ModelConfig {
     /// Key/value width: `n_head_kv * head_dim`.
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
+    }
+
+    /// Head size of layer `l`.
+    pub fn head_dim_of(&self, l: usize) -> usize {
+        self.layer_head_dim[l]
+    }
+
+    /// Key/value heads of layer `l`.
+    pub fn n_head_kv_of(&self, l: usize) -> usize {
+        self.layer_n_head_kv[l]
+    }
+
+    /// Query width of layer `l`: `n_head * head_dim_of(l)`.
+    pub fn q_dim_of(&self, l: usize) -> usize {
+        self.n_head * self.layer_head_dim[l]
+    }
+
+    /// Feed-forward width of layer `l`.
+    pub fn n_ff_of(&self, l: usize) -> usize {
+        self.layer_n_ff[l]
+    }
+
+    /// Key/value width of layer `l`: `n_head_kv_of(l) * head_dim_of(l)`.
+    pub fn kv_dim_of(&self, l: usize) -> usize {
+        self.layer_n_head_kv[l] * self.layer_head_dim[l]
+    }
+
+    /// The widest query of any layer (what the forward pass's buffers hold).
+    pub fn max_q_dim(&self) -> usize {
+        (0..self.n_layer)
+            .map(|l| self.q_dim_of(l))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The widest key/value row of any layer.
+    pub fn max_kv_dim(&self) -> usize {
+        (0..self.n_layer)
+            .map(|l| self.kv_dim_of(l))
+            .max()
+            .unwrap_or(0)
     }
 
     /// Whether layers rotate queries and keys (GPT-2 adds learned positions instead).
@@ -218,6 +274,35 @@ impl GgufKeys<'_> {
         self.usize(k).map(Some)
     }
 
+    /// A positive integer per layer: an array of `n_layer` entries, or one value for every
+    /// layer (llama.cpp's `get_key_or_arr`); `None` when absent.
+    pub fn usize_per_layer(&self, k: &str, n_layer: usize) -> Result<Option<Vec<usize>>> {
+        let key = self.key(k);
+        let Some(v) = self.gguf.metadata(&key) else {
+            return Ok(None);
+        };
+        let MetaValue::Array(a) = v else {
+            return self.usize(k).map(|x| Some(vec![x; n_layer]));
+        };
+        let bad = || {
+            self.err(
+                &key,
+                format!("expected {n_layer} positive integers, got {v}"),
+            )
+        };
+        let vals: Vec<u64> = match a {
+            MetaArray::U32(x) => x.iter().map(|&y| y as u64).collect(),
+            MetaArray::I32(x) => x.iter().map(|&y| y.max(0) as u64).collect(),
+            MetaArray::U64(x) => x.clone(),
+            MetaArray::I64(x) => x.iter().map(|&y| y.max(0) as u64).collect(),
+            _ => return Err(bad()),
+        };
+        if vals.len() != n_layer || vals.contains(&0) {
+            return Err(bad());
+        }
+        Ok(Some(vals.into_iter().map(|x| x as usize).collect()))
+    }
+
     /// A finite float, optional.
     pub fn f32_opt(&self, k: &str) -> Result<Option<f32>> {
         let key = self.key(k);
@@ -248,13 +333,16 @@ impl ModelConfig {
         let n_embd = k.usize("embedding_length")?;
         let n_layer = k.usize("block_count")?;
         let n_head = k.usize("attention.head_count")?;
-        let n_head_kv = k.usize_opt("attention.head_count_kv")?.unwrap_or(n_head);
-        if n_head % n_head_kv != 0 {
+        let layer_n_head_kv = k
+            .usize_per_layer("attention.head_count_kv", n_layer)?
+            .unwrap_or_else(|| vec![n_head; n_layer]);
+        if let Some(bad) = layer_n_head_kv.iter().find(|&&h| n_head % h != 0) {
             return Err(k.err(
                 &format!("{arch}.attention.head_count_kv"),
-                format!("{n_head_kv} does not divide the {n_head} query heads"),
+                format!("{bad} does not divide the {n_head} query heads"),
             ));
         }
+        let n_head_kv = layer_n_head_kv[0];
         let head_dim = match k.usize_opt("attention.key_length")? {
             Some(d) => d,
             None if n_embd % n_head == 0 => n_embd / n_head,
@@ -273,7 +361,11 @@ impl ModelConfig {
                 format!("{v} differs from the key length {head_dim}, which mica does not support"),
             ));
         }
-        let n_ff = k.usize("feed_forward_length")?;
+        let layer_n_ff = match k.usize_per_layer("feed_forward_length", n_layer)? {
+            Some(v) => v,
+            None => vec![k.usize("feed_forward_length")?; n_layer],
+        };
+        let n_ff = layer_n_ff[0];
         let n_ctx_train = k.usize_opt("context_length")?.unwrap_or(2048);
         let norm_eps = k
             .f32_opt("attention.layer_norm_rms_epsilon")?
@@ -328,7 +420,11 @@ impl ModelConfig {
             n_head,
             n_head_kv,
             head_dim,
+            layer_head_dim: vec![head_dim; n_layer],
+            layer_n_head_kv,
+            layer_kv_from: vec![None; n_layer],
             n_ff,
+            layer_n_ff,
             n_ctx_train,
             norm_eps,
             rope: RopeConfig {

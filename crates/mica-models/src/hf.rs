@@ -59,6 +59,22 @@ pub struct HfConfig {
     pub partial_rotary_factor: Option<f64>,
     pub hidden_activation: Option<String>,
     pub attention_bias: Option<bool>,
+    /// Gemma 4: per-layer overrides (`{"<layer>": {"head_dim": .., "num_key_value_heads":
+    /// ..}}`, what transformers writes for the global layers).
+    pub per_layer_config: Option<Value>,
+    /// Gemma 4: head size and key/value heads of the global layers (constructor arguments
+    /// transformers folds into `per_layer_config`; read when a config states them).
+    pub global_head_dim: Option<usize>,
+    pub num_global_key_value_heads: Option<usize>,
+    /// Gemma 4: global layers have no `v_proj`; their values are the keys.
+    pub attention_k_eq_v: Option<bool>,
+    /// Gemma 4: per-layer embedding width (0 or absent: none).
+    pub hidden_size_per_layer_input: Option<usize>,
+    /// Gemma 4: the last layers reuse earlier layers' keys and values.
+    pub num_kv_shared_layers: Option<usize>,
+    /// Gemma 4: mixture-of-experts feed-forward beside the dense one.
+    pub enable_moe_block: Option<bool>,
+    pub use_double_wide_mlp: Option<bool>,
     /// Mixture-of-experts (Qwen2-MoE / Qwen3-MoE): experts, experts per token, expert and
     /// shared-expert widths, renormalization, which layers are sparse.
     pub num_experts: Option<usize>,
@@ -262,7 +278,11 @@ impl HfFolder {
             n_head,
             n_head_kv,
             head_dim,
+            layer_head_dim: vec![head_dim; n_layer],
+            layer_n_head_kv: vec![n_head_kv; n_layer],
+            layer_kv_from: vec![None; n_layer],
             n_ff,
+            layer_n_ff: vec![n_ff; n_layer],
             n_ctx_train: c.max_position_embeddings.unwrap_or(2048),
             norm_eps,
             rope,
@@ -357,8 +377,12 @@ impl HfFolder {
             .unwrap_or("default");
         let factor = p["factor"].as_f64();
         // Partial rotary (Phi-3, NeoX): the first `factor × head_dim` dimensions rotate.
+        // (Proportional RoPE rotates the whole head, the rest at frequency 0: below.)
         let partial = p["partial_rotary_factor"].as_f64().unwrap_or(1.0);
-        let n_dims = ((head_dim as f64 * partial) as usize) & !1;
+        let n_dims = match kind {
+            "proportional" => head_dim & !1,
+            _ => ((head_dim as f64 * partial) as usize) & !1,
+        };
         if n_dims == 0 || n_dims > head_dim {
             return Err(self.field_err(
                 "partial_rotary_factor",
@@ -384,13 +408,32 @@ impl HfFolder {
                 }
             },
             "llama3" => rope.freq_factors = Some(llama3_factors(&p, n_dims, freq_base)),
+            // Gemma 4's global layers: the first `partial × head_dim / 2` pairs rotate at
+            // `base^(-2i / head_dim)`, the others not at all (inverse frequency 0), written
+            // as llama.cpp's converter does, frequency divisors of 1 and 1e30.
+            "proportional" => {
+                let pairs = head_dim / 2;
+                let rotated = ((partial * head_dim as f64 / 2.0).floor() as usize).min(pairs);
+                let mut f = vec![1.0f32; rotated];
+                f.resize(pairs, 1e30);
+                rope.freq_factors = Some(f);
+                if let Some(x) = factor {
+                    if x <= 0.0 {
+                        return Err(self.field_err(
+                            "rope_parameters.factor",
+                            "proportional RoPE needs a positive factor",
+                        ));
+                    }
+                    rope.freq_scale = 1.0 / x as f32;
+                }
+            }
             // The factors depend on the context: [`HfFolder::long_rope`].
             "longrope" | "su" => {}
             other => {
                 return Err(self.field_err(
                     "rope_scaling.rope_type",
                     format!(
-                        "RoPE scaling '{other}' is not supported yet (default, linear, llama3, longrope are)"
+                        "RoPE scaling '{other}' is not supported yet (default, linear, llama3, longrope, proportional are)"
                     ),
                 ));
             }

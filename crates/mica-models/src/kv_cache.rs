@@ -2,8 +2,8 @@
 //!
 //! Keys and values live in a pool of fixed-size *blocks* of [`BLOCK_SIZE`] positions, one
 //! pool per layer, as f16 (llama.cpp's default cache type) or f32 ([`KvType`], from the
-//! model's [`crate::config::Numerics`]): `[n_blocks][BLOCK_SIZE][kv_dim]`,
-//! so one key of one head is a contiguous run of `head_dim` values. Each sequence has a
+//! model's [`crate::config::Numerics`]): `[n_blocks][BLOCK_SIZE][kv_dim]`, where `kv_dim` is
+//! the layer's own key/value width (Gemma 4's layers differ), so one key of one head is a contiguous run of `head_dim` values. Each sequence has a
 //! *block table*: position `p` of the sequence lives in block `table[p / BLOCK_SIZE]`, row
 //! `p % BLOCK_SIZE` (vLLM's PagedAttention layout; Kwon et al., 2023).
 //!
@@ -64,32 +64,46 @@ impl KvType {
 }
 
 /// The key and value pools of every layer in one element type:
-/// `[n_layer][n_blocks * BLOCK_SIZE * kv_dim]` each.
+/// `[n_layer][n_rows * kv_dim of the layer]` each.
 pub(crate) struct Pools<T> {
     k: Vec<Vec<T>>,
     v: Vec<Vec<T>>,
 }
 
 impl<T: KvElem> Pools<T> {
-    fn new(n_layer: usize, size: usize) -> Self {
+    /// Pools of `rows` positions for layers of `kv_dims` widths.
+    fn new(kv_dims: &[usize], rows: usize) -> Self {
         Pools {
-            k: (0..n_layer).map(|_| vec![T::default(); size]).collect(),
-            v: (0..n_layer).map(|_| vec![T::default(); size]).collect(),
+            k: kv_dims
+                .iter()
+                .map(|&w| vec![T::default(); rows * w])
+                .collect(),
+            v: kv_dims
+                .iter()
+                .map(|&w| vec![T::default(); rows * w])
+                .collect(),
         }
     }
 
-    fn grow(&mut self, size: usize) {
-        for pool in self.k.iter_mut().chain(self.v.iter_mut()) {
-            if pool.len() < size {
-                pool.resize(size, T::default());
+    /// Grows every layer's pools to hold `rows` positions.
+    fn grow(&mut self, kv_dims: &[usize], rows: usize) {
+        for (l, &w) in kv_dims.iter().enumerate() {
+            for pool in [&mut self.k[l], &mut self.v[l]] {
+                if pool.len() < rows * w {
+                    pool.resize(rows * w, T::default());
+                }
             }
         }
     }
 
-    fn copy(&mut self, s: usize, d: usize, n: usize) {
-        for pool in self.k.iter_mut().chain(self.v.iter_mut()) {
-            if pool.len() >= s.max(d) + n {
-                pool.copy_within(s..s + n, d);
+    /// Copies `n` rows from row `s` to row `d` in every layer.
+    fn copy(&mut self, kv_dims: &[usize], s: usize, d: usize, n: usize) {
+        for (l, &w) in kv_dims.iter().enumerate() {
+            let (s, d, n) = (s * w, d * w, n * w);
+            for pool in [&mut self.k[l], &mut self.v[l]] {
+                if pool.len() >= s.max(d) + n {
+                    pool.copy_within(s..s + n, d);
+                }
             }
         }
     }
@@ -143,8 +157,8 @@ struct SeqTable {
 
 /// Paged f16 or f32 key/value storage for every layer.
 pub struct KvCache {
-    n_layer: usize,
-    kv_dim: usize,
+    /// `[n_layer]` each layer's key/value width.
+    kv_dims: Vec<usize>,
     n_ctx: usize,
     /// Keys and values (grown on demand when self-managed).
     store: Store,
@@ -226,11 +240,11 @@ impl KvCache {
     pub fn new(cfg: &ModelConfig, n_ctx: usize, n_seq: usize) -> KvCache {
         let n_seq = n_seq.max(1);
         let n_blocks = n_seq * n_ctx.div_ceil(BLOCK_SIZE);
+        let kv_dims = layer_kv_dims(cfg);
         KvCache {
-            n_layer: cfg.n_layer,
-            kv_dim: cfg.kv_dim(),
+            store: Store::new(cfg.numerics.kv_type(), &kv_dims, 0),
+            kv_dims,
             n_ctx,
-            store: Store::new(cfg.numerics.kv_type(), cfg.n_layer, 0),
             n_blocks,
             seqs: vec![SeqTable::default(); n_seq],
             // Handed out lowest id first.
@@ -241,12 +255,11 @@ impl KvCache {
     /// A cache of `n_blocks` blocks whose tables an outside block manager installs, for up
     /// to `n_seq` sequences of up to `n_ctx` positions. The storage is allocated now.
     pub fn paged(cfg: &ModelConfig, n_blocks: usize, n_seq: usize, n_ctx: usize) -> KvCache {
-        let size = n_blocks * BLOCK_SIZE * cfg.kv_dim();
+        let kv_dims = layer_kv_dims(cfg);
         KvCache {
-            n_layer: cfg.n_layer,
-            kv_dim: cfg.kv_dim(),
+            store: Store::new(cfg.numerics.kv_type(), &kv_dims, n_blocks * BLOCK_SIZE),
+            kv_dims,
             n_ctx,
-            store: Store::new(cfg.numerics.kv_type(), cfg.n_layer, size),
             n_blocks,
             seqs: vec![SeqTable::default(); n_seq.max(1)],
             free: None,
@@ -255,7 +268,8 @@ impl KvCache {
 
     /// Bytes one block takes across all layers (keys and values).
     pub fn bytes_per_block(cfg: &ModelConfig) -> usize {
-        2 * cfg.n_layer * BLOCK_SIZE * cfg.kv_dim() * cfg.numerics.kv_type().size()
+        let width: usize = layer_kv_dims(cfg).iter().sum();
+        2 * BLOCK_SIZE * width * cfg.numerics.kv_type().size()
     }
 
     /// The element type of the keys and values.
@@ -282,7 +296,8 @@ impl KvCache {
 
     /// Bytes of storage one full-length sequence takes.
     pub fn bytes_per_seq(&self) -> usize {
-        2 * self.n_layer * self.n_ctx * self.kv_dim * self.kv_type().size()
+        let width: usize = self.kv_dims.iter().sum();
+        2 * self.n_ctx * width * self.kv_type().size()
     }
 
     /// Positions cached for `seq` (0 for an unknown or unused sequence).
@@ -332,11 +347,10 @@ impl KvCache {
 
     /// Copies block `src` into block `dst` in every layer (copy-on-write of a shared block).
     pub fn copy_block(&mut self, src: u32, dst: u32) {
-        let n = BLOCK_SIZE * self.kv_dim;
-        let (s, d) = (src as usize * n, dst as usize * n);
+        let (s, d) = (src as usize * BLOCK_SIZE, dst as usize * BLOCK_SIZE);
         match &mut self.store {
-            Store::F16(p) => p.copy(s, d, n),
-            Store::F32(p) => p.copy(s, d, n),
+            Store::F16(p) => p.copy(&self.kv_dims, s, d, BLOCK_SIZE),
+            Store::F32(p) => p.copy(&self.kv_dims, s, d, BLOCK_SIZE),
         }
     }
 
@@ -379,10 +393,10 @@ impl KvCache {
             top = top.max(b as usize + 1);
             self.seqs[seq].blocks.push(b);
         }
-        let size = top * BLOCK_SIZE * self.kv_dim;
+        let rows = top * BLOCK_SIZE;
         match &mut self.store {
-            Store::F16(p) => p.grow(size),
-            Store::F32(p) => p.grow(size),
+            Store::F16(p) => p.grow(&self.kv_dims, rows),
+            Store::F32(p) => p.grow(&self.kv_dims, rows),
         }
         Ok(())
     }
@@ -394,12 +408,12 @@ impl KvCache {
         }
     }
 
-    /// Writes the key and value rows (`kv_dim` floats each) of one position, rounding to
+    /// Writes the key and value rows (the layer's `kv_dim` floats each) of one position, rounding to
     /// the cache's element type.
     pub(crate) fn write(&mut self, layer: usize, seq: SeqId, pos: usize, k: &[f32], v: &[f32]) {
         let blocks = &self.seqs[seq].blocks;
         let row = ((blocks[pos >> BLOCK_SHIFT] as usize) << BLOCK_SHIFT) | (pos & (BLOCK_SIZE - 1));
-        let at = row * self.kv_dim;
+        let at = row * self.kv_dims[layer];
         match &mut self.store {
             Store::F16(p) => p.write(layer, at, k, v),
             Store::F32(p) => p.write(layer, at, k, v),
@@ -417,18 +431,29 @@ impl KvCache {
             keys: &p.k[layer],
             values: &p.v[layer],
             blocks: &self.seqs[seq].blocks,
-            kv_dim: self.kv_dim,
+            kv_dim: self.kv_dims[layer],
         })
     }
 }
 
 impl Store {
-    fn new(t: KvType, n_layer: usize, size: usize) -> Store {
+    fn new(t: KvType, kv_dims: &[usize], rows: usize) -> Store {
         match t {
-            KvType::F16 => Store::F16(Pools::new(n_layer, size)),
-            KvType::F32 => Store::F32(Pools::new(n_layer, size)),
+            KvType::F16 => Store::F16(Pools::new(kv_dims, rows)),
+            KvType::F32 => Store::F32(Pools::new(kv_dims, rows)),
         }
     }
+}
+
+/// `[n_layer]` the key/value width of each layer (0 for a layer that reuses an earlier
+/// layer's keys and values: it stores none).
+fn layer_kv_dims(cfg: &ModelConfig) -> Vec<usize> {
+    (0..cfg.n_layer)
+        .map(|l| match cfg.layer_kv_from[l] {
+            Some(_) => 0,
+            None => cfg.kv_dim_of(l),
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -7,8 +7,11 @@
 
 use crate::batch::Batch;
 use crate::blocks::attention::{AttentionPolicy, AttnShape, attention};
+pub use crate::blocks::ffn::FFN_CHUNK;
+use crate::blocks::ffn::{Dense, activate, dense_ffn, ffn_chunks};
 pub use crate::blocks::moe::{Expert, Moe};
-use crate::config::{Activation, ModelConfig, NormKind, Numerics, RopeConfig};
+pub use crate::blocks::ple::{LayerPle, PerLayerInputs};
+use crate::config::{ModelConfig, NormKind, RopeConfig};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::{KvCache, SeqId};
 use crate::weights::{ActCache, Linear, Matrix};
@@ -35,10 +38,19 @@ pub struct DecoderLayer {
     pub post_ffn_norm: Option<Vec<f32>>,
     /// `[q_dim × n_embd]`, optional bias `[q_dim]`
     pub wq: Linear,
-    /// `[kv_dim × n_embd]`
-    pub wk: Linear,
-    /// `[kv_dim × n_embd]`
-    pub wv: Linear,
+    /// `[kv_dim × n_embd]`; `None` in a layer that attends over an earlier layer's keys
+    /// and values ([`crate::ModelConfig::layer_kv_from`]) and computes none.
+    pub wk: Option<Linear>,
+    /// `[kv_dim × n_embd]`; `None`: the values are the key projection's output, taken
+    /// before `k_norm` (Gemma 4's global layers, `attention_k_eq_v`).
+    pub wv: Option<Linear>,
+    /// `[head_dim]` all ones: RMSNorm of every value head with no weight (Gemma 4).
+    pub v_norm: Option<Vec<f32>>,
+    /// Multiplies the residual stream after the layer (Gemma 4's `layer_scalar`).
+    pub out_scale: Option<f32>,
+    /// The layer's per-layer-embedding term (Gemma 4's smaller models), added after the
+    /// feed-forward residual, before `out_scale`.
+    pub ple: Option<LayerPle>,
     /// `[n_embd × q_dim]`
     pub wo: Linear,
     /// `[n_embd]`
@@ -67,6 +79,8 @@ pub struct Model {
     pub tok_embd: Matrix,
     /// `[n_ctx_train × n_embd]` learned position embeddings, added to the token's (GPT-2).
     pub pos_embd: Option<Matrix>,
+    /// Per-layer embedding inputs (Gemma 4's smaller models; each layer's [`LayerPle`]).
+    pub ple: Option<PerLayerInputs>,
     pub layers: Vec<DecoderLayer>,
     /// `[n_embd]`
     pub output_norm: Vec<f32>,
@@ -103,6 +117,8 @@ pub struct Workspace {
     logits: Vec<f32>,
     /// `[rope n_dims]` cos/sin pairs of one position
     cos_sin: Vec<f32>,
+    /// `[n_tok, n_layer · ple dim]` per-layer embedding inputs
+    ple: Vec<f32>,
     /// Batch rows that produce logits.
     out_rows: Vec<usize>,
     /// The attention path to take (llama.cpp's choice by default).
@@ -155,82 +171,7 @@ impl Workspace {
     }
 }
 
-/// Tokens per feed-forward chunk of a large batch: the `[tokens, n_ff]` gate and up buffers
-/// (and the quantized copy of their product) are sized for this many rows rather than for
-/// the whole batch, which keeps peak memory down on long prompts (20 MB for Qwen2.5-0.5B at
-/// 512 tokens) while a chunk still fills the matrix kernels' 64-token tiles.
-pub const FFN_CHUNK: usize = 128;
-
-/// Splits the batch rows `0..n` into feed-forward chunks that keep every token on the dot
-/// path llama.cpp takes for it in one call over all `n` ([`mica_kernels::DotPath`]):
-/// boundaries fall on multiples of 4, so repacked Q4_K's groups of four stay aligned and its
-/// leftover tokens stay at the end, and a tail of fewer than 8 tokens is folded into the
-/// chunk before it, so no chunk drops under the tiled k-quant path's 8-token threshold.
-fn ffn_chunks(n: usize, chunk: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
-    // Whole multiples of 4, at least 8.
-    let chunk = (chunk.max(8) / 4) * 4;
-    let mut start = 0;
-    std::iter::from_fn(move || {
-        if start >= n {
-            return None;
-        }
-        let mut end = start.saturating_add(chunk).min(n);
-        if n - end < 8 {
-            end = n;
-        }
-        let r = start..end;
-        start = end;
-        Some(r)
-    })
-}
-
-/// A feed-forward without experts.
-#[derive(Clone, Copy)]
-enum Dense<'a> {
-    Gated(&'a Expert),
-    Plain { up: &'a Linear, down: &'a Linear },
-}
-
-/// One chunk of a dense feed-forward: `out = down(act(gate(x)) * up(x))` or
-/// `down(act(up(x)))` for the `x.len() / n_embd` rows of `x`.
-fn dense_ffn(
-    cfg: &ModelConfig,
-    pool: &ThreadPool,
-    ffn: Dense<'_>,
-    x: &[f32],
-    (gate_buf, up_buf): (&mut Vec<f32>, &mut Vec<f32>),
-    acts: &mut ActCache,
-    out: &mut [f32],
-) {
-    let rows = x.len() / cfg.n_embd;
-    acts.invalidate();
-    let (h, down) = match ffn {
-        Dense::Plain { up, down } => {
-            let h = grow(up_buf, rows * up.out_dim());
-            up.forward(pool, acts.get(pool, &up.w, x, rows), h);
-            activate(cfg, h);
-            (&*h, down)
-        }
-        Dense::Gated(e) => {
-            let ff = e.gate.out_dim();
-            let gate = grow(gate_buf, rows * ff);
-            e.gate
-                .forward(pool, acts.get(pool, &e.gate.w, x, rows), gate);
-            let up = grow(up_buf, rows * ff);
-            e.up.forward(pool, acts.get(pool, &e.up.w, x, rows), up);
-            match (cfg.act, cfg.numerics) {
-                (Activation::Silu, _) => ops::swiglu(gate, up),
-                (_, Numerics::LlamaCpp) => ops::geglu(gate, up),
-                (_, Numerics::F32) => ops::geglu_precise(gate, up),
-            }
-            (&*gate, &e.down)
-        }
-    };
-    acts.invalidate();
-    down.forward(pool, acts.get(pool, &down.w, h, rows), out);
-}
-
-fn grow(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+pub(crate) fn grow(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
     if v.len() < n {
         v.resize(n, 0.0);
     }
@@ -241,7 +182,10 @@ impl Model {
     /// The weight matrices (the output head only when it is not the token embedding).
     fn matrices(&self) -> impl Iterator<Item = &Matrix> {
         let layers = self.layers.iter().flat_map(move |l| {
-            let attn = [&l.wq, &l.wk, &l.wv, &l.wo].map(|lin| &lin.w);
+            let attn = [Some(&l.wq), l.wk.as_ref(), l.wv.as_ref(), Some(&l.wo)]
+                .into_iter()
+                .flatten()
+                .map(|lin| &lin.w);
             let ffn: Vec<&Matrix> = match &l.ffn {
                 Ffn::Dense(e) => expert_matrices(e).to_vec(),
                 Ffn::Moe(m) => std::iter::once(&m.router.w)
@@ -250,11 +194,14 @@ impl Model {
                     .collect(),
                 Ffn::Plain { up, down } => vec![&up.w, &down.w],
             };
-            attn.into_iter().chain(ffn)
+            let ple = l.ple.iter().flat_map(|p| [&p.gate.w, &p.proj.w]);
+            attn.into_iter().chain(ffn).chain(ple)
         });
         let head = (self.output.w.name != self.tok_embd.name).then_some(&self.output.w);
+        let ple = self.ple.iter().flat_map(|p| [&p.tok, &p.proj.w]);
         std::iter::once(&self.tok_embd)
             .chain(&self.pos_embd)
+            .chain(ple)
             .chain(layers)
             .chain(head)
     }
@@ -263,7 +210,10 @@ impl Model {
     /// is the token embedding: its copy in `output` is the one products use).
     fn product_matrices_mut(&mut self) -> impl Iterator<Item = &mut Matrix> {
         let layers = self.layers.iter_mut().flat_map(layer_matrices_mut);
-        layers.chain(std::iter::once(&mut self.output.w))
+        let ple = self.ple.as_mut().map(|p| &mut p.proj.w);
+        ple.into_iter()
+            .chain(layers)
+            .chain(std::iter::once(&mut self.output.w))
     }
 
     /// Every weight matrix named `name` (canonical, GGUF-style), mutably: the token
@@ -281,12 +231,15 @@ impl Model {
         let Model {
             tok_embd,
             pos_embd,
+            ple,
             layers,
             output,
             ..
         } = self;
+        let ple = ple.iter_mut().flat_map(|p| [&mut p.tok, &mut p.proj.w]);
         std::iter::once(tok_embd)
             .chain(pos_embd.as_mut())
+            .chain(ple)
             .chain(layers.iter_mut().flat_map(layer_matrices_mut))
             .chain(std::iter::once(&mut output.w))
             .collect()
@@ -312,6 +265,10 @@ impl Model {
         self.config.n_layer = n;
         self.config.layer_window.truncate(n);
         self.config.layer_rope.truncate(n);
+        self.config.layer_head_dim.truncate(n);
+        self.config.layer_n_head_kv.truncate(n);
+        self.config.layer_n_ff.truncate(n);
+        self.config.layer_kv_from.truncate(n);
         true
     }
 
@@ -360,7 +317,7 @@ impl Model {
         let cfg = &self.config;
         self.validate(batch, kv)?;
         let n = batch.len();
-        let (d, qd, kvd) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim());
+        let d = cfg.n_embd;
 
         // Token embeddings: `x[t] = tok_embd[token t]`.
         let x = grow(&mut ws.x, n * d);
@@ -386,19 +343,21 @@ impl Model {
             }
         }
 
-        let mut shape = AttnShape {
-            n_head: cfg.n_head,
-            n_head_kv: cfg.n_head_kv,
-            head_dim: cfg.head_dim,
-            scale: match cfg.q_scale {
-                Some(_) => 1.0,
-                None => 1.0 / (cfg.head_dim as f32).sqrt(),
-            },
-            softcap: cfg.attn_softcap,
-            window: None,
-            policy: ws.attention,
-        };
         ws.acts.alone = ws.alone_paths;
+        let ple_width = self.ple.as_ref().map_or(0, |p| p.proj.out_dim());
+        if let Some(p) = &self.ple {
+            let out = grow(&mut ws.ple, n * ple_width);
+            let x = &ws.x[..n * d];
+            p.compute(
+                pool,
+                &mut ws.acts,
+                x,
+                &batch.tokens,
+                cfg.norm_eps,
+                out,
+                &mut ws.proj,
+            );
+        }
         // Rows still carried through the layers; the last layer keeps only output rows.
         let mut out_rows = std::mem::take(&mut ws.out_rows);
         out_rows.clear();
@@ -409,7 +368,27 @@ impl Model {
                 ws.out_rows = out_rows;
                 return Ok(None);
             }
-            // Attention sub-block.
+            // Attention sub-block, in the layer's shape.
+            let (qd, hd) = (cfg.q_dim_of(l), cfg.head_dim_of(l));
+            // A layer reusing an earlier layer's keys and values computes none.
+            let kvd = if layer.wk.is_some() {
+                cfg.kv_dim_of(l)
+            } else {
+                0
+            };
+            let kv_layer = cfg.layer_kv_from[l].unwrap_or(l);
+            let shape = AttnShape {
+                n_head: cfg.n_head,
+                n_head_kv: cfg.n_head_kv_of(l),
+                head_dim: hd,
+                scale: match cfg.q_scale {
+                    Some(_) => 1.0,
+                    None => 1.0 / (hd as f32).sqrt(),
+                },
+                softcap: cfg.attn_softcap,
+                window: cfg.layer_window[l],
+                policy: ws.attention,
+            };
             norm_rows(
                 cfg,
                 &ws.x[..n * d],
@@ -423,26 +402,35 @@ impl Model {
                 ws.acts.get(pool, &layer.wq.w, xn, n),
                 grow(&mut ws.q, n * qd),
             );
-            layer.wk.forward(
-                pool,
-                ws.acts.get(pool, &layer.wk.w, xn, n),
-                grow(&mut ws.k, n * kvd),
-            );
-            layer.wv.forward(
-                pool,
-                ws.acts.get(pool, &layer.wv.w, xn, n),
-                grow(&mut ws.v, n * kvd),
-            );
+            if let Some(wk) = &layer.wk {
+                wk.forward(
+                    pool,
+                    ws.acts.get(pool, &wk.w, xn, n),
+                    grow(&mut ws.k, n * kvd),
+                );
+            }
+            match &layer.wv {
+                Some(wv) => wv.forward(
+                    pool,
+                    ws.acts.get(pool, &wv.w, xn, n),
+                    grow(&mut ws.v, n * kvd),
+                ),
+                None => grow(&mut ws.v, n * kvd).copy_from_slice(&ws.k[..n * kvd]),
+            }
             if let Some(w) = &layer.q_norm {
                 norm_in_place(&mut ws.q[..n * qd], w, cfg.norm_eps, &mut ws.cos_sin);
             }
             if let Some(w) = &layer.k_norm {
                 norm_in_place(&mut ws.k[..n * kvd], w, cfg.norm_eps, &mut ws.cos_sin);
             }
+            if let Some(w) = &layer.v_norm {
+                norm_in_place(&mut ws.v[..n * kvd], w, cfg.norm_eps, &mut ws.cos_sin);
+            }
             if let Some(r) = cfg.rope_of(l) {
                 self.rope(
                     batch,
                     r,
+                    (hd, qd, kvd),
                     kv.n_ctx(),
                     &mut ws.q[..n * qd],
                     &mut ws.k[..n * kvd],
@@ -452,8 +440,7 @@ impl Model {
             if let Some(s) = cfg.q_scale {
                 ops::scale(&mut ws.q[..n * qd], s);
             }
-            shape.window = cfg.layer_window[l];
-            for t in 0..n {
+            for t in (0..n).filter(|_| kvd > 0) {
                 kv.write(
                     l,
                     batch.seq[t],
@@ -466,7 +453,7 @@ impl Model {
                 pool,
                 shape,
                 kv,
-                l,
+                kv_layer,
                 &batch.seq,
                 &batch.pos,
                 &ws.tiled_seqs,
@@ -479,6 +466,8 @@ impl Model {
                 for (i, &t) in out_rows.iter().enumerate() {
                     ws.attn.copy_within(t * qd..(t + 1) * qd, i * qd);
                     ws.x.copy_within(t * d..(t + 1) * d, i * d);
+                    let w = ple_width;
+                    ws.ple.copy_within(t * w..(t + 1) * w, i * w);
                 }
                 rows = out_rows.len();
                 if rows == 0 {
@@ -533,6 +522,20 @@ impl Model {
                 norm_in_place(proj, w, cfg.norm_eps, &mut ws.cos_sin);
             }
             ops::add_assign(&mut ws.x[..rows * d], &ws.proj[..rows * d]);
+            if let Some(p) = &layer.ple {
+                p.forward(
+                    pool,
+                    &mut ws.acts,
+                    (&mut ws.x, rows),
+                    (&ws.ple[..rows * ple_width], l),
+                    &|h| activate(cfg, h),
+                    cfg.norm_eps,
+                    (&mut ws.gate, &mut ws.proj, &mut ws.cos_sin),
+                );
+            }
+            if let Some(s) = layer.out_scale {
+                ops::scale(&mut ws.x[..rows * d], s);
+            }
         }
 
         let n_out = out_rows.len();
@@ -581,6 +584,14 @@ impl Model {
                 self.config.n_vocab
             )));
         }
+        if let Some(p) = &self.ple
+            && let Some(&bad) = batch.tokens.iter().find(|&&t| t as usize >= p.tok.rows)
+        {
+            return Err(ModelError::Batch(format!(
+                "token id {bad} is outside the {} rows of the per-layer embedding",
+                p.tok.rows
+            )));
+        }
         if let Some(pe) = &self.pos_embd
             && let Some(&p) = batch.pos.iter().find(|&&p| p >= pe.rows)
         {
@@ -617,12 +628,14 @@ impl Model {
         Ok(())
     }
 
-    /// Applies rotary embeddings to every head of `q` (`[n, q_dim]`) and `k` (`[n, kv_dim]`);
-    /// `n_ctx` (the cache's tokens per sequence) picks LongRoPE's factors.
+    /// Applies rotary embeddings to every head (of `head_dim` values) of `q` (`[n, q_dim]`)
+    /// and `k` (`[n, kv_dim]`), the widths of the layer; `n_ctx` (the cache's tokens per
+    /// sequence) picks LongRoPE's factors.
     fn rope(
         &self,
         batch: &Batch,
         r: &RopeConfig,
+        (hd, q_dim, kv_dim): (usize, usize, usize),
         n_ctx: usize,
         q: &mut [f32],
         k: &mut [f32],
@@ -630,7 +643,6 @@ impl Model {
     ) {
         let cfg = &self.config;
         let cs = grow(cos_sin, r.n_dims);
-        let hd = cfg.head_dim;
         let (factors, mscale) = match &cfg.long_rope {
             Some(lr) => {
                 let (f, s) = lr.for_ctx(n_ctx);
@@ -643,10 +655,10 @@ impl Model {
             if mscale != 1.0 {
                 ops::scale(cs, mscale);
             }
-            for head in q[t * cfg.q_dim()..(t + 1) * cfg.q_dim()].chunks_exact_mut(hd) {
+            for head in q[t * q_dim..(t + 1) * q_dim].chunks_exact_mut(hd) {
                 rope_apply(head, r.n_dims, r.style, cs);
             }
-            for head in k[t * cfg.kv_dim()..(t + 1) * cfg.kv_dim()].chunks_exact_mut(hd) {
+            for head in k[t * kv_dim..(t + 1) * kv_dim].chunks_exact_mut(hd) {
                 rope_apply(head, r.n_dims, r.style, cs);
             }
         }
@@ -665,17 +677,6 @@ fn norm_rows(cfg: &ModelConfig, x: &[f32], (w, b): (&[f32], Option<&[f32]>), out
     }
 }
 
-/// The plain (ungated) MLP activation in place, with the model's numerics.
-fn activate(cfg: &ModelConfig, h: &mut [f32]) {
-    match (cfg.act, cfg.numerics) {
-        (Activation::Silu, _) => ops::silu_in_place(h),
-        // llama.cpp computes every GELU with its f16 table of the tanh approximation.
-        (_, Numerics::LlamaCpp) => ops::gelu(h),
-        (Activation::GeluTanh, Numerics::F32) => ops::gelu_precise(h),
-        (Activation::GeluErf, Numerics::F32) => ops::gelu_erf(h),
-    }
-}
-
 /// RMS-normalizes each `w.len()`-wide row of `x` in place (`tmp` holds one row).
 fn norm_in_place(x: &mut [f32], w: &[f32], eps: f32, tmp: &mut Vec<f32>) {
     let d = w.len();
@@ -689,7 +690,15 @@ fn norm_in_place(x: &mut [f32], w: &[f32], eps: f32, tmp: &mut Vec<f32>) {
 /// The three matrices of an expert.
 /// The weight matrices of one layer, mutably.
 fn layer_matrices_mut(l: &mut DecoderLayer) -> impl Iterator<Item = &mut Matrix> {
-    let attn = [&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo].map(|lin| &mut lin.w);
+    let attn = [
+        Some(&mut l.wq),
+        l.wk.as_mut(),
+        l.wv.as_mut(),
+        Some(&mut l.wo),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|lin| &mut lin.w);
     let ffn: Vec<&mut Matrix> = match &mut l.ffn {
         Ffn::Dense(e) => vec![&mut e.gate.w, &mut e.up.w, &mut e.down.w],
         Ffn::Moe(m) => std::iter::once(&mut m.router.w)
@@ -703,42 +712,13 @@ fn layer_matrices_mut(l: &mut DecoderLayer) -> impl Iterator<Item = &mut Matrix>
             .collect(),
         Ffn::Plain { up, down } => vec![&mut up.w, &mut down.w],
     };
-    attn.into_iter().chain(ffn)
+    let ple = l
+        .ple
+        .iter_mut()
+        .flat_map(|p| [&mut p.gate.w, &mut p.proj.w]);
+    attn.into_iter().chain(ffn).chain(ple)
 }
 
 fn expert_matrices(e: &Expert) -> [&Matrix; 3] {
     [&e.gate.w, &e.up.w, &e.down.w]
-}
-
-#[cfg(test)]
-mod ffn_chunk_tests {
-    use super::ffn_chunks;
-
-    #[test]
-    fn chunks_cover_the_batch_on_multiples_of_four_with_no_short_tail() {
-        for chunk in [1, 8, 10, 128, usize::MAX] {
-            for n in 0..400 {
-                let rs: Vec<_> = ffn_chunks(n, chunk).collect();
-                let mut next = 0;
-                for (i, r) in rs.iter().enumerate() {
-                    assert_eq!(r.start, next, "n {n} chunk {chunk}: contiguous");
-                    assert!(r.end > r.start, "n {n}: empty chunk");
-                    assert_eq!(r.start % 4, 0, "n {n} chunk {chunk}: boundary {r:?}");
-                    if n >= 8 {
-                        assert!(r.len() >= 8, "n {n} chunk {chunk}: short chunk {r:?}");
-                    }
-                    if i + 1 < rs.len() {
-                        assert!(r.len() <= chunk.max(8), "n {n}: chunk {r:?} too long");
-                    }
-                    next = r.end;
-                }
-                assert_eq!(next, n, "n {n} chunk {chunk}: covered");
-            }
-        }
-        assert_eq!(
-            ffn_chunks(300, 128).collect::<Vec<_>>(),
-            [0..128, 128..256, 256..300]
-        );
-        assert_eq!(ffn_chunks(260, 128).collect::<Vec<_>>(), [0..128, 128..260]);
-    }
 }

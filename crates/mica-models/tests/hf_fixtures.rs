@@ -8,8 +8,8 @@
 //! cache, f32 attention, GELU by its formula): measured max |Δlogit| (transformers 5.23,
 //! x86-64 AVX-512) llama 7.1e-6, mistral 4.9e-6, qwen2 5.0e-6, qwen3 5.6e-6, phi3 3.7e-6,
 //! qwen2moe 4.5e-6, gemma3 2.5e-6, gemma3_swa6 5.4e-6, gpt2 2.9e-6, gptneox 2.0e-6, gemma2
-//! 3.0e-6, smollm3 6.1e-6 (its llama.cpp-converted GGUF 7.2e-6; the GGUF copies within 1e-7
-//! of the folders); with llama.cpp's numerics (f16
+//! 3.0e-6, smollm3 6.1e-6 (its llama.cpp-converted GGUF 7.2e-6), gemma4 1.1e-5, gemma4_shared
+//! 3.5e-5 (their converted GGUFs the same; the GGUF copies within 1e-7 of the folders); with llama.cpp's numerics (f16
 //! cache) they were 3.8e-3..8.4e-3.
 
 use mica_kernels::ThreadPool;
@@ -480,7 +480,18 @@ fn gptneox_matches_transformers() {
 /// against the same prompt evaluated token by token.
 #[test]
 fn f32_cache_tiled_prefill_matches_token_by_token() {
-    let (model, _, _) = load("mistral");
+    tiled_prefill_matches_token_by_token("mistral");
+}
+
+/// The same for Gemma 4, whose layers differ in head size and key/value heads (the cache
+/// holds rows of each layer's own width) and alternate sliding and global attention.
+#[test]
+fn gemma4_tiled_prefill_matches_token_by_token() {
+    tiled_prefill_matches_token_by_token("gemma4");
+}
+
+fn tiled_prefill_matches_token_by_token(family: &str) {
+    let (model, _, _) = load(family);
     assert_eq!(
         model.config.numerics,
         mica_models::config::Numerics::F32,
@@ -510,8 +521,8 @@ fn f32_cache_tiled_prefill_matches_token_by_token() {
             worst = worst.max((a - b).abs());
         }
     }
-    println!("tiled vs vector (f32 cache): max |Δlogit| {worst:.2e}");
-    assert!(worst <= 1e-4, "tiled vs vector: {worst:.2e}");
+    println!("{family}: tiled vs vector (f32 cache): max |Δlogit| {worst:.2e}");
+    assert!(worst <= 1e-4, "{family}: tiled vs vector: {worst:.2e}");
 }
 
 // The dense fixtures through the GGUF path: llama.cpp's converter (`--outtype f32`) wrote
@@ -596,4 +607,159 @@ fn gemma2_matches_transformers() {
         off > 10.0 * MAX_ABS,
         "attention cap has no effect: {off:.2e}"
     );
+}
+
+/// Gemma 4 (dense): sliding layers of 2 KV heads × 16, global layers (2 and 4) of 1 KV head
+/// × 32 whose values are their keys (`attention_k_eq_v`), proportional RoPE on the global
+/// layers, weightless value norm, random per-layer output scales. Each of these is seen to
+/// matter: the same model without the layer scales, or with the global layers' unrotated
+/// pairs rotated, is far off.
+#[test]
+fn gemma4_matches_transformers() {
+    check("gemma4");
+    let (mut model, exp, want) = load("gemma4");
+    let cfg = &model.config;
+    assert_eq!(cfg.layer_head_dim, [16, 16, 32, 16, 32]);
+    assert_eq!(cfg.layer_n_head_kv, [2, 2, 1, 2, 1]);
+    assert_eq!(
+        cfg.layer_window,
+        [Some(5), Some(5), None, Some(5), None],
+        "sliding pattern"
+    );
+    assert!(model.layers[2].wv.is_none() && model.layers[0].wv.is_some());
+    let seq = ids(&exp["sequences"][0]);
+    let n = seq.len() * model.config.n_vocab;
+    let scales: Vec<Option<f32>> = model.layers.iter().map(|l| l.out_scale).collect();
+    for l in &mut model.layers {
+        l.out_scale = None;
+    }
+    let off = max_diff("gemma4 (no layer scale)", &model, &seq, 64, &want[..n]);
+    println!("gemma4 without its layer scales: max |Δlogit| {off:.2e}");
+    assert!(
+        off > 100.0 * MAX_ABS,
+        "layer scales moved the logits by {off:.2e}"
+    );
+    for (l, s) in model.layers.iter_mut().zip(scales) {
+        l.out_scale = s;
+    }
+    model.config.rope.freq_factors = None;
+    let off = max_diff("gemma4 (full RoPE)", &model, &seq, 64, &want[..n]);
+    println!("gemma4 with whole-head RoPE on its global layers: max |Δlogit| {off:.2e}");
+    assert!(
+        off > 100.0 * MAX_ABS,
+        "proportional RoPE moved the logits by {off:.2e}"
+    );
+}
+
+/// Gemma 4 through llama.cpp's converter: per-layer `head_count_kv`, `key_length` /
+/// `key_length_swa`, the layer pattern, `rope_freqs.weight` and `layer_output_scale.weight`.
+#[test]
+fn gemma4_gguf_matches_transformers() {
+    let model = check_converted("gemma4");
+    assert_eq!(model.config.layer_head_dim, [16, 16, 32, 16, 32]);
+    assert_eq!(model.config.layer_n_head_kv, [2, 2, 1, 2, 1]);
+}
+
+#[test]
+fn gemma4_config_errors_name_the_field() {
+    config_error_names("gemma4", "enable_moe_block", |c| {
+        c["enable_moe_block"] = true.into();
+    });
+    // Only layer 0 (sliding) left unshared: the global layers have none to reuse.
+    config_error_names("gemma4", "num_kv_shared_layers", |c| {
+        c["num_kv_shared_layers"] = 4.into();
+    });
+    config_error_names("gemma4", "per_layer_config.2.num_key_value_heads", |c| {
+        c["per_layer_config"]["2"]["num_key_value_heads"] = 3.into();
+    });
+}
+
+#[test]
+fn gemma4_q8_0_matches_llama_cpp() {
+    check_llama_cpp_q8("gemma4");
+}
+
+/// A paged cache for Gemma 4's layers of different widths: a prefix copied block by block
+/// (`copy_block`, as the engine's copy-on-write does) into another sequence continues
+/// exactly as the original, and a block costs each layer's own width.
+#[test]
+fn gemma4_paged_cache_copies_blocks_of_every_layer_width() {
+    use mica_models::kv_cache::BLOCK_SIZE;
+    let (model, _, _) = load("gemma4");
+    let cfg = &model.config;
+    let width: usize = (0..cfg.n_layer).map(|l| cfg.kv_dim_of(l)).sum();
+    assert_eq!(width, 3 * 32 + 2 * 32, "sliding 2×16, global 1×32");
+    assert_eq!(KvCache::bytes_per_block(cfg), 2 * BLOCK_SIZE * width * 4);
+    let pool = ThreadPool::new(2);
+    let mut kv = KvCache::paged(cfg, 8, 2, 64);
+    let mut ws = Workspace::default();
+    let prompt: Vec<u32> = (0..20u32).map(|i| (i * 29 + 5) % 128).collect();
+    kv.set_table(0, &[3, 1], 0).unwrap();
+    model
+        .forward(
+            &pool,
+            &Batch::for_sequence(&prompt, 0, 0, false),
+            &mut kv,
+            &mut ws,
+        )
+        .unwrap();
+    kv.copy_block(3, 5);
+    kv.copy_block(1, 0);
+    kv.set_table(1, &[5, 0], prompt.len()).unwrap();
+    let next = |kv: &mut KvCache, ws: &mut Workspace, seq| {
+        let b = Batch::for_sequence(&[7], prompt.len(), seq, true);
+        model.forward(&pool, &b, kv, ws).unwrap().to_vec()
+    };
+    let a = next(&mut kv, &mut ws, 0);
+    let b = next(&mut kv, &mut ws, 1);
+    assert_eq!(a, b, "the copied prefix continues as the original");
+}
+
+/// Gemma 4 as its smallest models are built: per-layer embeddings, and layers 4 and 5
+/// computing no keys or values, attending over layers 2 and 3's (stored once), with
+/// double-wide feed-forwards. The folder, its llama.cpp conversion, and that quantized to
+/// Q8_0 by llama.cpp.
+#[test]
+fn gemma4_shared_matches_transformers() {
+    check("gemma4_shared");
+    let (mut model, exp, want) = load("gemma4_shared");
+    assert_eq!(model.ple.as_ref().map(|p| p.dim), Some(8));
+    let cfg = &model.config;
+    assert_eq!(
+        cfg.layer_kv_from,
+        [None, None, None, None, Some(2), Some(3)]
+    );
+    assert_eq!(cfg.layer_n_ff, [96, 96, 96, 96, 192, 192]);
+    assert!(model.layers[4].wk.is_none() && model.layers[5].wv.is_none());
+    let seq = ids(&exp["sequences"][0]);
+    let n = seq.len() * model.config.n_vocab;
+    for l in &mut model.layers {
+        l.ple = None;
+    }
+    let off = max_diff("gemma4_shared (no PLE)", &model, &seq, 64, &want[..n]);
+    println!("gemma4_shared without its per-layer terms: max |Δlogit| {off:.2e}");
+    assert!(
+        off > 100.0 * MAX_ABS,
+        "per-layer embeddings moved the logits by {off:.2e}"
+    );
+    let cfg = &model.config;
+    // Shared layers store nothing: two sliding layers of 2×16 and two global of 1×32.
+    assert_eq!(
+        KvCache::bytes_per_block(cfg),
+        2 * mica_models::kv_cache::BLOCK_SIZE * (2 * 32 + 2 * 32) * 4
+    );
+}
+
+#[test]
+fn gemma4_shared_gguf_matches_transformers() {
+    let model = check_converted("gemma4_shared");
+    assert_eq!(
+        model.config.layer_kv_from,
+        [None, None, None, None, Some(2), Some(3)]
+    );
+}
+
+#[test]
+fn gemma4_shared_q8_0_matches_llama_cpp() {
+    check_llama_cpp_q8("gemma4_shared");
 }

@@ -28,6 +28,14 @@ pub struct Parts {
     pub norm_bias: bool,
     /// An ungated MLP, `ffn_down(act(ffn_up(x)))` (GPT-2, GPT-NeoX).
     pub plain_mlp: bool,
+    /// A layer without `attn_v` takes its values from the key projection (Gemma 4's
+    /// `attention_k_eq_v`); otherwise `attn_v` is required.
+    pub optional_v: bool,
+    /// A weightless RMSNorm of every value head (Gemma 4).
+    pub v_norm: bool,
+    /// `layer_output_scale.weight` (one float), when present, scales each layer's output
+    /// (Gemma 4).
+    pub out_scale: bool,
 }
 
 /// The LayerNorm epsilon of a GGUF file (`{arch}.attention.layer_norm_epsilon`, llama.cpp's
@@ -79,13 +87,7 @@ pub fn build_with(
     file: Option<Arc<GgufFile>>,
     ffn: &dyn Fn(usize) -> Result<Option<Ffn>>,
 ) -> Result<Model> {
-    let (d, qd, kvd, ff, hd) = (
-        cfg.n_embd,
-        cfg.q_dim(),
-        cfg.kv_dim(),
-        cfg.n_ff,
-        cfg.head_dim,
-    );
+    let d = cfg.n_embd;
     let opt = |on: bool, name: String, n: usize| -> Result<Option<Vec<f32>>> {
         if on {
             w.norm(&name, n).map(Some)
@@ -115,19 +117,28 @@ pub fn build_with(
     let layers = (0..cfg.n_layer)
         .map(|i| {
             let p = |s: &str| format!("blk.{i}.{s}");
+            let (qd, kvd, hd) = (cfg.q_dim_of(i), cfg.kv_dim_of(i), cfg.head_dim_of(i));
+            let ff = cfg.n_ff_of(i);
+            // A layer reusing an earlier layer's keys and values has no K/V weights.
+            let has_kv = cfg.layer_kv_from[i].is_none();
             let (wq, wk, wv) = if parts.fused_qkv {
                 let (name, total) = (p("attn_qkv.weight"), qd + 2 * kvd);
                 (
                     split(name.clone(), 0, qd, total)?,
-                    split(name.clone(), qd, kvd, total)?,
-                    split(name, qd + kvd, kvd, total)?,
+                    Some(split(name.clone(), qd, kvd, total)?),
+                    Some(split(name, qd + kvd, kvd, total)?),
                 )
             } else {
-                (
-                    w.linear(&p("attn_q"), qd, d)?,
-                    w.linear(&p("attn_k"), kvd, d)?,
-                    w.linear(&p("attn_v"), kvd, d)?,
-                )
+                let v = if !has_kv || parts.optional_v && w.info(&p("attn_v.weight")).is_none() {
+                    None
+                } else {
+                    Some(w.linear(&p("attn_v"), kvd, d)?)
+                };
+                let k = match has_kv {
+                    true => Some(w.linear(&p("attn_k"), kvd, d)?),
+                    false => None,
+                };
+                (w.linear(&p("attn_q"), qd, d)?, k, v)
             };
             let ffn = match ffn(i)? {
                 Some(f) => f,
@@ -154,10 +165,18 @@ pub fn build_with(
                 attn_norm: w.norm(&p("attn_norm.weight"), d)?,
                 attn_norm_b: bias(parts.norm_bias, p("attn_norm.bias"), d)?,
                 q_norm: opt(parts.qk_norm, p("attn_q_norm.weight"), hd)?,
-                k_norm: opt(parts.qk_norm, p("attn_k_norm.weight"), hd)?,
+                k_norm: opt(parts.qk_norm && has_kv, p("attn_k_norm.weight"), hd)?,
                 wq,
                 wk,
                 wv,
+                v_norm: (parts.v_norm && has_kv).then(|| vec![1.0; hd]),
+                out_scale: match parts.out_scale {
+                    true => w
+                        .vector_opt(&p("layer_output_scale.weight"), 1)?
+                        .map(|s| s[0]),
+                    false => None,
+                },
+                ple: None,
                 wo: w.linear(&p("attn_output"), d, qd)?,
                 post_attn_norm: opt(parts.post_norms, p("post_attention_norm.weight"), d)?,
                 ffn_norm: w.norm(&p("ffn_norm.weight"), d)?,
@@ -180,6 +199,7 @@ pub fn build_with(
         config: cfg,
         tok_embd,
         pos_embd: None,
+        ple: None,
         layers,
         output_norm,
         output_norm_b,

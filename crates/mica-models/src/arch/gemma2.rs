@@ -62,6 +62,9 @@ const PARTS: Parts = Parts {
     fused_gate_up: false,
     norm_bias: false,
     plain_mlp: false,
+    optional_v: false,
+    v_norm: false,
+    out_scale: false,
 };
 
 /// Every second layer is global (llama.cpp's `set_swa_pattern(2)`).

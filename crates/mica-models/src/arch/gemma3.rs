@@ -62,6 +62,9 @@ const PARTS: Parts = Parts {
     fused_gate_up: false,
     norm_bias: false,
     plain_mlp: false,
+    optional_v: false,
+    v_norm: false,
+    out_scale: false,
 };
 
 /// Every `DEFAULT_PATTERN`-th layer is global unless the model says otherwise.

@@ -86,6 +86,9 @@ const PARTS: Parts = Parts {
     fused_gate_up: false,
     norm_bias: true,
     plain_mlp: true,
+    optional_v: false,
+    v_norm: false,
+    out_scale: false,
 };
 
 fn load(src: &Source, arch: &str) -> Result<Model> {

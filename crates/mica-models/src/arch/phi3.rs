@@ -89,6 +89,9 @@ const PARTS: Parts = Parts {
     fused_gate_up: true,
     norm_bias: false,
     plain_mlp: false,
+    optional_v: false,
+    v_norm: false,
+    out_scale: false,
 };
 
 fn load(src: &Source, arch: &str) -> Result<Model> {

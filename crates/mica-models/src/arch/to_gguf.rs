@@ -279,9 +279,26 @@ fn shared_keys(cfg: &ModelConfig, keys: &mut GgufKeys) {
     keys.u32("block_count", cfg.n_layer);
     keys.u32("context_length", cfg.n_ctx_train);
     keys.u32("embedding_length", cfg.n_embd);
-    keys.u32("feed_forward_length", cfg.n_ff);
+    if cfg.layer_n_ff.iter().all(|&f| f == cfg.n_ff) {
+        keys.u32("feed_forward_length", cfg.n_ff);
+    } else {
+        let per_layer = cfg.layer_n_ff.iter().map(|&f| f as i32).collect();
+        keys.set(
+            "feed_forward_length",
+            MetaValue::Array(mica_formats::MetaArray::I32(per_layer)),
+        );
+    }
     keys.u32("attention.head_count", cfg.n_head);
-    keys.u32("attention.head_count_kv", cfg.n_head_kv);
+    if cfg.layer_n_head_kv.iter().all(|&h| h == cfg.n_head_kv) {
+        keys.u32("attention.head_count_kv", cfg.n_head_kv);
+    } else {
+        // Per layer, as llama.cpp's converter writes a list (Gemma 4).
+        let per_layer = cfg.layer_n_head_kv.iter().map(|&h| h as i32).collect();
+        keys.set(
+            "attention.head_count_kv",
+            MetaValue::Array(mica_formats::MetaArray::I32(per_layer)),
+        );
+    }
     if cfg.has_rope() {
         keys.f32("rope.freq_base", cfg.rope.freq_base);
         keys.u32("rope.dimension_count", cfg.rope.n_dims);

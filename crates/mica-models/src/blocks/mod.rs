@@ -1,4 +1,6 @@
 //! Building blocks shared by every architecture.
 
 pub mod attention;
+pub mod ffn;
 pub mod moe;
+pub mod ple;
