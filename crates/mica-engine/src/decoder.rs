@@ -29,7 +29,7 @@ use crate::dry::Dry;
 use crate::generate::{FinishReason, GenerateParams};
 use crate::processor::{LogitBias, LogitsProcessor, Penalties};
 use crate::proposer::Draft;
-use crate::sampler::Sampler;
+use crate::sampler::{Sampler, argmax};
 use mica_models::blocks::attention::TILED_MIN_TOKENS;
 use mica_models::tokenizer::{DecodeOptions, TokenStreamDecoder, Tokenizer, TokenizerError};
 
@@ -235,9 +235,16 @@ impl SequenceDecoder {
         self.scratch.extend_from_slice(rows);
         let base = self.history.len();
         let mut n_rows = draft.len() + 1;
+        // Greedy choice takes the highest logit: the last processor may say it keeps it
+        // (`LogitsProcessor::keeps_top`) and skip its work.
+        let takes_top = self.sampler.params().takes_top();
+        let last = self.processors.len() - 1;
         for i in 0..=draft.len() {
             let row = &mut self.scratch[i * n_vocab..(i + 1) * n_vocab];
-            for p in &mut self.processors {
+            for (j, p) in self.processors.iter_mut().enumerate() {
+                if takes_top && j == last && p.keeps_top(argmax(row)) {
+                    continue;
+                }
                 p.process(&self.history, row);
             }
             if i == draft.len() {
@@ -621,5 +628,69 @@ mod tests {
             logs[1].lock().unwrap().clone(),
             ["p1", "a1", "p2", "x5", "r1"]
         );
+    }
+
+    /// Masks tokens other than `allow`; says it keeps the top token when that is `allow`.
+    struct OnlyAllows {
+        allow: u32,
+        log: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl LogitsProcessor for OnlyAllows {
+        fn process(&mut self, history: &[u32], logits: &mut [f32]) {
+            self.log.lock().unwrap().push(format!("p{}", history.len()));
+            for (i, l) in logits.iter_mut().enumerate() {
+                if i as u32 != self.allow {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+        fn keeps_top(&mut self, token: u32) -> bool {
+            self.log.lock().unwrap().push(format!("k{token}"));
+            token == self.allow
+        }
+    }
+
+    /// Greedy choice asks the last processor whether it keeps the top token and skips
+    /// `process` when it does; sampled choice, or a processor that is not last, always
+    /// processes.
+    #[test]
+    fn greedy_choice_asks_the_last_processor_about_its_top_token() {
+        let tok = tokenizer();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut d = SequenceDecoder::new(&tok, &params(50, &[]), &[1], 100);
+        d.push_processor(Box::new(OnlyAllows {
+            allow: 2,
+            log: log.clone(),
+        }));
+        let mut out = Vec::new();
+        d.choose(&rows(&[2]), &[], &mut out);
+        assert_eq!(out, vec![2]);
+        d.choose(&rows(&[3]), &[], &mut out);
+        assert_eq!(out, vec![2], "the refused top token is masked");
+        assert_eq!(log.lock().unwrap().clone(), ["k2", "k3", "p1"]);
+
+        let sampled = GenerateParams {
+            sampling: SamplingParams {
+                temperature: 0.8,
+                seed: 1,
+                ..Default::default()
+            },
+            ..params(50, &[])
+        };
+        for (p, second) in [(sampled, false), (params(50, &[]), true)] {
+            log.lock().unwrap().clear();
+            let mut d = SequenceDecoder::new(&tok, &p, &[1], 100);
+            d.push_processor(Box::new(OnlyAllows {
+                allow: 2,
+                log: log.clone(),
+            }));
+            if second {
+                d.push_processor(Box::new(LogitBias::new(&[])));
+            }
+            d.choose(&rows(&[2]), &[], &mut out);
+            assert_eq!(out, vec![2]);
+            assert_eq!(log.lock().unwrap().clone(), ["p1"]);
+        }
     }
 }

@@ -54,6 +54,18 @@ pub trait LogitsProcessor: Send {
         let _ = draft;
     }
 
+    /// Greedy choice's shortcut: whether `process`, run on logits whose highest entry
+    /// (the first, on a tie) is `token`, would leave `token` the highest — as a grammar
+    /// that allows `token` would, since masking only lowers other tokens. When true the
+    /// decoder skips `process` at that position. The decoder asks only when it takes the
+    /// highest logit and no processor follows this one, so a processor may also take the
+    /// call as word that its positions are chosen greedily (a grammar then stops computing
+    /// whole masks ahead). The default, false, always processes.
+    fn keeps_top(&mut self, token: u32) -> bool {
+        let _ = token;
+        false
+    }
+
     /// Whether no token may follow the tokens accepted so far (a grammar whose output is
     /// complete): the decoder then ends the sequence after the token just committed, with
     /// [`FinishReason::Constraint`](crate::generate::FinishReason::Constraint), rather than

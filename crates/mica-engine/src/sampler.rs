@@ -135,6 +135,12 @@ impl SamplingParams {
         self.temperature <= 0.0
     }
 
+    /// Whether a token is chosen by taking the highest logit (greedy, with no filter that
+    /// may remove the most likely token).
+    pub fn takes_top(&self) -> bool {
+        self.is_greedy() && !self.filters_top()
+    }
+
     /// Whether typical-p or XTC may remove the most likely token, so that greedy choice is
     /// not simply the highest logit (never under mirostat, whose chain has neither).
     fn filters_top(&self) -> bool {
@@ -262,7 +268,7 @@ impl Sampler {
     /// have already adjusted.
     pub fn sample_processed(&mut self, logits: &[f32]) -> u32 {
         let p = &self.params;
-        if p.is_greedy() && !p.filters_top() {
+        if p.takes_top() {
             return argmax(logits);
         }
         self.cands.clear();
@@ -296,7 +302,7 @@ impl Sampler {
     /// the highest logit left with probability 1 (two point masses under XTC).
     pub fn distribution(&mut self, logits: &[f32]) -> Vec<(u32, f64)> {
         let p = &self.params;
-        if p.is_greedy() && !p.filters_top() {
+        if p.takes_top() {
             return vec![(argmax(logits), 1.0)];
         }
         self.cands.clear();
@@ -345,7 +351,7 @@ impl Sampler {
             // A point mass: draw as plain sampling does; the caller accepts iff it is `draft`.
             return self.sample_processed(logits);
         };
-        if self.params.is_greedy() && !self.params.filters_top() {
+        if self.params.takes_top() {
             return argmax(logits);
         }
         let p = self.distribution(logits);

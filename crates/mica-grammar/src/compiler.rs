@@ -78,6 +78,12 @@ impl GrammarCompiler {
         kind: ConstraintKind,
     ) -> Result<CompiledGrammar> {
         let fail = |message: String| GrammarError::Compile { kind, message };
+        // llguidance's options (forcing off among them) are declared in Lark text.
+        let forcing = !grammar.grammars.iter().any(|g| {
+            g.lark_grammar
+                .as_deref()
+                .is_some_and(|l| l.contains("%llguidance"))
+        });
         let mut matcher = Matcher::new(self.factory.create_parser(grammar));
         if let Some(e) = matcher.get_error() {
             return Err(fail(e));
@@ -93,6 +99,7 @@ impl GrammarCompiler {
                 matcher,
                 first_mask,
                 kind,
+                forcing,
             }),
         })
     }
@@ -103,6 +110,8 @@ struct Compiled {
     matcher: Matcher,
     first_mask: SimpleVob,
     kind: ConstraintKind,
+    /// Whether the grammar keeps llguidance's forcing on (it declares no options).
+    forcing: bool,
 }
 
 /// A checked constraint, ready to constrain any number of sequences. Cheap to clone.
@@ -136,6 +145,7 @@ impl CompiledGrammar {
             self.inner.matcher.clone(),
             Some(self.inner.first_mask.clone()),
             opts,
+            self.inner.forcing,
         )
     }
 

@@ -13,6 +13,16 @@
 //! thread; `process` then only waits for what is left of it. [`ConstraintStats`] records
 //! both times, so the cost that remains on the critical path can be measured.
 //!
+//! **Greedy choice checks one token.** When the decoder takes the highest logit, it asks
+//! first whether the grammar allows that token (`LogitsProcessor::keeps_top`): if so,
+//! masking could not change the choice and no mask is computed; only when the grammar
+//! refuses it is the whole mask computed (inline). From that first question on, the
+//! processor computes no masks ahead. The check is exact — it answers yes only where the
+//! mask would allow the token: positions where the grammar forces bytes (whose mask is the
+//! canonical tokenization's token, or tokens that begin with the forced bytes) always
+//! take the mask, and grammars that turn llguidance's forcing off (a Lark
+//! `%llguidance` declaration) never take the check.
+//!
 //! **Fail closed.** If the matcher fails part-way (a parser limit hit by an adversarial
 //! grammar), no token but end-of-generation is allowed from then on, the processor reports
 //! itself complete, and [`ConstraintStats::error`] says why: the output stops rather than
@@ -32,11 +42,17 @@ pub struct ProcessorOptions {
     /// Compute the next mask on a helper thread as soon as a token is accepted (true), or
     /// only when `process` asks for it (false: every mask on the critical path).
     pub background: bool,
+    /// When the decoder takes the highest logit, check that token alone and compute a
+    /// whole mask only where the grammar refuses it (true), or compute every mask (false).
+    pub greedy_check: bool,
 }
 
 impl Default for ProcessorOptions {
     fn default() -> Self {
-        ProcessorOptions { background: true }
+        ProcessorOptions {
+            background: true,
+            greedy_check: true,
+        }
     }
 }
 
@@ -56,6 +72,11 @@ pub struct ConstraintStats {
     pub ahead: AtomicU64,
     /// Of those, the ones used (their drafted tokens were verified through the grammar).
     pub ahead_used: AtomicU64,
+    /// Positions where greedy choice's token was checked alone (module docs; positions
+    /// where the grammar forces bytes take the mask and are not counted).
+    pub checks: AtomicU64,
+    /// Of those, the ones where the grammar allowed it (no mask computed).
+    pub checks_kept: AtomicU64,
     error: Mutex<Option<String>>,
 }
 
@@ -250,6 +271,13 @@ pub struct GrammarProcessor {
     /// Whether the helper thread's forced tokens for the job it holds are still to be
     /// received.
     forced_pending: bool,
+    /// The trie's vocabulary size (ids at or past it are never allowed).
+    n_vocab: usize,
+    /// Whether greedy choice's token may be checked alone (the options allow it and the
+    /// grammar keeps llguidance's forcing on), and whether it has been (positions are
+    /// then chosen greedily: no masks are computed ahead).
+    check_allowed: bool,
+    checking: bool,
 }
 
 impl GrammarProcessor {
@@ -257,11 +285,14 @@ impl GrammarProcessor {
         matcher: Matcher,
         first_mask: Option<SimpleVob>,
         opts: ProcessorOptions,
+        forcing: bool,
     ) -> GrammarProcessor {
-        let eos = matcher
-            .tok_env()
+        let env = matcher.tok_env().ok();
+        let eos = env
+            .as_ref()
             .map(|env| env.tok_trie().eos_tokens().to_vec())
             .unwrap_or_default();
+        let n_vocab = env.map_or(0, |env| env.tok_trie().vocab_size());
         GrammarProcessor {
             state: State::Idle(Box::new(matcher), first_mask.map(Ok)),
             worker: None,
@@ -271,6 +302,9 @@ impl GrammarProcessor {
             ahead: None,
             known_base: None,
             forced_pending: false,
+            n_vocab,
+            check_allowed: opts.greedy_check && forcing,
+            checking: false,
         }
     }
 
@@ -466,7 +500,9 @@ impl LogitsProcessor for GrammarProcessor {
         }
         self.ahead = None;
         *mask = None;
-        self.start_mask();
+        if !self.checking {
+            self.start_mask();
+        }
         true
     }
 
@@ -509,7 +545,7 @@ impl LogitsProcessor for GrammarProcessor {
     }
 
     fn prefetch(&mut self, draft: &[u32]) {
-        if draft.is_empty() || !self.opts.background {
+        if draft.is_empty() || !self.opts.background || self.checking {
             return;
         }
         self.ahead = None;
@@ -531,6 +567,34 @@ impl LogitsProcessor for GrammarProcessor {
         }
     }
 
+    fn keeps_top(&mut self, token: u32) -> bool {
+        if !self.check_allowed {
+            return false;
+        }
+        self.checking = true;
+        self.settle();
+        let State::Idle(m, mask) = &mut self.state else {
+            return false;
+        };
+        if let Some(known) = mask {
+            return matches!(known, Ok(v) if v.is_allowed(token));
+        }
+        let t = Instant::now();
+        let kept = if (token as usize) < self.n_vocab && unforced(m) {
+            self.stats.checks.fetch_add(1, Relaxed);
+            matches!(m.validate_tokens(&[token]), Ok(1))
+        } else {
+            false
+        };
+        if kept {
+            self.stats.checks_kept.fetch_add(1, Relaxed);
+        }
+        self.stats
+            .wait_ns
+            .fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
+        kept
+    }
+
     fn is_complete(&self) -> bool {
         match &self.state {
             State::Idle(m, _) => m.is_stopped() || self.matcher_failed(),
@@ -538,6 +602,19 @@ impl LogitsProcessor for GrammarProcessor {
             State::Lost => true,
         }
     }
+}
+
+/// Whether the matcher's current position is one where its mask is every token whose bytes
+/// the parser accepts (plus end-of-generation where the grammar may end) — what
+/// `validate_tokens` checks for one token. Where the grammar forces bytes it is not (the
+/// mask is the forced bytes' canonical first token, or the tokens that begin with the bytes
+/// left over), so those positions take the mask. (With forcing on, which the caller
+/// ensures, computing forced tokens and bytes changes nothing the mask would not.)
+fn unforced(m: &mut Matcher) -> bool {
+    !m.is_stopped()
+        && !m.is_error()
+        && m.compute_ff_tokens().is_empty()
+        && m.compute_ff_bytes().is_empty()
 }
 
 /// Sets the logits of the tokens `mask` does not allow to `-inf` (ids past the mask, too).

@@ -100,7 +100,10 @@ fn background_masks_give_the_tokens_of_inline_masks() {
     let bg = run(
         &m,
         Some(&cg),
-        ProcessorOptions { background: true },
+        ProcessorOptions {
+            background: true,
+            greedy_check: false,
+        },
         &p,
         &greedy(40),
         None,
@@ -108,7 +111,10 @@ fn background_masks_give_the_tokens_of_inline_masks() {
     let inline = run(
         &m,
         Some(&cg),
-        ProcessorOptions { background: false },
+        ProcessorOptions {
+            background: false,
+            greedy_check: false,
+        },
         &p,
         &greedy(40),
         None,
@@ -198,7 +204,10 @@ fn masks_along_a_draft_are_computed_ahead_and_change_nothing() {
         None,
     );
     let drafted = |background: bool, proposer: &mut dyn Proposer| {
-        let proc = cg.processor_with(ProcessorOptions { background });
+        let proc = cg.processor_with(ProcessorOptions {
+            background,
+            greedy_check: false,
+        });
         let stats = proc.stats();
         let mut s = Session::new(&*m, 1024, threads());
         let hooks = Hooks {
@@ -547,7 +556,10 @@ fn forced_tokens_are_drafted() {
             t.gen_passes,
             plain.timings.gen_passes
         );
-        let inline = ProcessorOptions { background: false };
+        let inline = ProcessorOptions {
+            background: false,
+            greedy_check: false,
+        };
         let drafted_inline = run(&m, Some(&cg), inline, &p, &greedy(80), Some(&mut Silent));
         assert_eq!(drafted_inline.output_ids, plain.output_ids, "{name}");
     }
