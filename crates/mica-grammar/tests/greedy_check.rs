@@ -151,7 +151,7 @@ fn the_check_allows_only_what_the_mask_allows() {
                     }
                     // Mostly the grammar's likeliest continuations: the first allowed token
                     // (forced keys, punctuation), else a random allowed one.
-                    let t = if rng.next() % 2 == 0 {
+                    let t = if rng.next().is_multiple_of(2) {
                         allowed[0]
                     } else {
                         allowed[(rng.next() % allowed.len() as u64) as usize]
