@@ -162,6 +162,11 @@ def main():
     n = struct.unpack("<Q", st[:8])[0]
     out("safetensors", "llama-head.safetensors", st[: 8 + n + 64])
 
+    for name in ["state_dict.pt", "wrapped.pt", "noncontiguous.pt", "legacy.pt",
+                 "evil/os_system.pt", "evil/eval.pt", "evil/inst.pt"]:
+        with open(os.path.join(ROOT, "fixtures/pytorch", name), "rb") as f:
+            out("pytorch", name.replace("/", "-"), f.read())
+
     out("tokenizer_json", "byte-level.json", byte_level_tokenizer())
     templates = {"chatml.jinja": CHATML}
     for name in sorted(os.listdir(os.path.join(ROOT, "fixtures/tokenizers"))):

@@ -205,13 +205,15 @@ fn tokenizer_summary(t: &Tokenizer, vocab_model: &str) {
     );
 }
 
-/// A Hugging Face folder: config.json, the safetensors checkpoint, the tokenizer.
+/// A Hugging Face folder: config.json, the checkpoint (safetensors or PyTorch), the
+/// tokenizer.
 fn inspect_hf(dir: &std::path::Path, args: &InspectArgs) -> Result<()> {
     let f = HfFolder::open(dir)?;
     let n_tensors: usize = f.weights.files.iter().map(|s| s.tensors().len()).sum();
     println!("folder:        {}", dir.display());
     println!(
-        "format:        Hugging Face, safetensors ({} file{}, {n_tensors} tensors)",
+        "format:        Hugging Face, {} ({} file{}, {n_tensors} tensors)",
+        f.weights.files.first().map_or("no weights", |w| w.format()),
         f.weights.files.len(),
         if f.weights.files.len() == 1 { "" } else { "s" }
     );

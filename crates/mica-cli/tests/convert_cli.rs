@@ -169,9 +169,36 @@ fn bad_sources_are_refused_with_a_reason() {
     ]);
     assert!(!ok);
     assert!(
-        err.contains("pickle") && err.contains("safetensors"),
+        err.contains("pickle") && err.contains("config.json"),
         "{err}"
     );
+    // The folder of a PyTorch checkpoint converts (the mistral fixture's weights saved by
+    // torch), and a folder whose pickle would run code is refused naming what it calls.
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures");
+    let pt = fixtures.join("hf/mistral/pytorch");
+    let pt_out = dir.join("from-pytorch.gguf");
+    let (ok, _, err) = mica(&[
+        "convert",
+        pt.to_str().unwrap(),
+        "-o",
+        pt_out.to_str().unwrap(),
+    ]);
+    assert!(ok && pt_out.is_file(), "{err}");
+    let evil = dir.join("evil");
+    std::fs::create_dir_all(&evil).unwrap();
+    std::fs::copy(pt.join("config.json"), evil.join("config.json")).unwrap();
+    std::fs::copy(
+        fixtures.join("pytorch/evil/os_system.pt"),
+        evil.join("pytorch_model.bin"),
+    )
+    .unwrap();
+    let (ok, _, err) = mica(&[
+        "convert",
+        evil.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("'posix.system'"), "{err}");
     let hf = dir.join("hf");
     std::fs::create_dir_all(&hf).unwrap();
     std::fs::write(hf.join("model.safetensors"), b"").unwrap();

@@ -1,5 +1,5 @@
-//! safetensors: the tensor file format of Hugging Face checkpoints, and sharded checkpoints
-//! (`model.safetensors.index.json`).
+//! safetensors: the tensor file format of Hugging Face checkpoints (sharded checkpoints are
+//! [`crate::checkpoint`]'s).
 //!
 //! Layout:
 //! ```text
@@ -23,7 +23,6 @@ use memmap2::Mmap;
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 /// Largest header accepted (the format's own limit is 100 MB).
 const MAX_HEADER: u64 = 100 << 20;
@@ -212,125 +211,4 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<Parsed> {
         });
     }
     Ok((tensors, metadata))
-}
-
-/// A checkpoint of one or more safetensors files: `model.safetensors`, or the shards named
-/// by `model.safetensors.index.json` (`{"weight_map": {tensor: file}}`).
-pub struct SafetensorsSet {
-    pub files: Vec<Arc<SafetensorsFile>>,
-    /// Tensor name → (file index, tensor index in that file).
-    index: HashMap<String, (usize, usize)>,
-}
-
-impl SafetensorsSet {
-    /// Opens the checkpoint in `dir`. Every shard the index names must exist and hold the
-    /// tensors the index assigns to it; errors name the shard and the tensor.
-    pub fn open_dir(dir: impl AsRef<Path>) -> Result<SafetensorsSet> {
-        let dir = dir.as_ref();
-        let index_path = dir.join("model.safetensors.index.json");
-        let single = dir.join("model.safetensors");
-        let mut files = Vec::new();
-        let mut expected: Vec<(String, usize)> = Vec::new();
-        if index_path.is_file() {
-            let text = std::fs::read_to_string(&index_path).map_err(|cause| FormatError::Io {
-                path: index_path.clone(),
-                cause,
-            })?;
-            let json: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| FormatError::Parse {
-                    path: index_path.clone(),
-                    offset: 0,
-                    msg: format!("not valid JSON: {e}"),
-                })?;
-            let map = json["weight_map"]
-                .as_object()
-                .ok_or_else(|| FormatError::Metadata {
-                    path: index_path.clone(),
-                    key: "weight_map".into(),
-                    msg: "missing or not an object of tensor → shard file".into(),
-                })?;
-            let mut shard_names: Vec<String> = Vec::new();
-            for (tensor, shard) in map {
-                let shard = shard.as_str().ok_or_else(|| FormatError::Metadata {
-                    path: index_path.clone(),
-                    key: format!("weight_map.{tensor}"),
-                    msg: "not a file name".into(),
-                })?;
-                if shard.contains('/') || shard.contains('\\') || shard.starts_with('.') {
-                    return Err(FormatError::Metadata {
-                        path: index_path.clone(),
-                        key: format!("weight_map.{tensor}"),
-                        msg: format!("shard '{shard}' is not a plain file name"),
-                    });
-                }
-                let i = match shard_names.iter().position(|s| s == shard) {
-                    Some(i) => i,
-                    None => {
-                        shard_names.push(shard.to_string());
-                        shard_names.len() - 1
-                    }
-                };
-                expected.push((tensor.clone(), i));
-            }
-            for name in &shard_names {
-                let p = dir.join(name);
-                if !p.is_file() {
-                    return Err(FormatError::Metadata {
-                        path: index_path.clone(),
-                        key: "weight_map".into(),
-                        msg: format!(
-                            "shard {} is missing (it holds tensor '{}')",
-                            p.display(),
-                            expected
-                                .iter()
-                                .find(|e| shard_names[e.1] == *name)
-                                .map_or("", |e| e.0.as_str())
-                        ),
-                    });
-                }
-                files.push(Arc::new(SafetensorsFile::open(&p)?));
-            }
-        } else if single.is_file() {
-            files.push(Arc::new(SafetensorsFile::open(&single)?));
-        } else {
-            return Err(FormatError::Io {
-                path: single,
-                cause: std::io::Error::new(
-                    std::io::ErrorKind::NotFound,
-                    "no model.safetensors or model.safetensors.index.json in the folder",
-                ),
-            });
-        }
-        let mut index = HashMap::new();
-        for (fi, f) in files.iter().enumerate() {
-            for (ti, t) in f.tensors().iter().enumerate() {
-                index.insert(t.name.clone(), (fi, ti));
-            }
-        }
-        for (tensor, fi) in &expected {
-            if index.get(tensor).map(|e| e.0) != Some(*fi) {
-                return Err(FormatError::Tensor {
-                    path: files[*fi].path().to_path_buf(),
-                    tensor: tensor.clone(),
-                    msg: "the index puts this tensor in this shard, but the shard lacks it".into(),
-                });
-            }
-        }
-        Ok(SafetensorsSet { files, index })
-    }
-
-    /// A tensor and the file holding it.
-    pub fn tensor(&self, name: &str) -> Option<(&Arc<SafetensorsFile>, &TensorInfo)> {
-        self.index
-            .get(name)
-            .map(|&(f, t)| (&self.files[f], &self.files[f].tensors()[t]))
-    }
-
-    /// Every tensor with the index of its file, in file order.
-    pub fn tensors(&self) -> impl Iterator<Item = (usize, &TensorInfo)> {
-        self.files
-            .iter()
-            .enumerate()
-            .flat_map(|(i, f)| f.tensors().iter().map(move |t| (i, t)))
-    }
 }

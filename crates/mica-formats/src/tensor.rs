@@ -83,3 +83,40 @@ impl TensorBytes for crate::SafetensorsFile {
         release_mapped(self.mmap(), start, len)
     }
 }
+
+/// One file of a checkpoint folder (a safetensors shard, a PyTorch archive): where its
+/// tensors are and what they are.
+pub trait TensorFile: TensorBytes {
+    fn path(&self) -> &std::path::Path;
+
+    /// The file format, as `mica inspect` names it.
+    fn format(&self) -> &'static str;
+
+    /// Tensors in file order.
+    fn tensors(&self) -> &[TensorInfo];
+
+    /// Names of tensors the file holds but leaves out of [`TensorFile::tensors`] (types
+    /// mica never computes with).
+    fn left_out(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// The bytes of one tensor of this file (validated when the file was opened).
+    fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
+        &self.bytes()[t.offset as usize..(t.offset + t.n_bytes) as usize]
+    }
+}
+
+impl TensorFile for crate::SafetensorsFile {
+    fn path(&self) -> &std::path::Path {
+        crate::SafetensorsFile::path(self)
+    }
+
+    fn format(&self) -> &'static str {
+        "safetensors"
+    }
+
+    fn tensors(&self) -> &[TensorInfo] {
+        crate::SafetensorsFile::tensors(self)
+    }
+}

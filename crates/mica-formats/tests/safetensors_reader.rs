@@ -1,7 +1,7 @@
 //! safetensors reader: a valid file (and a sharded checkpoint) reads back exactly; every kind
 //! of broken file or index gives an error naming the file and the tensor or shard.
 
-use mica_formats::{FormatError, SafetensorsFile, SafetensorsSet};
+use mica_formats::{CheckpointSet, FormatError, SafetensorsFile};
 use std::path::PathBuf;
 
 fn tmpdir(name: &str) -> PathBuf {
@@ -56,7 +56,7 @@ fn reads_tensors_and_shapes_innermost_first() {
     assert_eq!(b.dtype(), Some(mica_kernels::DType::BF16));
     assert_eq!(f.tensor_data(b), &bf16[..]);
     assert_eq!(f.metadata(), &[("format".to_string(), "pt".to_string())]);
-    let set = SafetensorsSet::open_dir(&d).unwrap();
+    let set = CheckpointSet::open_dir(&d).unwrap();
     assert!(set.tensor("w").is_some());
 }
 
@@ -112,21 +112,21 @@ fn sharded_checkpoints_name_missing_shards_and_tensors() {
         .unwrap()
     };
     index(serde_json::json!({"x": "a.safetensors", "y": "b.safetensors"}));
-    let set = SafetensorsSet::open_dir(&d).unwrap();
+    let set = CheckpointSet::open_dir(&d).unwrap();
     assert_eq!(set.files.len(), 2);
     assert_eq!(set.tensor("y").unwrap().0.path(), d.join("b.safetensors"));
 
     index(serde_json::json!({"x": "a.safetensors", "z": "c.safetensors"}));
-    let e = SafetensorsSet::open_dir(&d).err().unwrap().to_string();
+    let e = CheckpointSet::open_dir(&d).err().unwrap().to_string();
     assert!(e.contains("c.safetensors") && e.contains("'z'"), "{e}");
 
     index(serde_json::json!({"x": "a.safetensors", "w": "b.safetensors"}));
-    let e = SafetensorsSet::open_dir(&d).err().unwrap();
+    let e = CheckpointSet::open_dir(&d).err().unwrap();
     assert!(matches!(e, FormatError::Tensor { .. }));
     let e = e.to_string();
     assert!(e.contains("b.safetensors") && e.contains("'w'"), "{e}");
 
     let empty = tmpdir("empty");
-    let e = SafetensorsSet::open_dir(&empty).err().unwrap().to_string();
+    let e = CheckpointSet::open_dir(&empty).err().unwrap().to_string();
     assert!(e.contains("model.safetensors"), "{e}");
 }

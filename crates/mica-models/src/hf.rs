@@ -11,7 +11,8 @@ use crate::config::{Activation, LongRope, ModelConfig, NormKind, Numerics, RopeC
 use crate::error::{ModelError, Result};
 use crate::names::NameTable;
 use crate::weights::WeightLoader;
-use mica_formats::SafetensorsSet;
+use mica_formats::CheckpointSet;
+use mica_formats::checkpoint::files_with;
 use mica_kernels::ops::RopeStyle;
 use serde::Deserialize;
 use serde_json::Value;
@@ -141,27 +142,24 @@ pub struct HfFolder {
     pub config_json: Value,
     /// `generation_config.json`, when present.
     pub generation: Option<Value>,
-    pub weights: SafetensorsSet,
+    pub weights: CheckpointSet,
 }
 
-/// Whether `dir` looks like a Hugging Face model folder: a `config.json` and safetensors
-/// weights beside it (what [`HfFolder::open`] needs before it reads anything).
+/// Whether `dir` looks like a Hugging Face model folder: a `config.json` and weights beside
+/// it (what [`HfFolder::open`] needs before it reads anything).
 pub fn is_hf_folder(dir: &Path) -> bool {
-    dir.join("config.json").is_file() && !safetensors_files(dir).is_empty()
+    dir.join("config.json").is_file() && !weight_files(dir).is_empty()
 }
 
-/// The `*.safetensors` files directly in `dir` (every shard of a checkpoint), unsorted.
-pub fn safetensors_files(dir: &Path) -> Vec<PathBuf> {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    rd.filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.is_file()
-                && p.extension()
-                    .is_some_and(|e| e.eq_ignore_ascii_case("safetensors"))
-        })
-        .collect()
+/// The weight files directly in `dir` — `*.safetensors`, or else PyTorch's `*.bin`, `*.pt`,
+/// `*.pth` (every shard of a checkpoint), sorted.
+pub fn weight_files(dir: &Path) -> Vec<PathBuf> {
+    let st = files_with(dir, &["safetensors"]);
+    if st.is_empty() {
+        files_with(dir, &["bin", "pt", "pth"])
+    } else {
+        st
+    }
 }
 
 impl HfFolder {
@@ -179,7 +177,7 @@ impl HfFolder {
             .map_err(|e| config_err(&dir.join("config.json"), "config.json", e.to_string()))?;
         config.resolve_aliases();
         let generation = read_json(&dir.join("generation_config.json"))?;
-        let weights = SafetensorsSet::open_dir(&dir)?;
+        let weights = CheckpointSet::open_dir(&dir)?;
         Ok(HfFolder {
             dir,
             config,

@@ -5,7 +5,7 @@
 use crate::error::{ModelError, Result};
 use crate::names::NameTable;
 use crate::packed_buf::PackedBytes;
-use mica_formats::{GgufFile, SafetensorsSet, TensorBytes, TensorInfo};
+use mica_formats::{CheckpointSet, GgufFile, TensorBytes, TensorInfo};
 use mica_kernels::matmul::{QActs, QMatrix, matmul};
 use mica_kernels::{DType, ThreadPool, quant};
 use std::collections::HashMap;
@@ -400,9 +400,10 @@ impl WeightLoader {
         }
     }
 
-    /// The tensors of a safetensors checkpoint, named through `names`.
+    /// The tensors of a Hugging Face checkpoint (safetensors or PyTorch), named through
+    /// `names`.
     pub fn safetensors(
-        set: &SafetensorsSet,
+        set: &CheckpointSet,
         path: PathBuf,
         arch: &str,
         names: &'static NameTable,

@@ -28,9 +28,9 @@ pub enum QuantError {
 
     // ---- Sources, outputs and options of a conversion.
     #[error(
-        "{}: PyTorch pickle checkpoints are not read: unpickling can execute arbitrary code \
-         embedded in the file. Use the model's safetensors weights instead \
-         (model.safetensors), which hold only tensors",
+        "{}: a PyTorch pickle checkpoint alone is not a model: give the Hugging Face folder \
+         holding it and its config.json (mica reads its tensors without running the pickle), \
+         or the model's safetensors weights",
         path.display()
     )]
     PickleSource { path: PathBuf },

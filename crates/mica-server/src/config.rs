@@ -6,7 +6,7 @@
 
 use mica::engine::spec::SpecConfig;
 use mica::engine::{Lane, SchedulerConfig};
-use mica::models::hf::{is_hf_folder, safetensors_files};
+use mica::models::hf::{is_hf_folder, weight_files};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -185,7 +185,7 @@ pub(crate) fn has_ext(p: &Path, ext: &str) -> bool {
 pub fn model_bytes(path: &Path) -> u64 {
     let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
     if path.is_dir() {
-        safetensors_files(path).iter().map(|p| size(p)).sum()
+        weight_files(path).iter().map(|p| size(p)).sum()
     } else {
         size(path)
     }

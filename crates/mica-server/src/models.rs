@@ -109,8 +109,16 @@ impl ModelMeta {
         let template = read("tokenizer_config.json")?
             .and_then(|t| t.get("chat_template")?.as_str().map(str::to_string))
             .or_else(|| std::fs::read_to_string(dir.join("chat_template.jinja")).ok());
+        // A folder of PyTorch weights (read without running their pickles) says so.
+        let safetensors = mica::models::hf::weight_files(dir)
+            .first()
+            .is_none_or(|p| p.extension().is_some_and(|e| e == "safetensors"));
         Ok(ModelMeta {
-            format: "safetensors",
+            format: if safetensors {
+                "safetensors"
+            } else {
+                "pytorch"
+            },
             arch: c
                 .get("model_type")
                 .and_then(|v| v.as_str())

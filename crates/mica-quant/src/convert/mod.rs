@@ -129,7 +129,8 @@ enum OutFormat {
     Gguf,
 }
 
-/// Refuses what cannot (or must not) be read, with the reason.
+/// Refuses what cannot be read, with the reason (a checkpoint file on its own has no
+/// config: its folder is the source).
 fn check_source(src: &Path) -> Result<()> {
     let ext = src
         .extension()
