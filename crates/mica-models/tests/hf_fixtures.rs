@@ -662,7 +662,8 @@ fn gemma4_gguf_matches_transformers() {
 
 #[test]
 fn gemma4_config_errors_name_the_field() {
-    config_error_names("gemma4", "enable_moe_block", |c| {
+    // The MoE block switched on without its experts.
+    config_error_names("gemma4", "num_experts", |c| {
         c["enable_moe_block"] = true.into();
     });
     // Only layer 0 (sliding) left unshared: the global layers have none to reuse.
@@ -762,4 +763,90 @@ fn gemma4_shared_gguf_matches_transformers() {
 #[test]
 fn gemma4_shared_q8_0_matches_llama_cpp() {
     check_llama_cpp_q8("gemma4_shared");
+}
+
+/// The experts of a Gemma 4 MoE layer, with the layer's MLP beside them.
+fn gemma4_moe_layers(model: &Model) -> Vec<&mica_models::model::Moe> {
+    model
+        .layers
+        .iter()
+        .map(|l| match &l.ffn {
+            mica_models::model::Ffn::Moe(m) => m,
+            _ => panic!("gemma4_moe: a dense layer"),
+        })
+        .collect()
+}
+
+/// Gemma 4's MoE block: every layer runs its dense MLP (as the shared expert, on the
+/// feed-forward norm) beside four GeGLU experts of width 32 read from the stacked
+/// `experts.gate_up_proj` (top 2 renormalized, router on its own scaled norm, per-expert
+/// output scales), each branch normed before the sum. The router's scale and the per-expert
+/// scales are each seen to matter.
+#[test]
+fn gemma4_moe_matches_transformers() {
+    check("gemma4_moe");
+    let (mut model, exp, want) = load("gemma4_moe");
+    for m in gemma4_moe_layers(&model) {
+        assert_eq!((m.experts.len(), m.top_k, m.norm_topk), (4, 2, true));
+        assert_eq!(m.experts[0].up.out_dim(), 32);
+        assert_eq!(m.shared.as_ref().map(|s| s.up.out_dim()), Some(32));
+        assert!(m.norms.is_some() && m.expert_scale.is_some() && m.shared_gate.is_none());
+    }
+    let seq = ids(&exp["sequences"][0]);
+    let n = seq.len() * model.config.n_vocab;
+    fn moes(model: &mut Model) -> Vec<&mut mica_models::model::Moe> {
+        model
+            .layers
+            .iter_mut()
+            .filter_map(|l| match &mut l.ffn {
+                mica_models::model::Ffn::Moe(m) => Some(m),
+                _ => None,
+            })
+            .collect()
+    }
+    let scales: Vec<_> = moes(&mut model)
+        .into_iter()
+        .map(|m| m.expert_scale.take())
+        .collect();
+    let off = max_diff("gemma4_moe (no expert scale)", &model, &seq, 64, &want[..n]);
+    println!("gemma4_moe without its per-expert scales: max |Δlogit| {off:.2e}");
+    assert!(
+        off > 100.0 * MAX_ABS,
+        "per-expert scales moved the logits by {off:.2e}"
+    );
+    for (m, s) in moes(&mut model).into_iter().zip(scales) {
+        m.expert_scale = s;
+        let norms = m.norms.as_mut().unwrap();
+        norms.router_in.iter_mut().for_each(|v| *v = 1.0);
+    }
+    let off = max_diff("gemma4_moe (router scale 1)", &model, &seq, 64, &want[..n]);
+    println!("gemma4_moe with router scale 1: max |Δlogit| {off:.2e}");
+    assert!(
+        off > 100.0 * MAX_ABS,
+        "the router scale moved the logits by {off:.2e}"
+    );
+}
+
+/// The MoE model through llama.cpp's converter: `expert_count`, `expert_used_count`,
+/// `expert_feed_forward_length`, the fused `ffn_gate_up_exps`, `ffn_gate_inp.scale`,
+/// `ffn_down_exps.scale` and the branch norms.
+#[test]
+fn gemma4_moe_gguf_matches_transformers() {
+    let model = check_converted("gemma4_moe");
+    assert_eq!(gemma4_moe_layers(&model).len(), 2);
+}
+
+#[test]
+fn gemma4_moe_q8_0_matches_llama_cpp() {
+    check_llama_cpp_q8("gemma4_moe");
+}
+
+#[test]
+fn gemma4_moe_config_errors_name_the_field() {
+    config_error_names("gemma4_moe", "top_k_experts", |c| {
+        c["top_k_experts"] = 5.into();
+    });
+    config_error_names("gemma4_moe", "moe_intermediate_size", |c| {
+        c.as_object_mut().unwrap().remove("moe_intermediate_size");
+    });
 }
