@@ -40,7 +40,7 @@ use super::family::{Family, GgufHints, GgufKeys, PLAIN};
 use crate::config::{Activation, ModelConfig, RopeConfig};
 use crate::error::{ModelError, Result};
 use crate::hf::HfFolder;
-use crate::model::{LayerPle, Model, PerLayerInputs};
+use crate::model::{Ffn, LayerPle, Model, PerLayerInputs};
 use crate::weights::WeightLoader;
 use crate::names::{DECODER_GLOBAL, NameTable, decoder_layer_names};
 use mica_formats::{MetaArray, MetaValue};
@@ -449,11 +449,17 @@ fn hf_moe(hf: &HfFolder) -> Result<MoeSpec> {
 
 /// What a `gemma4` file says beyond the shared keys (which carry the global layers' head
 /// size and the per-layer key/value heads): the layer pattern and window, the sliding layers'
-/// head size and RoPE, the final soft-cap, and no per-layer embeddings or shared layers.
-/// (`rope_freqs.weight`, the global layers' proportional RoPE, is written from the resolved
-/// frequency factors.)
+/// head size and RoPE, the final soft-cap, the per-layer embedding width and shared layers,
+/// and the experts of the MoE models. (`rope_freqs.weight`, the global layers' proportional
+/// RoPE, is written from the resolved frequency factors.)
 fn gguf_keys(model: &Model, _: &HfFolder, keys: &mut GgufKeys) -> std::result::Result<(), String> {
     let cfg = &model.config;
+    if let Some(Ffn::Moe(m)) = model.layers.first().map(|l| &l.ffn) {
+        // llama.cpp's gemma4 graph renormalizes the top-k weights; the converter writes the
+        // experts' width but not the shared expert's (the layer's MLP, `feed_forward_length`).
+        experts::gguf_keys(model, keys, true, false)?;
+        keys.u32("expert_feed_forward_length", m.experts[0].up.out_dim());
+    }
     let is_swa: Vec<bool> = cfg.layer_window.iter().map(Option::is_some).collect();
     let window = cfg.layer_window.iter().flatten().next().copied();
     let swa = is_swa.iter().position(|&s| s);
