@@ -419,10 +419,10 @@ fn smollm3_q8_0_matches_llama_cpp() {
 
 /// A copy of a fixture folder whose config.json `edit` changes; the load error must name
 /// `field`.
-fn config_error_names(family: &str, field: &str, edit: impl Fn(&mut Value)) {
+/// The fixture `family` with `edit` applied to its config.json, loaded (the copy removed).
+fn load_edited(family: &str, tag: &str, edit: impl Fn(&mut Value)) -> mica_models::Result<Model> {
     let src = dir(family);
-    let tmp =
-        std::env::temp_dir().join(format!("mica-cfg-{family}-{field}-{}", std::process::id()));
+    let tmp = std::env::temp_dir().join(format!("mica-cfg-{family}-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).unwrap();
     for f in ["model.safetensors", "generation_config.json"] {
         std::fs::copy(src.join(f), tmp.join(f)).unwrap();
@@ -431,16 +431,22 @@ fn config_error_names(family: &str, field: &str, edit: impl Fn(&mut Value)) {
         serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
     edit(&mut cfg);
     std::fs::write(tmp.join("config.json"), cfg.to_string()).unwrap();
-    let err = HfFolder::open(&tmp)
-        .and_then(|f| mica_models::arch::load_hf(&f))
+    let model = HfFolder::open(&tmp).and_then(|f| mica_models::arch::load_hf(&f));
+    std::fs::remove_dir_all(&tmp).unwrap();
+    model
+}
+
+/// Loading `family` with `edit` fails with an error naming `field`; returns the message.
+fn config_error_names(family: &str, field: &str, edit: impl Fn(&mut Value)) -> String {
+    let err = load_edited(family, field, edit)
         .err()
         .unwrap_or_else(|| panic!("{family}: loads despite the bad {field}"))
         .to_string();
-    std::fs::remove_dir_all(&tmp).unwrap();
     assert!(
         err.contains(field),
         "{family}: error does not name {field}: {err}"
     );
+    err
 }
 
 #[test]
@@ -673,6 +679,55 @@ fn gemma4_config_errors_name_the_field() {
     config_error_names("gemma4", "per_layer_config.2.num_key_value_heads", |c| {
         c["per_layer_config"]["2"]["num_key_value_heads"] = 3.into();
     });
+}
+
+/// What a Gemma 4 text config may carry that mica does not run is refused at load, the
+/// error naming the field and the value: bidirectional attention over text, attention
+/// biases, another activation, a per-layer embedding table that disagrees with the config.
+#[test]
+fn gemma4_unsupported_options_are_refused_naming_field_and_value() {
+    let cases: [(&str, &str, &str, Value); 5] = [
+        (
+            "gemma4",
+            "use_bidirectional_attention",
+            "\"all\"",
+            "all".into(),
+        ),
+        (
+            "gemma4",
+            "use_bidirectional_attention",
+            "\"both\"",
+            "both".into(),
+        ),
+        ("gemma4", "attention_bias", "true", true.into()),
+        ("gemma4", "hidden_activation", "\"silu\"", "silu".into()),
+        (
+            "gemma4_shared",
+            "vocab_size_per_layer_input",
+            "64",
+            64.into(),
+        ),
+    ];
+    for (family, field, shown, value) in cases {
+        let err = config_error_names(family, field, |c| c[field] = value.clone());
+        assert!(
+            err.contains(shown),
+            "{family} {field}: value not named: {err}"
+        );
+        println!("{field} = {shown}: {err}");
+    }
+}
+
+/// `use_bidirectional_attention: "vision"` makes only image tokens bidirectional: a text
+/// model runs causally, as without it (and as llama.cpp runs it).
+#[test]
+fn gemma4_vision_bidirectional_attention_leaves_text_causal() {
+    let model = load_edited("gemma4", "vision", |c| {
+        c["use_bidirectional_attention"] = "vision".into();
+    })
+    .unwrap();
+    let (_, exp, want) = load("gemma4");
+    check_model("gemma4 (vision)", &model, &exp, &want);
 }
 
 #[test]

@@ -159,6 +159,7 @@ fn load(src: &Source, arch: &str) -> Result<Model> {
             (w, cfg, tok_embd, layers, Some((*file).clone()))
         }
         Source::Hf(hf) => {
+            check_hf_options(hf)?;
             let w = hf.weights(arch, &HF_NAMES);
             let tok_embd = token_embedding(&w, hf.config.hidden_size.unwrap_or(0))?;
             let mut cfg = hf.decoder_config(arch, tok_embd.rows)?;
@@ -198,16 +199,97 @@ fn load(src: &Source, arch: &str) -> Result<Model> {
     };
     let mut model = build_with(&w, cfg, tok_embd, PARTS, file, &ffn)?;
     if layers.ple_dim > 0 {
-        load_ple(&w, &mut model, layers.ple_dim)?;
+        load_ple(src, &w, &mut model, layers.ple_dim)?;
     }
     Ok(model)
 }
 
-/// The per-layer embedding tensors (`dim` values per layer).
-fn load_ple(w: &WeightLoader, model: &mut Model, dim: usize) -> Result<()> {
+/// Gemma 4 options of a folder that mica does not implement, refused naming the field and
+/// its value: bidirectional attention over text (`use_bidirectional_attention: "all"`;
+/// `"vision"` makes only image tokens bidirectional, so text stays causal, as llama.cpp runs
+/// it), attention biases (`attention_bias`; llama.cpp's gemma4 has none either), and a
+/// feed-forward activation other than the tanh GELU (`hidden_activation`; llama.cpp's graph
+/// computes the tanh GELU whatever the config says).
+fn check_hf_options(hf: &HfFolder) -> Result<()> {
+    let c = &hf.config;
+    match hf.config_json.get("use_bidirectional_attention") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(v)) if v == "vision" => {}
+        Some(Value::String(v)) if v == "all" => {
+            return Err(hf.field_err(
+                "use_bidirectional_attention",
+                "\"all\" (every token attends to every other, before and after it) is not \
+                 supported: mica's attention is causal (null and \"vision\" are supported; \
+                 \"vision\" leaves text causal)",
+            ));
+        }
+        Some(v) => {
+            return Err(hf.field_err(
+                "use_bidirectional_attention",
+                format!("{v} is not one of null, \"vision\", \"all\""),
+            ));
+        }
+    }
+    if c.attention_bias == Some(true) {
+        return Err(hf.field_err(
+            "attention_bias",
+            "true is not supported: Gemma 4's attention projections have no biases in mica \
+             (nor in llama.cpp)",
+        ));
+    }
+    match c.hidden_activation.as_deref() {
+        None | Some("gelu_pytorch_tanh" | "gelu_new" | "gelu_fast") => Ok(()),
+        Some(other) => Err(hf.field_err(
+            "hidden_activation",
+            format!(
+                "\"{other}\" is not supported (the tanh GELU is: gelu_pytorch_tanh, gelu_new, \
+                 gelu_fast)"
+            ),
+        )),
+    }
+}
+
+/// The per-layer embedding tensors (`dim` values per layer). Their token table needs a row
+/// for every token.
+fn load_ple(src: &Source, w: &WeightLoader, model: &mut Model, dim: usize) -> Result<()> {
     let (d, n_layer) = (model.config.n_embd, model.config.n_layer);
+    let tok = w.matrix_any_rows("per_layer_token_embd.weight", n_layer * dim)?;
+    let n_vocab = model.config.n_vocab;
+    let short = |field: &str, rows: usize| {
+        format!(
+            "{rows} rows in the per-layer embedding table ({field}) where the vocabulary has \
+             {n_vocab} tokens: every token needs a row"
+        )
+    };
+    match src {
+        Source::Hf(hf) => {
+            let field = "vocab_size_per_layer_input";
+            if let Some(v) = hf.config_json[field].as_u64()
+                && v as usize != tok.rows
+            {
+                return Err(hf.field_err(
+                    field,
+                    format!(
+                        "{v} differs from the {} rows of model.embed_tokens_per_layer",
+                        tok.rows
+                    ),
+                ));
+            }
+            if tok.rows < n_vocab {
+                return Err(hf.field_err(field, short(field, tok.rows)));
+            }
+        }
+        Source::Gguf(file) if tok.rows < n_vocab => {
+            return Err(ModelError::Config {
+                path: file.path().to_path_buf(),
+                key: "per_layer_token_embd.weight".into(),
+                msg: short("per_layer_token_embd.weight", tok.rows),
+            });
+        }
+        Source::Gguf(_) => {}
+    }
     model.ple = Some(PerLayerInputs {
-        tok: w.matrix_any_rows("per_layer_token_embd.weight", n_layer * dim)?,
+        tok,
         proj: w.linear("per_layer_model_proj", n_layer * dim, d)?,
         norm: w.norm("per_layer_proj_norm.weight", dim)?,
         dim,
