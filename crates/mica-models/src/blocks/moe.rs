@@ -103,8 +103,18 @@ impl Expert {
         out: &mut Vec<f32>,
     ) {
         let (mut g, mut u) = (Vec::new(), Vec::new());
-        project(pool, &self.gate, x, n, &mut g);
-        project(pool, &self.up, x, n, &mut u);
+        // Gate and up read the same activations: quantized once when their types agree.
+        let t = self.gate.w.dtype.vec_dot_type();
+        let mut acts = QActs::new();
+        acts.quantize(pool, t, x, n, self.gate.w.cols);
+        g.resize(n * self.gate.out_dim(), 0.0);
+        self.gate.forward(pool, &acts, &mut g);
+        if self.up.w.dtype.vec_dot_type() == t {
+            u.resize(n * self.up.out_dim(), 0.0);
+            self.up.forward(pool, &acts, &mut u);
+        } else {
+            project(pool, &self.up, x, n, &mut u);
+        }
         glu(&mut g, &u);
         project(pool, &self.down, &g, n, out);
     }
@@ -310,6 +320,68 @@ mod tests {
         assert!(
             batch.iter().any(|&v| v.abs() > 1e-3),
             "output is not trivially zero"
+        );
+    }
+
+    /// Gemma 4's wiring: the router and the routed experts read the residual stream through
+    /// their own norms, never the feed-forward norm's output, which only the shared expert
+    /// (the layer's MLP) reads. With that output poisoned the block stays finite until a
+    /// shared expert is added; batches still group by expert.
+    #[test]
+    fn branch_norms_read_the_residual_stream_and_only_the_shared_expert_reads_xn() {
+        let (d, ff, n_exp) = (8, 4, 4);
+        let norm = |k: usize| (0..d).map(|c| 0.5 + ((c + k) % 3) as f32 * 0.25).collect();
+        let mut moe = Moe {
+            router: lin("router", n_exp, d, |i| ((i * 5) % 7) as f32 * 0.1 - 0.3),
+            experts: (0..n_exp).map(|e| expert(e, d, ff, false)).collect(),
+            top_k: 2,
+            norm_topk: true,
+            shared: None,
+            shared_gate: None,
+            expert_scale: Some(vec![0.5, 1.0, 1.5, 2.0]),
+            norms: Some(BranchNorms {
+                experts_in: norm(0),
+                router_in: norm(1),
+                shared_out: norm(2),
+                experts_out: norm(3),
+            }),
+        };
+        let pool = ThreadPool::new(1);
+        let n = 5;
+        let x: Vec<f32> = (0..n * d)
+            .map(|i| 0.1 + ((i * 3) % 5) as f32 * 0.2 - 0.3)
+            .collect();
+        let poisoned = vec![f32::NAN; n * d];
+        let run = |moe: &Moe, x: &[f32], xn: &[f32], n: usize| {
+            let mut out = vec![0f32; n * d];
+            let input = MoeInput {
+                x,
+                xn,
+                n,
+                glu: &swiglu,
+                eps: 1e-6,
+            };
+            moe.forward(&pool, &input, d, &mut out);
+            out
+        };
+        let batch = run(&moe, &x, &poisoned, n);
+        assert!(
+            batch.iter().all(|v| v.is_finite()),
+            "router or experts read xn"
+        );
+        for t in 0..n {
+            let one = run(&moe, &x[t * d..(t + 1) * d], &poisoned[..d], 1);
+            for (a, b) in one.iter().zip(&batch[t * d..(t + 1) * d]) {
+                assert!(
+                    (a - b).abs() <= 1e-6,
+                    "token {t}: alone {a}, in the batch {b}"
+                );
+            }
+        }
+        moe.shared = Some(expert(9, d, ff, false));
+        assert!(
+            run(&moe, &x, &poisoned, n).iter().all(|v| v.is_nan()),
+            "the shared expert does not read xn"
         );
     }
 }
