@@ -496,6 +496,13 @@ fn gemma4_tiled_prefill_matches_token_by_token() {
     tiled_prefill_matches_token_by_token("gemma4");
 }
 
+/// And for Gemma 4 MoE: 96 prompt tokens routed as one batch, grouped by expert, give each
+/// token what it gets alone.
+#[test]
+fn gemma4_moe_tiled_prefill_matches_token_by_token() {
+    tiled_prefill_matches_token_by_token("gemma4_moe");
+}
+
 fn tiled_prefill_matches_token_by_token(family: &str) {
     let (model, _, _) = load(family);
     assert_eq!(

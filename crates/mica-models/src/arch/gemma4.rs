@@ -30,6 +30,10 @@
 //! times the per-expert scale; each branch normed, then summed into the post-feed-forward
 //! norm.
 //!
+//! What a folder's config may say that mica does not run is refused naming the field and
+//! value (`use_bidirectional_attention: "all"`, `attention_bias: true`, another
+//! `hidden_activation`, a `vocab_size_per_layer_input` that disagrees with the table).
+//!
 //! References: llama.cpp `src/models/gemma4.cpp` and `conversion/gemma.py` (`Gemma4Model`);
 //! transformers `models/gemma4/{configuration,modeling}_gemma4.py`.
 
