@@ -912,3 +912,68 @@ fn gemma4_moe_config_errors_name_the_field() {
         c.as_object_mut().unwrap().remove("moe_intermediate_size");
     });
 }
+
+/// llama.cpp's `convert_hf_to_gguf.py --fuse-qkv` stores q, k and v of every layer that has
+/// all three as one `attn_qkv` (rows q | k | v): Gemma 4 MoE's sliding layer, while its
+/// global layer (values from the keys) keeps `attn_q` and `attn_k`. That file, made here from
+/// the converted fixture by concatenating the rows (the converter's own `--fuse-qkv` output
+/// for this folder has the same bytes), gives the unfused file's logits bit for bit.
+#[test]
+fn gemma4_fused_qkv_gguf_gives_the_same_logits() {
+    use mica_formats::{GgufFile, GgufWriter};
+    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/converted/gemma4_moe");
+    let src = GgufFile::open(d.join("model.f32.gguf")).unwrap();
+    let prefix = |n: &str| n.rsplit_once("attn_").map(|(p, _)| p.to_string());
+    let has_v = |p: &str| src.tensor(&format!("{p}attn_v.weight")).is_some();
+    let mut fused = Vec::new();
+    for t in src.tensors() {
+        if let Some(p) = prefix(&t.name).filter(|p| has_v(p))
+            && t.name == format!("{p}attn_q.weight")
+        {
+            let parts =
+                ["q", "k", "v"].map(|x| src.tensor(&format!("{p}attn_{x}.weight")).unwrap());
+            let bytes: Vec<u8> = parts
+                .iter()
+                .flat_map(|t| src.tensor_data(t).to_vec())
+                .collect();
+            let rows: u64 = parts.iter().map(|t| t.shape[1]).sum();
+            fused.push((format!("{p}attn_qkv.weight"), t.shape[0], rows, bytes));
+        }
+    }
+    assert_eq!(fused.len(), 1, "the sliding layer only");
+    let mut w = GgufWriter::new();
+    for (k, v) in src.metadata_entries() {
+        w.meta(k, v.clone());
+    }
+    for t in src.tensors() {
+        let fused_away = ["attn_q.weight", "attn_k.weight", "attn_v.weight"]
+            .iter()
+            .any(|s| t.name.ends_with(s))
+            && prefix(&t.name).is_some_and(|p| has_v(&p));
+        if !fused_away {
+            w.tensor(&t.name, t.ggml_type, &t.shape, src.tensor_data(t));
+        }
+    }
+    for (name, cols, rows, bytes) in &fused {
+        w.tensor(name, src.tensors()[0].ggml_type, &[*cols, *rows], bytes);
+    }
+    let path = std::env::temp_dir().join(format!("mica-fused-qkv-{}.gguf", std::process::id()));
+    std::fs::write(&path, w.to_bytes()).unwrap();
+    let file = GgufFile::open(&path).unwrap();
+    assert!(
+        file.tensor("blk.0.attn_qkv.weight").is_some()
+            && file.tensor("blk.0.attn_q.weight").is_none()
+    );
+    let model = mica_models::arch::load_gguf(std::sync::Arc::new(file)).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let plain = mica_models::arch::load_gguf(std::sync::Arc::new(src)).unwrap();
+    let seq = [1u32, 17, 33, 5, 98, 64, 12, 77, 3, 120];
+    let run = |m: &Model| {
+        let pool = ThreadPool::new(2);
+        let mut kv = KvCache::new(&m.config, 64, 1);
+        let mut ws = Workspace::default();
+        let b = Batch::for_sequence(&seq, 0, 0, true);
+        m.forward(&pool, &b, &mut kv, &mut ws).unwrap().to_vec()
+    };
+    assert_eq!(run(&model), run(&plain), "fused and separate q, k, v");
+}
