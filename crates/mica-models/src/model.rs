@@ -8,8 +8,8 @@
 use crate::batch::Batch;
 use crate::blocks::attention::{AttentionPolicy, AttnShape, attention};
 pub use crate::blocks::ffn::FFN_CHUNK;
-use crate::blocks::ffn::{Dense, activate, dense_ffn, ffn_chunks};
-pub use crate::blocks::moe::{Expert, Moe};
+use crate::blocks::ffn::{Dense, activate, dense_ffn, ffn_chunks, glu};
+pub use crate::blocks::moe::{BranchNorms, Expert, Moe, MoeInput};
 pub use crate::blocks::ple::{LayerPle, PerLayerInputs};
 use crate::config::{ModelConfig, NormKind, RopeConfig};
 use crate::error::{ModelError, Result};
@@ -502,7 +502,14 @@ impl Model {
             let proj = grow(&mut ws.proj, rows * d);
             let dense = match &layer.ffn {
                 Ffn::Moe(moe) => {
-                    moe.forward(pool, xn, rows, d, proj);
+                    let input = MoeInput {
+                        x: &ws.x[..rows * d],
+                        xn,
+                        n: rows,
+                        glu: &|g, u| glu(cfg, g, u),
+                        eps: cfg.norm_eps,
+                    };
+                    moe.forward(pool, &input, d, proj);
                     None
                 }
                 Ffn::Dense(e) => Some(Dense::Gated(e)),

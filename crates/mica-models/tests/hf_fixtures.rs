@@ -9,7 +9,7 @@
 //! x86-64 AVX-512) llama 7.1e-6, mistral 4.9e-6, qwen2 5.0e-6, qwen3 5.6e-6, phi3 3.7e-6,
 //! qwen2moe 4.5e-6, gemma3 2.5e-6, gemma3_swa6 5.4e-6, gpt2 2.9e-6, gptneox 2.0e-6, gemma2
 //! 3.0e-6, smollm3 6.1e-6 (its llama.cpp-converted GGUF 7.2e-6), gemma4 1.1e-5, gemma4_shared
-//! 3.5e-5 (their converted GGUFs the same; the GGUF copies within 1e-7 of the folders); with llama.cpp's numerics (f16
+//! 3.5e-5, gemma4_moe 4.7e-6 (their converted GGUFs the same; the GGUF copies within 1e-7 of the folders); with llama.cpp's numerics (f16
 //! cache) they were 3.8e-3..8.4e-3.
 
 use mica_kernels::ThreadPool;
@@ -419,10 +419,10 @@ fn smollm3_q8_0_matches_llama_cpp() {
 
 /// A copy of a fixture folder whose config.json `edit` changes; the load error must name
 /// `field`.
-fn config_error_names(family: &str, field: &str, edit: impl Fn(&mut Value)) {
+/// The fixture `family` with `edit` applied to its config.json, loaded (the copy removed).
+fn load_edited(family: &str, tag: &str, edit: impl Fn(&mut Value)) -> mica_models::Result<Model> {
     let src = dir(family);
-    let tmp =
-        std::env::temp_dir().join(format!("mica-cfg-{family}-{field}-{}", std::process::id()));
+    let tmp = std::env::temp_dir().join(format!("mica-cfg-{family}-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).unwrap();
     for f in ["model.safetensors", "generation_config.json"] {
         std::fs::copy(src.join(f), tmp.join(f)).unwrap();
@@ -431,16 +431,22 @@ fn config_error_names(family: &str, field: &str, edit: impl Fn(&mut Value)) {
         serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
     edit(&mut cfg);
     std::fs::write(tmp.join("config.json"), cfg.to_string()).unwrap();
-    let err = HfFolder::open(&tmp)
-        .and_then(|f| mica_models::arch::load_hf(&f))
+    let model = HfFolder::open(&tmp).and_then(|f| mica_models::arch::load_hf(&f));
+    std::fs::remove_dir_all(&tmp).unwrap();
+    model
+}
+
+/// Loading `family` with `edit` fails with an error naming `field`; returns the message.
+fn config_error_names(family: &str, field: &str, edit: impl Fn(&mut Value)) -> String {
+    let err = load_edited(family, field, edit)
         .err()
         .unwrap_or_else(|| panic!("{family}: loads despite the bad {field}"))
         .to_string();
-    std::fs::remove_dir_all(&tmp).unwrap();
     assert!(
         err.contains(field),
         "{family}: error does not name {field}: {err}"
     );
+    err
 }
 
 #[test]
@@ -488,6 +494,13 @@ fn f32_cache_tiled_prefill_matches_token_by_token() {
 #[test]
 fn gemma4_tiled_prefill_matches_token_by_token() {
     tiled_prefill_matches_token_by_token("gemma4");
+}
+
+/// And for Gemma 4 MoE: 96 prompt tokens routed as one batch, grouped by expert, give each
+/// token what it gets alone.
+#[test]
+fn gemma4_moe_tiled_prefill_matches_token_by_token() {
+    tiled_prefill_matches_token_by_token("gemma4_moe");
 }
 
 fn tiled_prefill_matches_token_by_token(family: &str) {
@@ -662,7 +675,8 @@ fn gemma4_gguf_matches_transformers() {
 
 #[test]
 fn gemma4_config_errors_name_the_field() {
-    config_error_names("gemma4", "enable_moe_block", |c| {
+    // The MoE block switched on without its experts.
+    config_error_names("gemma4", "num_experts", |c| {
         c["enable_moe_block"] = true.into();
     });
     // Only layer 0 (sliding) left unshared: the global layers have none to reuse.
@@ -672,6 +686,55 @@ fn gemma4_config_errors_name_the_field() {
     config_error_names("gemma4", "per_layer_config.2.num_key_value_heads", |c| {
         c["per_layer_config"]["2"]["num_key_value_heads"] = 3.into();
     });
+}
+
+/// What a Gemma 4 text config may carry that mica does not run is refused at load, the
+/// error naming the field and the value: bidirectional attention over text, attention
+/// biases, another activation, a per-layer embedding table that disagrees with the config.
+#[test]
+fn gemma4_unsupported_options_are_refused_naming_field_and_value() {
+    let cases: [(&str, &str, &str, Value); 5] = [
+        (
+            "gemma4",
+            "use_bidirectional_attention",
+            "\"all\"",
+            "all".into(),
+        ),
+        (
+            "gemma4",
+            "use_bidirectional_attention",
+            "\"both\"",
+            "both".into(),
+        ),
+        ("gemma4", "attention_bias", "true", true.into()),
+        ("gemma4", "hidden_activation", "\"silu\"", "silu".into()),
+        (
+            "gemma4_shared",
+            "vocab_size_per_layer_input",
+            "64",
+            64.into(),
+        ),
+    ];
+    for (family, field, shown, value) in cases {
+        let err = config_error_names(family, field, |c| c[field] = value.clone());
+        assert!(
+            err.contains(shown),
+            "{family} {field}: value not named: {err}"
+        );
+        println!("{field} = {shown}: {err}");
+    }
+}
+
+/// `use_bidirectional_attention: "vision"` makes only image tokens bidirectional: a text
+/// model runs causally, as without it (and as llama.cpp runs it).
+#[test]
+fn gemma4_vision_bidirectional_attention_leaves_text_causal() {
+    let model = load_edited("gemma4", "vision", |c| {
+        c["use_bidirectional_attention"] = "vision".into();
+    })
+    .unwrap();
+    let (_, exp, want) = load("gemma4");
+    check_model("gemma4 (vision)", &model, &exp, &want);
 }
 
 #[test]
@@ -762,4 +825,155 @@ fn gemma4_shared_gguf_matches_transformers() {
 #[test]
 fn gemma4_shared_q8_0_matches_llama_cpp() {
     check_llama_cpp_q8("gemma4_shared");
+}
+
+/// The experts of a Gemma 4 MoE layer, with the layer's MLP beside them.
+fn gemma4_moe_layers(model: &Model) -> Vec<&mica_models::model::Moe> {
+    model
+        .layers
+        .iter()
+        .map(|l| match &l.ffn {
+            mica_models::model::Ffn::Moe(m) => m,
+            _ => panic!("gemma4_moe: a dense layer"),
+        })
+        .collect()
+}
+
+/// Gemma 4's MoE block: every layer runs its dense MLP (as the shared expert, on the
+/// feed-forward norm) beside four GeGLU experts of width 32 read from the stacked
+/// `experts.gate_up_proj` (top 2 renormalized, router on its own scaled norm, per-expert
+/// output scales), each branch normed before the sum. The router's scale and the per-expert
+/// scales are each seen to matter.
+#[test]
+fn gemma4_moe_matches_transformers() {
+    check("gemma4_moe");
+    let (mut model, exp, want) = load("gemma4_moe");
+    for m in gemma4_moe_layers(&model) {
+        assert_eq!((m.experts.len(), m.top_k, m.norm_topk), (4, 2, true));
+        assert_eq!(m.experts[0].up.out_dim(), 32);
+        assert_eq!(m.shared.as_ref().map(|s| s.up.out_dim()), Some(32));
+        assert!(m.norms.is_some() && m.expert_scale.is_some() && m.shared_gate.is_none());
+    }
+    let seq = ids(&exp["sequences"][0]);
+    let n = seq.len() * model.config.n_vocab;
+    fn moes(model: &mut Model) -> Vec<&mut mica_models::model::Moe> {
+        model
+            .layers
+            .iter_mut()
+            .filter_map(|l| match &mut l.ffn {
+                mica_models::model::Ffn::Moe(m) => Some(m),
+                _ => None,
+            })
+            .collect()
+    }
+    let scales: Vec<_> = moes(&mut model)
+        .into_iter()
+        .map(|m| m.expert_scale.take())
+        .collect();
+    let off = max_diff("gemma4_moe (no expert scale)", &model, &seq, 64, &want[..n]);
+    println!("gemma4_moe without its per-expert scales: max |Δlogit| {off:.2e}");
+    assert!(
+        off > 100.0 * MAX_ABS,
+        "per-expert scales moved the logits by {off:.2e}"
+    );
+    for (m, s) in moes(&mut model).into_iter().zip(scales) {
+        m.expert_scale = s;
+        let norms = m.norms.as_mut().unwrap();
+        norms.router_in.iter_mut().for_each(|v| *v = 1.0);
+    }
+    let off = max_diff("gemma4_moe (router scale 1)", &model, &seq, 64, &want[..n]);
+    println!("gemma4_moe with router scale 1: max |Δlogit| {off:.2e}");
+    assert!(
+        off > 100.0 * MAX_ABS,
+        "the router scale moved the logits by {off:.2e}"
+    );
+}
+
+/// The MoE model through llama.cpp's converter: `expert_count`, `expert_used_count`,
+/// `expert_feed_forward_length`, the fused `ffn_gate_up_exps`, `ffn_gate_inp.scale`,
+/// `ffn_down_exps.scale` and the branch norms.
+#[test]
+fn gemma4_moe_gguf_matches_transformers() {
+    let model = check_converted("gemma4_moe");
+    assert_eq!(gemma4_moe_layers(&model).len(), 2);
+}
+
+#[test]
+fn gemma4_moe_q8_0_matches_llama_cpp() {
+    check_llama_cpp_q8("gemma4_moe");
+}
+
+#[test]
+fn gemma4_moe_config_errors_name_the_field() {
+    config_error_names("gemma4_moe", "top_k_experts", |c| {
+        c["top_k_experts"] = 5.into();
+    });
+    config_error_names("gemma4_moe", "moe_intermediate_size", |c| {
+        c.as_object_mut().unwrap().remove("moe_intermediate_size");
+    });
+}
+
+/// llama.cpp's `convert_hf_to_gguf.py --fuse-qkv` stores q, k and v of every layer that has
+/// all three as one `attn_qkv` (rows q | k | v): Gemma 4 MoE's sliding layer, while its
+/// global layer (values from the keys) keeps `attn_q` and `attn_k`. That file, made here from
+/// the converted fixture by concatenating the rows (the converter's own `--fuse-qkv` output
+/// for this folder has the same bytes), gives the unfused file's logits bit for bit.
+#[test]
+fn gemma4_fused_qkv_gguf_gives_the_same_logits() {
+    use mica_formats::{GgufFile, GgufWriter};
+    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/converted/gemma4_moe");
+    let src = GgufFile::open(d.join("model.f32.gguf")).unwrap();
+    let prefix = |n: &str| n.rsplit_once("attn_").map(|(p, _)| p.to_string());
+    let has_v = |p: &str| src.tensor(&format!("{p}attn_v.weight")).is_some();
+    let mut fused = Vec::new();
+    for t in src.tensors() {
+        if let Some(p) = prefix(&t.name).filter(|p| has_v(p))
+            && t.name == format!("{p}attn_q.weight")
+        {
+            let parts =
+                ["q", "k", "v"].map(|x| src.tensor(&format!("{p}attn_{x}.weight")).unwrap());
+            let bytes: Vec<u8> = parts
+                .iter()
+                .flat_map(|t| src.tensor_data(t).to_vec())
+                .collect();
+            let rows: u64 = parts.iter().map(|t| t.shape[1]).sum();
+            fused.push((format!("{p}attn_qkv.weight"), t.shape[0], rows, bytes));
+        }
+    }
+    assert_eq!(fused.len(), 1, "the sliding layer only");
+    let mut w = GgufWriter::new();
+    for (k, v) in src.metadata_entries() {
+        w.meta(k, v.clone());
+    }
+    for t in src.tensors() {
+        let fused_away = ["attn_q.weight", "attn_k.weight", "attn_v.weight"]
+            .iter()
+            .any(|s| t.name.ends_with(s))
+            && prefix(&t.name).is_some_and(|p| has_v(&p));
+        if !fused_away {
+            w.tensor(&t.name, t.ggml_type, &t.shape, src.tensor_data(t));
+        }
+    }
+    for (name, cols, rows, bytes) in &fused {
+        w.tensor(name, src.tensors()[0].ggml_type, &[*cols, *rows], bytes);
+    }
+    let path = std::env::temp_dir().join(format!("mica-fused-qkv-{}.gguf", std::process::id()));
+    std::fs::write(&path, w.to_bytes()).unwrap();
+    let file = GgufFile::open(&path).unwrap();
+    assert!(
+        file.tensor("blk.0.attn_qkv.weight").is_some()
+            && file.tensor("blk.0.attn_q.weight").is_none()
+    );
+    let model = mica_models::arch::load_gguf(std::sync::Arc::new(file)).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let plain = mica_models::arch::load_gguf(std::sync::Arc::new(src)).unwrap();
+    let seq = [1u32, 17, 33, 5, 98, 64, 12, 77, 3, 120];
+    let run = |m: &Model| {
+        let pool = ThreadPool::new(2);
+        let mut kv = KvCache::new(&m.config, 64, 1);
+        let mut ws = Workspace::default();
+        let b = Batch::for_sequence(&seq, 0, 0, true);
+        m.forward(&pool, &b, &mut kv, &mut ws).unwrap().to_vec()
+    };
+    assert_eq!(run(&model), run(&plain), "fused and separate q, k, v");
 }

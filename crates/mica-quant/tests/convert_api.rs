@@ -2,7 +2,8 @@
 //! (a GGUF written by llama.cpp's converter) to Q8_0, checked tensor by tensor against
 //! `mica-kernels`' quantizer run on the source rows; the progress events bracket the write and
 //! sum to its total; a mix reports the types it wrote; bad options are typed errors that name
-//! what failed and leave no file.
+//! what failed and leave no file. Gemma 4 MoE to Q8_0 gives llama.cpp's own Q8_0 file, tensor for
+//! tensor.
 
 use mica_formats::{GgufFile, MicaFile};
 use mica_kernels::DType;
@@ -335,4 +336,38 @@ fn iq2_xs_needs_an_importance_matrix_and_other_grid_types_are_refused() {
         "{e}"
     );
     assert!(!out.exists());
+}
+
+/// Gemma 4 MoE (`fixtures/converted/gemma4_moe`: llama.cpp's converter output, and that
+/// quantized to Q8_0 by llama.cpp's `llama_model_quantize`): mica's Q8_0 conversion writes
+/// llama.cpp's file tensor for tensor — the router kept F32, the stacked 3-D experts (fused
+/// gate-up, down) quantized row by row, the router and per-expert scales copied — and runs.
+#[test]
+fn gemma4_moe_q8_0_is_llama_cpps_file() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/converted/gemma4_moe");
+    let out = scratch("gemma4_moe").join("q8.gguf");
+    convert(&dir.join("model.f32.gguf"), &out, &q8_0(), &mut |_| {}).unwrap();
+    let (got, want) = (
+        GgufFile::open(&out).unwrap(),
+        GgufFile::open(dir.join("model.q8_0.gguf")).unwrap(),
+    );
+    assert_eq!(got.tensors().len(), want.tensors().len());
+    for t in want.tensors() {
+        let u = got.tensor(&t.name).unwrap();
+        assert_eq!(
+            (&u.shape, u.ggml_type),
+            (&t.shape, t.ggml_type),
+            "{}",
+            t.name
+        );
+        assert!(
+            got.tensor_data(u) == want.tensor_data(t),
+            "bytes of {}",
+            t.name
+        );
+    }
+    let experts = got.tensor("blk.0.ffn_gate_up_exps.weight").unwrap();
+    assert_eq!(experts.ggml_type.dtype(), Some(DType::Q8_0));
+    assert_eq!(experts.shape.len(), 3);
+    mica_models::arch::load_gguf(Arc::new(got)).unwrap();
 }

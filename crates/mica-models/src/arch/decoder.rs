@@ -20,7 +20,8 @@ pub struct Parts {
     /// RMSNorm of each sub-block's output before its residual add (`post_attention_norm`,
     /// `post_ffw_norm`).
     pub post_norms: bool,
-    /// Q, K and V stored as one matrix (`attn_qkv`, rows q | k | v; Phi-3).
+    /// Q, K and V stored as one matrix (`attn_qkv`, rows q | k | v; Phi-3). Without it a
+    /// layer whose file has `attn_qkv` (llama.cpp's `--fuse-qkv`) is read fused all the same.
     pub fused_qkv: bool,
     /// Gate and up stored as one matrix (`ffn_up` of `2 × n_ff` rows, gate first; Phi-3).
     pub fused_gate_up: bool,
@@ -121,7 +122,10 @@ pub fn build_with(
             let ff = cfg.n_ff_of(i);
             // A layer reusing an earlier layer's keys and values has no K/V weights.
             let has_kv = cfg.layer_kv_from[i].is_none();
-            let (wq, wk, wv) = if parts.fused_qkv {
+            // Fused when the family always is, or when the file fuses this layer (llama.cpp's
+            // `convert_hf_to_gguf.py --fuse-qkv` writes `attn_qkv` for layers with all three).
+            let fused = parts.fused_qkv || (has_kv && w.info(&p("attn_qkv.weight")).is_some());
+            let (wq, wk, wv) = if fused {
                 let (name, total) = (p("attn_qkv.weight"), qd + 2 * kvd);
                 (
                     split(name.clone(), 0, qd, total)?,

@@ -8,12 +8,19 @@
 //! experts outermost (`[n_embd, n_ff, n_expert]` for gate / up, `[n_ff, n_embd, n_expert]`
 //! for down, innermost first), and each expert here is a zero-copy view of its slice.
 //! Shared experts are `ffn_{gate,up,down}_shexp`, their gate `ffn_gate_inp_shexp`.
+//! Gate and up may be one stacked tensor, `ffn_gate_up_exps` (`[n_embd, 2 · n_ff, n_expert]`,
+//! each expert's gate rows then its up rows: llama.cpp's converter writes Gemma 4 so, and
+//! Gemma 4 checkpoints store `experts.gate_up_proj` in that layout); `ffn_down_exps.scale`
+//! (`[n_expert]`), where present, scales each expert's output.
+//!
+//! Gemma 4 ([`MoeSpec::mlp_beside`]) runs the layer's dense MLP beside the experts as their
+//! shared expert, with its own norms around both branches ([`crate::model::BranchNorms`]).
 
 use super::decoder::{Parts, build_with, gguf_start};
 use super::family::GgufKeys;
 use crate::error::{ModelError, Result};
 use crate::hf::HfFolder;
-use crate::model::{Expert, Ffn, Model, Moe};
+use crate::model::{BranchNorms, Expert, Ffn, Model, Moe};
 use crate::weights::{Linear, WeightLoader};
 use mica_formats::GgufFile;
 use mica_kernels::ops::RopeStyle;
@@ -37,6 +44,10 @@ pub struct MoeSpec {
     pub sparse_step: usize,
     /// Experts stacked in 3-D tensors (GGUF) rather than one set per expert.
     pub stacked: bool,
+    /// Gemma 4: the layer's dense MLP (`ffn_gate` / `ffn_up` / `ffn_down`, `shared_ff` wide)
+    /// is the shared expert, ungated, and the layer has [`BranchNorms`]
+    /// (`pre_ffw_norm_2`, `ffn_gate_inp.scale`, `post_ffw_norm_1`, `post_ffw_norm_2`).
+    pub mlp_beside: bool,
 }
 
 impl MoeSpec {
@@ -53,9 +64,22 @@ impl MoeSpec {
             return Ok(None);
         }
         let (n, ff) = (self.n_expert, self.n_ff);
+        // Gate and up in one stack: each expert's `2 · ff` rows, gate first.
+        let fused = self.stacked
+            && w.info(&p("ffn_gate_exps.weight")).is_none()
+            && w.info(&p("ffn_gate_up_exps.weight")).is_some();
         // One expert's matrix: a slice of the stack, or its own tensor.
         let one = |kind: &str, e: usize, rows: usize, cols: usize| -> Result<Linear> {
-            let w = if self.stacked {
+            let w = if fused && kind != "down" {
+                let first = e * 2 * rows + if kind == "up" { rows } else { 0 };
+                w.matrix_rows(
+                    &p("ffn_gate_up_exps.weight"),
+                    first,
+                    rows,
+                    n * 2 * rows,
+                    cols,
+                )?
+            } else if self.stacked {
                 w.matrix_rows(
                     &p(&format!("ffn_{kind}_exps.weight")),
                     e * rows,
@@ -78,21 +102,23 @@ impl MoeSpec {
             })
             .collect::<Result<Vec<_>>>()?;
         // GGUF files say whether there is a shared expert by having its tensors.
-        let shared_ff = self
-            .shared_ff
-            .filter(|_| !self.stacked || w.info(&p("ffn_up_shexp.weight")).is_some());
+        let sx = if self.mlp_beside { "" } else { "_shexp" };
+        let shared_ff = self.shared_ff.filter(|_| {
+            self.mlp_beside || !self.stacked || w.info(&p("ffn_up_shexp.weight")).is_some()
+        });
         let shared = match shared_ff {
             None => None,
             Some(sf) => Some(Expert {
-                gate: w.linear(&p("ffn_gate_shexp"), sf, d)?,
-                up: w.linear(&p("ffn_up_shexp"), sf, d)?,
-                down: w.linear(&p("ffn_down_shexp"), d, sf)?,
+                gate: w.linear(&p(&format!("ffn_gate{sx}")), sf, d)?,
+                up: w.linear(&p(&format!("ffn_up{sx}")), sf, d)?,
+                down: w.linear(&p(&format!("ffn_down{sx}")), d, sf)?,
             }),
         };
         // `[n_embd]` or `[n_embd, 1]`: one row either way. Required in Hugging Face Qwen-MoE
         // checkpoints; optional in GGUF (llama.cpp's ungated shared experts).
         let gate_name = p("ffn_gate_inp_shexp.weight");
         let shared_gate = match &shared {
+            Some(_) if self.mlp_beside => None,
             Some(_) if self.stacked && w.info(&gate_name).is_none() => None,
             Some(_) => Some(Linear {
                 w: w.matrix_rows(&gate_name, 0, 1, 1, d)?,
@@ -107,6 +133,19 @@ impl MoeSpec {
             norm_topk: self.norm_topk,
             shared,
             shared_gate,
+            expert_scale: match w.info(&p("ffn_down_exps.scale")) {
+                Some(_) => Some(w.vector(&p("ffn_down_exps.scale"), n)?),
+                None => None,
+            },
+            norms: match self.mlp_beside {
+                true => Some(BranchNorms {
+                    experts_in: w.norm(&p("pre_ffw_norm_2.weight"), d)?,
+                    router_in: w.vector(&p("ffn_gate_inp.scale"), d)?,
+                    shared_out: w.norm(&p("post_ffw_norm_1.weight"), d)?,
+                    experts_out: w.norm(&p("post_ffw_norm_2.weight"), d)?,
+                }),
+                false => None,
+            },
         })))
     }
 
@@ -167,6 +206,7 @@ pub fn gguf_spec(file: &GgufFile, arch: &str, norm_default: bool) -> Result<Opti
         dense_layers: Vec::new(),
         sparse_step: 1,
         stacked: true,
+        mlp_beside: false,
     }
     .check(err)
     .map(Some)
@@ -188,6 +228,7 @@ pub fn qwen_hf_spec(hf: &HfFolder) -> Result<MoeSpec> {
         dense_layers: c.mlp_only_layers.clone().unwrap_or_default(),
         sparse_step: c.decoder_sparse_step.unwrap_or(1).max(1),
         stacked: false,
+        mlp_beside: false,
     }
     .check(|_, msg| hf.field_err("num_experts_per_tok", msg))
 }

@@ -21,19 +21,30 @@
 //! last unshared layer of their kind ([`crate::ModelConfig::layer_kv_from`]; GGUF
 //! `attention.shared_kv_layers`, from which llama.cpp takes the last unshared layer for
 //! global layers and the one before it for sliding ones), with double-wide feed-forwards
-//! when `use_double_wide_mlp` (GGUF: a per-layer `feed_forward_length`). The
-//! mixture-of-experts block (`enable_moe_block`) is refused with an error naming the field.
+//! when `use_double_wide_mlp` (GGUF: a per-layer `feed_forward_length`).
+//!
+//! The MoE models (`enable_moe_block`; GGUF: `expert_count` and a router in the layer) run
+//! the layer's dense MLP and the routed experts side by side ([`MoeSpec::mlp_beside`]): the
+//! MLP reads the feed-forward norm, the experts (GeGLU, stacked gate-up) their own norm, the
+//! router a weightless norm times `router.scale / sqrt(n_embd)`; softmax, top-k renormalized,
+//! times the per-expert scale; each branch normed, then summed into the post-feed-forward
+//! norm.
+//!
+//! What a folder's config may say that mica does not run is refused naming the field and
+//! value (`use_bidirectional_attention: "all"`, `attention_bias: true`, another
+//! `hidden_activation`, a `vocab_size_per_layer_input` that disagrees with the table).
 //!
 //! References: llama.cpp `src/models/gemma4.cpp` and `conversion/gemma.py` (`Gemma4Model`);
 //! transformers `models/gemma4/{configuration,modeling}_gemma4.py`.
 
 use super::Source;
-use super::decoder::{Parts, build, gguf_start, token_embedding};
+use super::decoder::{Parts, build_with, gguf_start, token_embedding};
+use super::experts::{self, MoeSpec};
 use super::family::{Family, GgufHints, GgufKeys, PLAIN};
 use crate::config::{Activation, ModelConfig, RopeConfig};
 use crate::error::{ModelError, Result};
 use crate::hf::HfFolder;
-use crate::model::{LayerPle, Model, PerLayerInputs};
+use crate::model::{Ffn, LayerPle, Model, PerLayerInputs};
 use crate::weights::WeightLoader;
 use crate::names::{DECODER_GLOBAL, NameTable, decoder_layer_names};
 use mica_formats::{MetaArray, MetaValue};
@@ -53,7 +64,8 @@ pub(super) static FAMILY: Family = Family {
     },
 };
 
-/// Gemma 3's names plus the per-layer output scale and the per-layer embeddings.
+/// Gemma 3's names plus the per-layer output scale, the per-layer embeddings and the
+/// mixture-of-experts block (router, stacked experts, the norms around both branches).
 pub(crate) static HF_NAMES: NameTable = NameTable {
     layer_prefix: "model.layers.{i}.",
     global: &[
@@ -84,6 +96,23 @@ pub(crate) static HF_NAMES: NameTable = NameTable {
         ("inp_gate.weight", "per_layer_input_gate.weight"),
         ("proj.weight", "per_layer_projection.weight"),
         ("post_norm.weight", "post_per_layer_input_norm.weight"),
+        ("ffn_gate_inp.weight", "router.proj.weight"),
+        ("ffn_gate_inp.scale", "router.scale"),
+        ("ffn_down_exps.scale", "router.per_expert_scale"),
+        ("ffn_gate_up_exps.weight", "experts.gate_up_proj"),
+        ("ffn_down_exps.weight", "experts.down_proj"),
+        (
+            "pre_ffw_norm_2.weight",
+            "pre_feedforward_layernorm_2.weight"
+        ),
+        (
+            "post_ffw_norm_1.weight",
+            "post_feedforward_layernorm_1.weight"
+        ),
+        (
+            "post_ffw_norm_2.weight",
+            "post_feedforward_layernorm_2.weight"
+        ),
     ],
 };
 
@@ -120,6 +149,8 @@ struct Layers {
     kv_from: Vec<Option<usize>>,
     /// `[n_layer]` feed-forward widths.
     n_ff: Vec<usize>,
+    /// The experts beside every layer's MLP (the MoE models).
+    moe: Option<MoeSpec>,
 }
 
 fn load(src: &Source, arch: &str) -> Result<Model> {
@@ -132,6 +163,7 @@ fn load(src: &Source, arch: &str) -> Result<Model> {
             (w, cfg, tok_embd, layers, Some((*file).clone()))
         }
         Source::Hf(hf) => {
+            check_hf_options(hf)?;
             let w = hf.weights(arch, &HF_NAMES);
             let tok_embd = token_embedding(&w, hf.config.hidden_size.unwrap_or(0))?;
             let mut cfg = hf.decoder_config(arch, tok_embd.rows)?;
@@ -158,19 +190,110 @@ fn load(src: &Source, arch: &str) -> Result<Model> {
     cfg.layer_head_dim = layers.head_dim;
     cfg.layer_n_head_kv = layers.n_head_kv;
     cfg.layer_kv_from = layers.kv_from;
-    cfg.layer_n_ff = layers.n_ff;
-    let mut model = build(&w, cfg, tok_embd, PARTS, file)?;
+    cfg.layer_n_ff = layers.n_ff.clone();
+    let d = cfg.n_embd;
+    // The MoE models' experts, with the layer's MLP as their shared expert.
+    let ffn = |i: usize| match &layers.moe {
+        Some(spec) => MoeSpec {
+            shared_ff: Some(layers.n_ff[i]),
+            ..spec.clone()
+        }
+        .layer(&w, i, d),
+        None => Ok(None),
+    };
+    let mut model = build_with(&w, cfg, tok_embd, PARTS, file, &ffn)?;
     if layers.ple_dim > 0 {
-        load_ple(&w, &mut model, layers.ple_dim)?;
+        load_ple(src, &w, &mut model, layers.ple_dim)?;
     }
     Ok(model)
 }
 
-/// The per-layer embedding tensors (`dim` values per layer).
-fn load_ple(w: &WeightLoader, model: &mut Model, dim: usize) -> Result<()> {
+/// Gemma 4 options of a folder that mica does not implement, refused naming the field and
+/// its value: bidirectional attention over text (`use_bidirectional_attention: "all"`;
+/// `"vision"` makes only image tokens bidirectional, so text stays causal, as llama.cpp runs
+/// it), attention biases (`attention_bias`; llama.cpp's gemma4 has none either), and a
+/// feed-forward activation other than the tanh GELU (`hidden_activation`; llama.cpp's graph
+/// computes the tanh GELU whatever the config says).
+fn check_hf_options(hf: &HfFolder) -> Result<()> {
+    let c = &hf.config;
+    match hf.config_json.get("use_bidirectional_attention") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(v)) if v == "vision" => {}
+        Some(Value::String(v)) if v == "all" => {
+            return Err(hf.field_err(
+                "use_bidirectional_attention",
+                "\"all\" (every token attends to every other, before and after it) is not \
+                 supported: mica's attention is causal (null and \"vision\" are supported; \
+                 \"vision\" leaves text causal)",
+            ));
+        }
+        Some(v) => {
+            return Err(hf.field_err(
+                "use_bidirectional_attention",
+                format!("{v} is not one of null, \"vision\", \"all\""),
+            ));
+        }
+    }
+    if c.attention_bias == Some(true) {
+        return Err(hf.field_err(
+            "attention_bias",
+            "true is not supported: Gemma 4's attention projections have no biases in mica \
+             (nor in llama.cpp)",
+        ));
+    }
+    match c.hidden_activation.as_deref() {
+        None | Some("gelu_pytorch_tanh" | "gelu_new" | "gelu_fast") => Ok(()),
+        Some(other) => Err(hf.field_err(
+            "hidden_activation",
+            format!(
+                "\"{other}\" is not supported (the tanh GELU is: gelu_pytorch_tanh, gelu_new, \
+                 gelu_fast)"
+            ),
+        )),
+    }
+}
+
+/// The per-layer embedding tensors (`dim` values per layer). Their token table needs a row
+/// for every token.
+fn load_ple(src: &Source, w: &WeightLoader, model: &mut Model, dim: usize) -> Result<()> {
     let (d, n_layer) = (model.config.n_embd, model.config.n_layer);
+    let tok = w.matrix_any_rows("per_layer_token_embd.weight", n_layer * dim)?;
+    let n_vocab = model.config.n_vocab;
+    let short = |field: &str, rows: usize| {
+        format!(
+            "{rows} rows in the per-layer embedding table ({field}) where the vocabulary has \
+             {n_vocab} tokens: every token needs a row"
+        )
+    };
+    match src {
+        Source::Hf(hf) => {
+            let field = "vocab_size_per_layer_input";
+            if let Some(v) = hf.config_json[field].as_u64()
+                && v as usize != tok.rows
+            {
+                return Err(hf.field_err(
+                    field,
+                    format!(
+                        "{v} differs from the {} rows of model.embed_tokens_per_layer",
+                        tok.rows
+                    ),
+                ));
+            }
+            if tok.rows < n_vocab {
+                return Err(hf.field_err(field, short(field, tok.rows)));
+            }
+        }
+        Source::Gguf(file) if tok.rows < n_vocab => {
+            return Err(ModelError::Config {
+                path: file.path().to_path_buf(),
+                key: "per_layer_token_embd.weight".into(),
+                msg: short("per_layer_token_embd.weight", tok.rows),
+            });
+        }
+        Source::Gguf(_) => {}
+    }
     model.ple = Some(PerLayerInputs {
-        tok: w.matrix_any_rows("per_layer_token_embd.weight", n_layer * dim)?,
+        tok,
         proj: w.linear("per_layer_model_proj", n_layer * dim, d)?,
         norm: w.norm("per_layer_proj_norm.weight", dim)?,
         dim,
@@ -195,12 +318,12 @@ fn gguf_layers(file: &mica_formats::GgufFile, arch: &str, cfg: &ModelConfig) -> 
         msg,
     };
     let positive = |k: &str| file.get_u64(&key(k)).filter(|&x| x > 0).map(|x| x as usize);
-    if let Some(n) = positive("expert_count") {
-        return Err(err(
-            "expert_count",
-            format!("{n}: the mixture-of-experts block (Gemma 4's MoE models) is not supported yet"),
-        ));
-    }
+    // llama.cpp's gemma4 graph always renormalizes the top-k weights.
+    let moe = experts::gguf_spec(file, arch, true)?.map(|s| MoeSpec {
+        norm_topk: true,
+        mlp_beside: true,
+        ..s
+    });
     let n = cfg.n_layer;
     let is_swa = match file.metadata(&key("attention.sliding_window_pattern")) {
         Some(MetaValue::Array(MetaArray::Bool(b))) if b.len() == n => b.clone(),
@@ -270,6 +393,7 @@ fn gguf_layers(file: &mica_formats::GgufFile, arch: &str, cfg: &ModelConfig) -> 
         ple_dim: positive("embedding_length_per_layer_input").unwrap_or(0),
         kv_from,
         n_ff: cfg.layer_n_ff.clone(),
+        moe,
     })
 }
 
@@ -278,12 +402,10 @@ fn gguf_layers(file: &mica_formats::GgufFile, arch: &str, cfg: &ModelConfig) -> 
 fn hf_layers(hf: &HfFolder, cfg: &mut ModelConfig) -> Result<Layers> {
     let c = &hf.config;
     let n = cfg.n_layer;
-    if c.enable_moe_block == Some(true) {
-        return Err(hf.field_err(
-            "enable_moe_block",
-            "the mixture-of-experts block of Gemma 4's MoE models is not supported yet",
-        ));
-    }
+    let moe = match c.enable_moe_block {
+        Some(true) => Some(hf_moe(hf)?),
+        _ => None,
+    };
     let window = c
         .sliding_window
         .filter(|&w| w > 0)
@@ -378,16 +500,52 @@ fn hf_layers(hf: &HfFolder, cfg: &mut ModelConfig) -> Result<Layers> {
         ple_dim: c.hidden_size_per_layer_input.unwrap_or(0),
         kv_from,
         n_ff,
+        moe,
+    })
+}
+
+/// The experts of a Gemma 4 MoE folder: `num_experts`, `top_k_experts`,
+/// `moe_intermediate_size`; every layer sparse, the top-k weights renormalized.
+fn hf_moe(hf: &HfFolder) -> Result<MoeSpec> {
+    let c = &hf.config;
+    let n_expert = hf.required("num_experts", c.num_experts)?;
+    let top_k = hf.config_json["top_k_experts"]
+        .as_u64()
+        .map(|k| k as usize)
+        .filter(|&k| k > 0);
+    let top_k = hf.required("top_k_experts", top_k)?;
+    if top_k > n_expert {
+        return Err(hf.field_err(
+            "top_k_experts",
+            format!("{top_k} experts per token of {n_expert}"),
+        ));
+    }
+    Ok(MoeSpec {
+        n_expert,
+        top_k,
+        n_ff: hf.required("moe_intermediate_size", c.moe_intermediate_size)?,
+        norm_topk: true,
+        shared_ff: None,
+        dense_layers: Vec::new(),
+        sparse_step: 1,
+        stacked: true,
+        mlp_beside: true,
     })
 }
 
 /// What a `gemma4` file says beyond the shared keys (which carry the global layers' head
 /// size and the per-layer key/value heads): the layer pattern and window, the sliding layers'
-/// head size and RoPE, the final soft-cap, and no per-layer embeddings or shared layers.
-/// (`rope_freqs.weight`, the global layers' proportional RoPE, is written from the resolved
-/// frequency factors.)
+/// head size and RoPE, the final soft-cap, the per-layer embedding width and shared layers,
+/// and the experts of the MoE models. (`rope_freqs.weight`, the global layers' proportional
+/// RoPE, is written from the resolved frequency factors.)
 fn gguf_keys(model: &Model, _: &HfFolder, keys: &mut GgufKeys) -> std::result::Result<(), String> {
     let cfg = &model.config;
+    if let Some(Ffn::Moe(m)) = model.layers.first().map(|l| &l.ffn) {
+        // llama.cpp's gemma4 graph renormalizes the top-k weights; the converter writes the
+        // experts' width but not the shared expert's (the layer's MLP, `feed_forward_length`).
+        experts::gguf_keys(model, keys, true, false)?;
+        keys.u32("expert_feed_forward_length", m.experts[0].up.out_dim());
+    }
     let is_swa: Vec<bool> = cfg.layer_window.iter().map(Option::is_some).collect();
     let window = cfg.layer_window.iter().flatten().next().copied();
     let swa = is_swa.iter().position(|&s| s);

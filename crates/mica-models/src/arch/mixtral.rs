@@ -89,6 +89,7 @@ fn load(src: &Source, arch: &str) -> Result<Model> {
         dense_layers: Vec::new(),
         sparse_step: 1,
         stacked: false,
+        mlp_beside: false,
     };
     let d = cfg.n_embd;
     build_with(&w, cfg, tok_embd, Parts::default(), None, &|i| {

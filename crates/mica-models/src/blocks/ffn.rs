@@ -70,16 +70,21 @@ pub(crate) fn dense_ffn(
                 .forward(pool, acts.get(pool, &e.gate.w, x, rows), gate);
             let up = grow(up_buf, rows * ff);
             e.up.forward(pool, acts.get(pool, &e.up.w, x, rows), up);
-            match (cfg.act, cfg.numerics) {
-                (Activation::Silu, _) => ops::swiglu(gate, up),
-                (_, Numerics::LlamaCpp) => ops::geglu(gate, up),
-                (_, Numerics::F32) => ops::geglu_precise(gate, up),
-            }
+            glu(cfg, gate, up);
             (&*gate, &e.down)
         }
     };
     acts.invalidate();
     down.forward(pool, acts.get(pool, &down.w, h, rows), out);
+}
+
+/// The gated activation in place, `gate = act(gate) * up`, with the model's numerics.
+pub(crate) fn glu(cfg: &ModelConfig, gate: &mut [f32], up: &[f32]) {
+    match (cfg.act, cfg.numerics) {
+        (Activation::Silu, _) => ops::swiglu(gate, up),
+        (_, Numerics::LlamaCpp) => ops::geglu(gate, up),
+        (_, Numerics::F32) => ops::geglu_precise(gate, up),
+    }
 }
 
 /// The plain (ungated) MLP activation in place, with the model's numerics.

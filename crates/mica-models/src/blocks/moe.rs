@@ -1,17 +1,26 @@
 //! Mixture-of-experts feed-forward (Mixtral-style top-k routing; Qwen2-MoE / Qwen3-MoE with
-//! an optional shared expert behind a sigmoid gate).
+//! an optional shared expert behind a sigmoid gate; Gemma 4's experts beside the layer's
+//! dense MLP).
 //!
 //! Per token: router logits → softmax over all experts → the `top_k` most probable
-//! (renormalized to sum 1 when `norm_topk`) → output = Σ_k p_k · expert_k(x), plus
-//! `sigmoid(x · g) · shared(x)` where there is a shared expert. The batch is grouped by
-//! expert: each selected expert runs once on the rows routed to it (gathered into one
-//! matrix), so only the selected experts' weights are read.
+//! (renormalized to sum 1 when `norm_topk`) → output = Σ_k p_k · s_k · expert_k(x) (`s` the
+//! optional per-expert output scales, else 1), plus `sigmoid(x · g) · shared(x)` where there
+//! is a shared expert. The batch is grouped by expert: each selected expert runs once on the
+//! rows routed to it (gathered into one matrix), so only the selected experts' weights are
+//! read. The experts' activation is the model's (SwiGLU, or GeGLU for Gemma 4).
+//!
+//! Gemma 4 ([`BranchNorms`]) reads the residual stream through three norms: the shared
+//! expert (its dense MLP) the layer's feed-forward norm, the routed experts their own, the
+//! router a weightless RMSNorm times a learned scale and `1/sqrt(n_embd)`; each branch's
+//! output is normed before the two are added. (llama.cpp `src/models/gemma4.cpp`,
+//! transformers `Gemma4TextDecoderLayer` and `Gemma4TextRouter`.)
 //!
 //! References: Shazeer et al., "Outrageously Large Neural Networks" (2017); Mixtral of
 //! Experts (2024); transformers `Qwen2MoeSparseMoeBlock`.
 
 use crate::weights::Linear;
 use mica_kernels::matmul::QActs;
+use mica_kernels::ops::rms_norm;
 use mica_kernels::{ThreadPool, ops};
 
 /// One gated expert: `down(silu(gate(x)) * up(x))`.
@@ -36,6 +45,43 @@ pub struct Moe {
     pub shared: Option<Expert>,
     /// `[1 × n_embd]`: the shared expert's output is scaled by `sigmoid(x · g)`.
     pub shared_gate: Option<Linear>,
+    /// `[n_expert]` multiplies each routed expert's output (Gemma 4's `per_expert_scale`,
+    /// llama.cpp's `ffn_down_exps.scale`).
+    pub expert_scale: Option<Vec<f32>>,
+    /// Gemma 4's own inputs of the router and the routed experts, and the norms of both
+    /// branches' outputs; `None`: router and experts read the feed-forward norm's output and
+    /// the branches are summed as they are.
+    pub norms: Option<BranchNorms>,
+}
+
+/// Gemma 4's norms around its two feed-forward branches (each `[n_embd]`).
+pub struct BranchNorms {
+    /// RMSNorm of the residual stream into the routed experts (`pre_feedforward_layernorm_2`,
+    /// GGUF `pre_ffw_norm_2`).
+    pub experts_in: Vec<f32>,
+    /// The router's input: a weightless RMSNorm of the residual stream times `1/sqrt(n_embd)`
+    /// times this (`router.scale`, GGUF `ffn_gate_inp.scale`).
+    pub router_in: Vec<f32>,
+    /// RMSNorm of the shared expert's (the dense MLP's) output (`post_feedforward_layernorm_1`,
+    /// GGUF `post_ffw_norm_1`).
+    pub shared_out: Vec<f32>,
+    /// RMSNorm of the routed experts' sum (`post_feedforward_layernorm_2`, GGUF
+    /// `post_ffw_norm_2`).
+    pub experts_out: Vec<f32>,
+}
+
+/// What a mixture-of-experts block reads.
+pub struct MoeInput<'a> {
+    /// `[n, n_embd]` the residual stream entering the feed-forward sub-block.
+    pub x: &'a [f32],
+    /// `[n, n_embd]` `x` through the layer's feed-forward norm.
+    pub xn: &'a [f32],
+    /// Rows.
+    pub n: usize,
+    /// The gated activation in place: `gate = act(gate) * up`, with the model's numerics.
+    pub glu: &'a dyn Fn(&mut [f32], &[f32]),
+    /// The model's RMSNorm epsilon.
+    pub eps: f32,
 }
 
 /// `y = W x` for `n` rows of `x` (`[n, cols]`) into `out` (`[n, rows]`).
@@ -47,23 +93,65 @@ fn project(pool: &ThreadPool, lin: &Linear, x: &[f32], n: usize, out: &mut Vec<f
 }
 
 impl Expert {
-    /// `out` (`[n, n_embd]`) = this expert on `x` (`[n, n_embd]`).
-    fn forward(&self, pool: &ThreadPool, x: &[f32], n: usize, out: &mut Vec<f32>) {
+    /// `out` (`[n, n_embd]`) = this expert on `x` (`[n, n_embd]`), `glu` its activation.
+    fn forward(
+        &self,
+        pool: &ThreadPool,
+        glu: &dyn Fn(&mut [f32], &[f32]),
+        x: &[f32],
+        n: usize,
+        out: &mut Vec<f32>,
+    ) {
         let (mut g, mut u) = (Vec::new(), Vec::new());
-        project(pool, &self.gate, x, n, &mut g);
-        project(pool, &self.up, x, n, &mut u);
-        ops::swiglu(&mut g, &u);
+        // Gate and up read the same activations: quantized once when their types agree.
+        let t = self.gate.w.dtype.vec_dot_type();
+        let mut acts = QActs::new();
+        acts.quantize(pool, t, x, n, self.gate.w.cols);
+        g.resize(n * self.gate.out_dim(), 0.0);
+        self.gate.forward(pool, &acts, &mut g);
+        if self.up.w.dtype.vec_dot_type() == t {
+            u.resize(n * self.up.out_dim(), 0.0);
+            self.up.forward(pool, &acts, &mut u);
+        } else {
+            project(pool, &self.up, x, n, &mut u);
+        }
+        glu(&mut g, &u);
         project(pool, &self.down, &g, n, out);
     }
 }
 
+/// Each `w.len()`-wide row of `x` RMS-normalized with weight `w` into `out`.
+fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
+    out.resize(x.len(), 0.0);
+    for (r, o) in x.chunks_exact(w.len()).zip(out.chunks_exact_mut(w.len())) {
+        rms_norm(r, w, eps, o);
+    }
+}
+
 impl Moe {
-    /// `out` (`[n, d]`) = the block on `x` (`[n, d]`).
-    pub fn forward(&self, pool: &ThreadPool, x: &[f32], n: usize, d: usize, out: &mut [f32]) {
+    /// `out` (`[n, d]`) = the block on `input`.
+    pub fn forward(&self, pool: &ThreadPool, input: &MoeInput<'_>, d: usize, out: &mut [f32]) {
+        let (n, glu, eps) = (input.n, input.glu, input.eps);
         let n_exp = self.experts.len();
+        // The router's and the routed experts' inputs.
+        let (mut router_x, mut experts_x) = (Vec::new(), Vec::new());
+        let (router_x, x) = match &self.norms {
+            None => (&input.xn[..n * d], &input.xn[..n * d]),
+            Some(nm) => {
+                let x = &input.x[..n * d];
+                // As llama.cpp: the weightless norm, scaled by 1/sqrt(d), times the scale.
+                norm_rows(x, &vec![1.0; d], eps, &mut router_x);
+                ops::scale(&mut router_x, 1.0 / (d as f32).sqrt());
+                for row in router_x.chunks_exact_mut(d) {
+                    row.iter_mut().zip(&nm.router_in).for_each(|(v, s)| *v *= s);
+                }
+                norm_rows(x, &nm.experts_in, eps, &mut experts_x);
+                (&router_x[..], &experts_x[..])
+            }
+        };
         // `[n, n_expert]` router logits, then per token the selected (expert, weight).
         let mut logits = Vec::new();
-        project(pool, &self.router, x, n, &mut logits);
+        project(pool, &self.router, router_x, n, &mut logits);
         // `[n_expert]` lists of (token, weight).
         let mut routed: Vec<Vec<(usize, f32)>> = vec![Vec::new(); n_exp];
         for t in 0..n {
@@ -86,7 +174,7 @@ impl Moe {
         }
         out[..n * d].fill(0.0);
         let (mut xg, mut y) = (Vec::new(), Vec::new());
-        for (expert, rows) in self.experts.iter().zip(&routed) {
+        for (e, (expert, rows)) in self.experts.iter().zip(&routed).enumerate() {
             if rows.is_empty() {
                 continue;
             }
@@ -95,7 +183,10 @@ impl Moe {
             for &(t, _) in rows {
                 xg.extend_from_slice(&x[t * d..(t + 1) * d]);
             }
-            expert.forward(pool, &xg, rows.len(), &mut y);
+            expert.forward(pool, glu, &xg, rows.len(), &mut y);
+            if let Some(s) = self.expert_scale.as_ref().map(|s| s[e]) {
+                ops::scale(&mut y[..rows.len() * d], s);
+            }
             for (k, &(t, p)) in rows.iter().enumerate() {
                 for (o, &v) in out[t * d..(t + 1) * d]
                     .iter_mut()
@@ -105,11 +196,23 @@ impl Moe {
                 }
             }
         }
+        if let Some(nm) = &self.norms {
+            let mut t = Vec::new();
+            norm_rows(&out[..n * d], &nm.experts_out, eps, &mut t);
+            out[..n * d].copy_from_slice(&t);
+        }
         if let Some(shared) = &self.shared {
-            shared.forward(pool, &x[..n * d], n, &mut y);
+            // The shared expert reads the feed-forward norm's output.
+            let xn = &input.xn[..n * d];
+            shared.forward(pool, glu, xn, n, &mut y);
+            if let Some(nm) = &self.norms {
+                let mut t = Vec::new();
+                norm_rows(&y[..n * d], &nm.shared_out, eps, &mut t);
+                y = t;
+            }
             let mut g = Vec::new();
             if let Some(gate) = &self.shared_gate {
-                project(pool, gate, x, n, &mut g);
+                project(pool, gate, xn, n, &mut g);
             }
             for t in 0..n {
                 let s = g.get(t).map_or(1.0, |&v| 1.0 / (1.0 + (-v).exp()));
@@ -134,6 +237,21 @@ mod tests {
         Linear {
             w: Matrix::from_f32(name, rows, cols, &v),
             bias: None,
+        }
+    }
+
+    fn swiglu(g: &mut [f32], u: &[f32]) {
+        ops::swiglu(g, u);
+    }
+
+    /// `x` as both the residual stream and its normed copy, with SwiGLU.
+    fn input(x: &[f32], n: usize) -> MoeInput<'_> {
+        MoeInput {
+            x,
+            xn: x,
+            n,
+            glu: &swiglu,
+            eps: 1e-6,
         }
     }
 
@@ -175,6 +293,8 @@ mod tests {
             norm_topk: true,
             shared: Some(expert(9, d, ff, false)),
             shared_gate: Some(lin("shared_gate", 1, d, |c| 0.2 - 0.05 * c as f32)),
+            expert_scale: None,
+            norms: None,
         };
         let pool = ThreadPool::new(1);
         let n = 5;
@@ -182,14 +302,14 @@ mod tests {
             .map(|i| 0.1 + ((i * 3) % 5) as f32 * 0.2)
             .collect();
         let mut batch = vec![0f32; n * d];
-        moe.forward(&pool, &x, n, d, &mut batch);
+        moe.forward(&pool, &input(&x, n), d, &mut batch);
         assert!(
             batch.iter().all(|v| v.is_finite()),
             "a NaN expert was computed"
         );
         for t in 0..n {
             let mut one = vec![0f32; d];
-            moe.forward(&pool, &x[t * d..(t + 1) * d], 1, d, &mut one);
+            moe.forward(&pool, &input(&x[t * d..(t + 1) * d], 1), d, &mut one);
             for (a, b) in one.iter().zip(&batch[t * d..(t + 1) * d]) {
                 assert!(
                     (a - b).abs() <= 1e-6,
@@ -200,6 +320,68 @@ mod tests {
         assert!(
             batch.iter().any(|&v| v.abs() > 1e-3),
             "output is not trivially zero"
+        );
+    }
+
+    /// Gemma 4's wiring: the router and the routed experts read the residual stream through
+    /// their own norms, never the feed-forward norm's output, which only the shared expert
+    /// (the layer's MLP) reads. With that output poisoned the block stays finite until a
+    /// shared expert is added; batches still group by expert.
+    #[test]
+    fn branch_norms_read_the_residual_stream_and_only_the_shared_expert_reads_xn() {
+        let (d, ff, n_exp) = (8, 4, 4);
+        let norm = |k: usize| (0..d).map(|c| 0.5 + ((c + k) % 3) as f32 * 0.25).collect();
+        let mut moe = Moe {
+            router: lin("router", n_exp, d, |i| ((i * 5) % 7) as f32 * 0.1 - 0.3),
+            experts: (0..n_exp).map(|e| expert(e, d, ff, false)).collect(),
+            top_k: 2,
+            norm_topk: true,
+            shared: None,
+            shared_gate: None,
+            expert_scale: Some(vec![0.5, 1.0, 1.5, 2.0]),
+            norms: Some(BranchNorms {
+                experts_in: norm(0),
+                router_in: norm(1),
+                shared_out: norm(2),
+                experts_out: norm(3),
+            }),
+        };
+        let pool = ThreadPool::new(1);
+        let n = 5;
+        let x: Vec<f32> = (0..n * d)
+            .map(|i| 0.1 + ((i * 3) % 5) as f32 * 0.2 - 0.3)
+            .collect();
+        let poisoned = vec![f32::NAN; n * d];
+        let run = |moe: &Moe, x: &[f32], xn: &[f32], n: usize| {
+            let mut out = vec![0f32; n * d];
+            let input = MoeInput {
+                x,
+                xn,
+                n,
+                glu: &swiglu,
+                eps: 1e-6,
+            };
+            moe.forward(&pool, &input, d, &mut out);
+            out
+        };
+        let batch = run(&moe, &x, &poisoned, n);
+        assert!(
+            batch.iter().all(|v| v.is_finite()),
+            "router or experts read xn"
+        );
+        for t in 0..n {
+            let one = run(&moe, &x[t * d..(t + 1) * d], &poisoned[..d], 1);
+            for (a, b) in one.iter().zip(&batch[t * d..(t + 1) * d]) {
+                assert!(
+                    (a - b).abs() <= 1e-6,
+                    "token {t}: alone {a}, in the batch {b}"
+                );
+            }
+        }
+        moe.shared = Some(expert(9, d, ff, false));
+        assert!(
+            run(&moe, &x, &poisoned, n).iter().all(|v| v.is_nan()),
+            "the shared expert does not read xn"
         );
     }
 }
