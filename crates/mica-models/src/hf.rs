@@ -298,6 +298,7 @@ impl HfFolder {
             norm: NormKind::Rms,
             parallel_residual: false,
             numerics: Numerics::LlamaCpp,
+            delta_net: None,
         })
     }
 

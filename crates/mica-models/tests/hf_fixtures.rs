@@ -763,3 +763,25 @@ fn gemma4_shared_gguf_matches_transformers() {
 fn gemma4_shared_q8_0_matches_llama_cpp() {
     check_llama_cpp_q8("gemma4_shared");
 }
+
+/// Qwen3.5: three Gated DeltaNet layers (2 key heads, 4 grouped value heads) and one gated
+/// attention layer.
+#[test]
+fn qwen35_matches_transformers() {
+    check("qwen35");
+}
+
+/// Qwen3.5 through llama.cpp's converter (value heads reordered to tiled, `A_log` as
+/// `-exp(A_log)`, norms with the 1 folded in).
+#[test]
+fn qwen35_gguf_matches_transformers() {
+    let model = check_converted("qwen35");
+    let d = model.config.delta_net.as_ref().unwrap();
+    assert_eq!(d.layers, [true, true, true, false]);
+    assert!(d.v_tiled);
+}
+
+#[test]
+fn qwen35_q8_0_matches_llama_cpp() {
+    check_llama_cpp_q8("qwen35");
+}
