@@ -70,6 +70,8 @@ pub enum Param {
     DrySequenceBreakers,
     Prompt,
     N,
+    /// A draft proposer (speculative decoding).
+    Proposer,
 }
 
 impl Param {
@@ -93,6 +95,7 @@ impl Param {
             Param::DrySequenceBreakers => "dry_sequence_breakers",
             Param::Prompt => "prompt",
             Param::N => "n",
+            Param::Proposer => "proposer",
         }
     }
 }
@@ -100,6 +103,11 @@ impl Param {
 /// A request parameter out of range: one variant per rule.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum ParamError {
+    #[error(
+        "speculative decoding is not supported for this model: its recurrent layers' state \
+         cannot be rolled back to drop rejected draft tokens; run it without a draft proposer"
+    )]
+    DraftsOnRecurrentModel,
     #[error("temperature must be a finite number, got {0}")]
     Temperature(f32),
     #[error("top-p must be between 0 and 1, got {0}")]
@@ -161,6 +169,7 @@ impl ParamError {
             ParamError::DrySequenceBreakers => Param::DrySequenceBreakers,
             ParamError::EmptyPrompt => Param::Prompt,
             ParamError::N { .. } => Param::N,
+            ParamError::DraftsOnRecurrentModel => Param::Proposer,
         }
     }
 }

@@ -343,6 +343,17 @@ impl KvCache {
         Ok(())
     }
 
+    /// Copies `src`'s recurrent state into `dst` (several completions forked from one
+    /// prompt: the fork shares the prompt's blocks and needs the state they led to).
+    pub fn copy_state(&mut self, src: SeqId, dst: SeqId) {
+        if self.state_layout.is_some() && src != dst && src < self.states.len() {
+            let st = self.states[src].clone();
+            if let Some(d) = self.states.get_mut(dst) {
+                *d = st;
+            }
+        }
+    }
+
     /// Records that `seq`'s recurrent state now holds `len` positions (`usize::MAX`: the
     /// state is unusable until the sequence starts again from 0).
     pub(crate) fn end_state(&mut self, seq: SeqId, len: usize) {
