@@ -436,9 +436,14 @@ impl ModelConfig {
                 format!("{v} differs from the key length {head_dim}, which mica does not support"),
             ));
         }
+        // A model whose every layer is a mixture of experts may give only the experts'
+        // width (Qwen3.5-MoE).
         let layer_n_ff = match k.usize_per_layer("feed_forward_length", n_layer)? {
             Some(v) => v,
-            None => vec![k.usize("feed_forward_length")?; n_layer],
+            None => match k.usize_opt("expert_feed_forward_length")? {
+                Some(f) => vec![f; n_layer],
+                None => vec![k.usize("feed_forward_length")?; n_layer],
+            },
         };
         let n_ff = layer_n_ff[0];
         let n_ctx_train = k.usize_opt("context_length")?.unwrap_or(2048);

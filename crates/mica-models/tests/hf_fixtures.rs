@@ -785,3 +785,20 @@ fn qwen35_gguf_matches_transformers() {
 fn qwen35_q8_0_matches_llama_cpp() {
     check_llama_cpp_q8("qwen35");
 }
+
+/// Qwen3.5-MoE: the Qwen3.5 layers with 4 experts (top-2, renormalized) and a gated shared
+/// expert in every layer.
+#[test]
+fn qwen35moe_matches_transformers() {
+    check("qwen35moe");
+}
+
+#[test]
+fn qwen35moe_gguf_matches_transformers() {
+    check_converted_moe("qwen35moe");
+}
+
+#[test]
+fn qwen35moe_q8_0_matches_llama_cpp() {
+    check_llama_cpp_q8("qwen35moe");
+}

@@ -69,6 +69,8 @@ macro_rules! qwen35_layer_names {
     };
 }
 
+pub(super) use qwen35_layer_names;
+
 pub(crate) static HF_NAMES: NameTable = NameTable {
     layer_prefix: "model.layers.{i}.",
     global: DECODER_GLOBAL,
