@@ -30,9 +30,7 @@ const REFUSED: &[(&str, &str)] = &[
     ("smollm3", "no_rope_layers"),
     // mica's converter does not write Gated DeltaNet layers (llama.cpp's does).
     ("qwen35", "Gated DeltaNet"),
-    ("converted/qwen35", "Gated DeltaNet"),
     ("qwen35moe", "Gated DeltaNet"),
-    ("converted/qwen35moe", "Gated DeltaNet"),
 ];
 
 /// Families whose folders mica's converter refuses (every fixture of theirs is in

@@ -277,6 +277,20 @@ impl ModelConfig {
             .unwrap_or(0)
     }
 
+    /// Keeps the first `n` layers' entries of every per-layer setting (`n` ≤ `n_layer`).
+    pub fn keep_layers(&mut self, n: usize) {
+        self.n_layer = n;
+        self.layer_window.truncate(n);
+        self.layer_rope.truncate(n);
+        self.layer_head_dim.truncate(n);
+        self.layer_n_head_kv.truncate(n);
+        self.layer_n_ff.truncate(n);
+        self.layer_kv_from.truncate(n);
+        if let Some(d) = &mut self.delta_net {
+            d.layers.truncate(n);
+        }
+    }
+
     /// Whether layer `l` is a Gated DeltaNet layer (keeps a recurrent state, no keys or
     /// values).
     pub fn is_recurrent(&self, l: usize) -> bool {

@@ -278,16 +278,7 @@ impl Model {
             return false;
         }
         self.layers.truncate(n);
-        self.config.n_layer = n;
-        self.config.layer_window.truncate(n);
-        self.config.layer_rope.truncate(n);
-        self.config.layer_head_dim.truncate(n);
-        self.config.layer_n_head_kv.truncate(n);
-        self.config.layer_n_ff.truncate(n);
-        self.config.layer_kv_from.truncate(n);
-        if let Some(d) = &mut self.config.delta_net {
-            d.layers.truncate(n);
-        }
+        self.config.keep_layers(n);
         true
     }
 

@@ -117,3 +117,46 @@ fn model_without_state() -> mica_models::ModelConfig {
     c.delta_net = None;
     c
 }
+
+/// llama.cpp's converter counts a multi-token-prediction layer in `block_count`
+/// (`nextn_predict_layers`, its flag in `recurrent_layers` false): the same file with one
+/// more such layer runs the same model.
+#[test]
+fn multi_token_prediction_layers_are_not_run() {
+    use mica_formats::{GgufFile, GgufWriter, MetaArray, MetaValue};
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/converted/qwen35/model.q8_0.gguf");
+    let src = GgufFile::open(&path).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in src.metadata_entries() {
+        let v = match (k.as_str(), v) {
+            ("qwen35.block_count", _) => MetaValue::U32(5),
+            ("qwen35.attention.recurrent_layers", MetaValue::Array(MetaArray::Bool(b))) => {
+                MetaValue::Array(MetaArray::Bool([&b[..], &[false]].concat()))
+            }
+            _ => v.clone(),
+        };
+        w.meta(k, v);
+    }
+    w.meta("qwen35.nextn_predict_layers", MetaValue::U32(1));
+    for t in src.tensors() {
+        w.tensor(&t.name, t.ggml_type, &t.shape, src.tensor_data(t));
+    }
+    let norm = vec![0u8; 4 * 32];
+    let f32_type = src
+        .tensors()
+        .iter()
+        .find(|t| t.shape.len() == 1)
+        .unwrap()
+        .ggml_type;
+    w.tensor("blk.4.nextn.enorm.weight", f32_type, &[32], &norm);
+    let out = std::env::temp_dir().join(format!("mica-qwen35-mtp-{}.gguf", std::process::id()));
+    w.write_to(&mut std::fs::File::create(&out).unwrap())
+        .unwrap();
+    let with_mtp = mica_models::arch::load_gguf(Arc::new(GgufFile::open(&out).unwrap()));
+    std::fs::remove_file(&out).unwrap();
+    let with_mtp = with_mtp.unwrap();
+    assert_eq!(with_mtp.config.n_layer, 4);
+    let pool = ThreadPool::new(2);
+    assert_eq!(alone(&with_mtp, &pool, &A), alone(&model(), &pool, &A));
+}

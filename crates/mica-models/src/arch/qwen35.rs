@@ -13,6 +13,8 @@
 //!   token's position), which is what mica computes; from GGUF, a
 //!   `rope.dimension_sections` that would leave a rotated pair to llama.cpp's fourth
 //!   component (position 0 for text) is refused.
+//! - GGUF files may carry multi-token-prediction layers after the others
+//!   (`nextn_predict_layers`, counted in `block_count`); they are not loaded.
 //! - the DeltaNet value heads read their key heads grouped in checkpoints and tiled in GGUF
 //!   (llama.cpp's converter reorders them; [`DeltaNetConfig::v_tiled`]); `A_log` is stored
 //!   as `-exp(A_log)` in GGUF (`ssm_a`).
@@ -104,6 +106,20 @@ pub(super) fn start(
     match src {
         Source::Gguf(file) => {
             let (w, mut cfg, tok_embd) = gguf_start(file, arch, RopeStyle::Neox)?;
+            // llama.cpp's converter counts the multi-token-prediction layers (a draft head,
+            // not run in the main pass) in `block_count`: they come last and are not loaded.
+            let key = format!("{arch}.nextn_predict_layers");
+            let mtp = file.get_u64(&key).unwrap_or(0) as usize;
+            if mtp > 0 {
+                if mtp >= cfg.n_layer {
+                    return Err(ModelError::Config {
+                        path: file.path().to_path_buf(),
+                        key,
+                        msg: format!("{mtp} of the {} layers leave none to run", cfg.n_layer),
+                    });
+                }
+                cfg.keep_layers(cfg.n_layer - mtp);
+            }
             cfg.delta_net = Some(gguf_delta(file, arch, &cfg)?);
             check_sections(file, arch, &cfg)?;
             Ok((w, cfg, tok_embd, Some((*file).clone())))
