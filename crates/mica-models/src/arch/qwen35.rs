@@ -179,7 +179,7 @@ fn gguf_delta(file: &GgufFile, arch: &str, cfg: &ModelConfig) -> Result<DeltaNet
         v_tiled: true,
         l2_eps: cfg.norm_eps,
     };
-    if inner % n_v != 0 || c.n_v_heads % c.n_k_heads != 0 {
+    if !inner.is_multiple_of(n_v) || !c.n_v_heads.is_multiple_of(c.n_k_heads) {
         return Err(err(
             "ssm.inner_size",
             format!(
@@ -267,7 +267,7 @@ fn hf_delta(hf: &HfFolder, cfg: &ModelConfig) -> Result<DeltaNetConfig> {
         // transformers' `l2norm` epsilon.
         l2_eps: 1e-6,
     };
-    if c.n_v_heads % c.n_k_heads != 0 {
+    if !c.n_v_heads.is_multiple_of(c.n_k_heads) {
         return Err(hf.field_err(
             "linear_num_value_heads",
             format!(
