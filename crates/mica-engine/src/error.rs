@@ -46,6 +46,11 @@ pub enum SpecError {
         target: String,
         draft: String,
     },
+    #[error(
+        "the draft model has recurrent layers (a hybrid model such as Qwen3.5), whose state \
+         cannot be rolled back past rejected drafts; use an attention-only draft model"
+    )]
+    RecurrentDraft,
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

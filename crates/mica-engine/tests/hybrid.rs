@@ -240,3 +240,15 @@ fn alone_n(lm: &LoadedModel, p: &[u32], n: usize) -> Vec<u32> {
     let mut s = Session::new(lm, 256, 2);
     s.generate(p, &greedy(n), |_| true).unwrap().output_ids
 }
+
+/// A hybrid model cannot be a draft model either: its state cannot drop rejected drafts.
+#[test]
+fn a_hybrid_draft_model_is_refused() {
+    use mica_engine::spec::{DraftModelConfig, DraftModelProposer};
+    let lm = model();
+    let pool = Arc::new(mica_kernels::ThreadPool::new(1));
+    let err = DraftModelProposer::new(lm.clone(), &lm, pool, DraftModelConfig::default())
+        .err()
+        .expect("refused");
+    assert_eq!(err, mica_engine::SpecError::RecurrentDraft);
+}
