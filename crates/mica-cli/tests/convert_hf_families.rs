@@ -28,7 +28,14 @@ const REFUSED: &[(&str, &str)] = &[
     ("qwen3moe", "mlp_only_layers"),
     // NoPE layers 1 and 3: llama.cpp's smollm3 fixes every 4th layer, and GGUF has no key.
     ("smollm3", "no_rope_layers"),
+    // mica's converter does not write Gated DeltaNet layers (llama.cpp's does).
+    ("qwen35", "Gated DeltaNet"),
+    ("qwen35moe", "Gated DeltaNet"),
 ];
+
+/// Families whose folders mica's converter refuses (every fixture of theirs is in
+/// `REFUSED`): llama.cpp's converter writes their GGUF files.
+const NOT_CONVERTED: &[&str] = &["qwen35", "qwen35moe"];
 
 /// Fixtures whose sliding window GGUF `llama` cannot say (dropped with a warning): compared
 /// on the positions within the window only.
@@ -238,6 +245,9 @@ fn every_fixture_converts_or_is_refused_with_the_reason() {
         .map(|(_, d)| expected(d)["architecture"].as_str().unwrap().to_string())
         .collect();
     for family in mica::models::arch::REGISTRY {
+        if NOT_CONVERTED.contains(&family.name) {
+            continue;
+        }
         assert!(
             family
                 .hf_classes

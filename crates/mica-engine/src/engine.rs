@@ -74,6 +74,10 @@ pub struct EngineConfig {
     pub scheduler: SchedulerConfig,
     /// Requests per lane that may wait for a slot before new ones are refused.
     pub max_waiting_per_lane: usize,
+    /// Reuse the KV blocks of prompt prefixes computed before. Forced off for a hybrid
+    /// model (Qwen3.5's recurrent layers): a cached prefix's keys and values come without
+    /// the recurrent state at its end, so every prompt is computed from its first token
+    /// ([`EngineHandle::config`] reports the setting in force).
     pub prefix_caching: bool,
     /// Most completions per request (`n`).
     pub max_n: usize,
@@ -105,6 +109,8 @@ pub struct EngineHandle {
     cfg: EngineConfig,
     /// Width of the model's logits (bounds logit-bias token ids).
     n_vocab: usize,
+    /// The model keeps a recurrent state per sequence (no drafts: it cannot roll back).
+    recurrent: bool,
     /// The engine's compute threads, shared with draft models of requests.
     pool: Arc<ThreadPool>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -140,6 +146,11 @@ impl EngineHandle {
         if cfg.n_threads == 0 {
             return Err(ConfigError::NoThreads.into());
         }
+        // A recurrent state cannot be cut back to a cached prefix (docs/families.md).
+        let recurrent = model.model.config.has_recurrent_state();
+        if recurrent {
+            cfg.prefix_caching = false;
+        }
         let n_vocab = model.model.config.n_vocab;
         let metrics = Arc::new(EngineMetrics::default());
         metrics.kv_blocks_total.store(cfg.kv_blocks as u64, Relaxed);
@@ -165,6 +176,7 @@ impl EngineHandle {
             next_id: AtomicU64::new(1),
             cfg,
             n_vocab,
+            recurrent,
             pool,
             thread: Mutex::new(Some(thread)),
         })
@@ -200,6 +212,9 @@ impl EngineHandle {
         }
         if req.prompt.is_empty() {
             return reject(ParamError::EmptyPrompt.into());
+        }
+        if self.recurrent && req.proposer.is_some() {
+            return reject(ParamError::DraftsOnRecurrentModel.into());
         }
         if req.n == 0 || req.n > self.cfg.max_n {
             return reject(

@@ -46,6 +46,11 @@ pub enum SpecError {
         target: String,
         draft: String,
     },
+    #[error(
+        "the draft model has recurrent layers (a hybrid model such as Qwen3.5), whose state \
+         cannot be rolled back past rejected drafts; use an attention-only draft model"
+    )]
+    RecurrentDraft,
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
@@ -70,6 +75,8 @@ pub enum Param {
     DrySequenceBreakers,
     Prompt,
     N,
+    /// A draft proposer (speculative decoding).
+    Proposer,
 }
 
 impl Param {
@@ -93,6 +100,7 @@ impl Param {
             Param::DrySequenceBreakers => "dry_sequence_breakers",
             Param::Prompt => "prompt",
             Param::N => "n",
+            Param::Proposer => "proposer",
         }
     }
 }
@@ -100,6 +108,11 @@ impl Param {
 /// A request parameter out of range: one variant per rule.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum ParamError {
+    #[error(
+        "speculative decoding is not supported for this model: its recurrent layers' state \
+         cannot be rolled back to drop rejected draft tokens; run it without a draft proposer"
+    )]
+    DraftsOnRecurrentModel,
     #[error("temperature must be a finite number, got {0}")]
     Temperature(f32),
     #[error("top-p must be between 0 and 1, got {0}")]
@@ -161,6 +174,7 @@ impl ParamError {
             ParamError::DrySequenceBreakers => Param::DrySequenceBreakers,
             ParamError::EmptyPrompt => Param::Prompt,
             ParamError::N { .. } => Param::N,
+            ParamError::DraftsOnRecurrentModel => Param::Proposer,
         }
     }
 }

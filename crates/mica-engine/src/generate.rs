@@ -292,6 +292,9 @@ impl<M: Deref<Target = LoadedModel> + Clone> Session<M> {
         if prompt.is_empty() {
             return Err(ParamError::EmptyPrompt.into());
         }
+        if self.kv.has_state() && hooks.proposer.is_some() {
+            return Err(ParamError::DraftsOnRecurrentModel.into());
+        }
         let n_ctx = self.kv.n_ctx();
         if prompt.len() >= n_ctx {
             return Err(EngineError::PromptTooLong {
@@ -309,6 +312,12 @@ impl<M: Deref<Target = LoadedModel> + Clone> Session<M> {
             .take_while(|(a, b)| a == b)
             .count()
             .min(prompt.len() - 1);
+        // A recurrent state cannot be cut back: a hybrid model reuses its cache only when
+        // all of it is a prefix of the prompt (a follow-up turn), else starts afresh.
+        let common = match self.kv.has_state() && common < self.cached.len() {
+            true => 0,
+            false => common,
+        };
         self.truncate(common);
 
         let t0 = Instant::now();

@@ -102,6 +102,64 @@ impl Numerics {
     }
 }
 
+/// The Gated DeltaNet (linear attention) layers of a hybrid model (Qwen3.5): their shape,
+/// and which layers they are. Each such layer keeps, per sequence, the last
+/// `conv_kernel - 1` inputs of its causal convolution and one `head_k_dim × head_v_dim`
+/// state matrix per value head, in f32 ([`crate::KvCache`] holds them beside the paged KV).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeltaNetConfig {
+    /// `[n_layer]` whether each layer is a DeltaNet layer (the others attend).
+    pub layers: Vec<bool>,
+    /// Width of the causal convolution over time (including the current token).
+    pub conv_kernel: usize,
+    pub n_k_heads: usize,
+    pub n_v_heads: usize,
+    pub head_k_dim: usize,
+    pub head_v_dim: usize,
+    /// Which key head a value head reads when there are more value heads than key heads:
+    /// `true`, head `h` reads key head `h % n_k_heads` (llama.cpp's converter reorders the
+    /// value heads so, GGUF); `false`, head `h / (n_v_heads / n_k_heads)` (checkpoints).
+    pub v_tiled: bool,
+    /// Epsilon of the L2 normalization of queries and keys.
+    pub l2_eps: f32,
+}
+
+impl DeltaNetConfig {
+    /// Width of the queries (and of the keys): `n_k_heads · head_k_dim`.
+    pub fn key_dim(&self) -> usize {
+        self.n_k_heads * self.head_k_dim
+    }
+
+    /// Width of the values and of the layer's output before its projection.
+    pub fn value_dim(&self) -> usize {
+        self.n_v_heads * self.head_v_dim
+    }
+
+    /// Channels of the convolution: q | k | v.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+
+    /// f32 values of one layer's convolution state: `[conv_kernel - 1][conv_dim]`.
+    pub fn conv_state_len(&self) -> usize {
+        (self.conv_kernel - 1) * self.conv_dim()
+    }
+
+    /// f32 values of one layer's recurrent state: `[n_v_heads][head_k_dim][head_v_dim]`.
+    pub fn ssm_state_len(&self) -> usize {
+        self.n_v_heads * self.head_k_dim * self.head_v_dim
+    }
+
+    /// The key head value head `h` reads.
+    pub fn k_head_of(&self, h: usize) -> usize {
+        if self.v_tiled {
+            h % self.n_k_heads
+        } else {
+            h / (self.n_v_heads / self.n_k_heads)
+        }
+    }
+}
+
 /// Hyper-parameters of the model, validated.
 #[derive(Clone, Debug)]
 pub struct ModelConfig {
@@ -162,6 +220,9 @@ pub struct ModelConfig {
     /// Rounding of the KV cache, attention and activations ([`crate::arch`] picks F32 for
     /// float32 checkpoints; callers may override it before making a cache).
     pub numerics: Numerics,
+    /// The Gated DeltaNet layers of a hybrid model (Qwen3.5); `None` in attention-only
+    /// models.
+    pub delta_net: Option<DeltaNetConfig>,
 }
 
 impl ModelConfig {
@@ -214,6 +275,34 @@ impl ModelConfig {
             .map(|l| self.kv_dim_of(l))
             .max()
             .unwrap_or(0)
+    }
+
+    /// Keeps the first `n` layers' entries of every per-layer setting (`n` ≤ `n_layer`).
+    pub fn keep_layers(&mut self, n: usize) {
+        self.n_layer = n;
+        self.layer_window.truncate(n);
+        self.layer_rope.truncate(n);
+        self.layer_head_dim.truncate(n);
+        self.layer_n_head_kv.truncate(n);
+        self.layer_n_ff.truncate(n);
+        self.layer_kv_from.truncate(n);
+        if let Some(d) = &mut self.delta_net {
+            d.layers.truncate(n);
+        }
+    }
+
+    /// Whether layer `l` is a Gated DeltaNet layer (keeps a recurrent state, no keys or
+    /// values).
+    pub fn is_recurrent(&self, l: usize) -> bool {
+        self.delta_net.as_ref().is_some_and(|d| d.layers[l])
+    }
+
+    /// Whether the model carries per-sequence recurrent state (a hybrid model): its cache
+    /// cannot be truncated to an earlier position, only cleared.
+    pub fn has_recurrent_state(&self) -> bool {
+        self.delta_net
+            .as_ref()
+            .is_some_and(|d| d.layers.contains(&true))
     }
 
     /// Whether layers rotate queries and keys (GPT-2 adds learned positions instead).
@@ -361,9 +450,14 @@ impl ModelConfig {
                 format!("{v} differs from the key length {head_dim}, which mica does not support"),
             ));
         }
+        // A model whose every layer is a mixture of experts may give only the experts'
+        // width (Qwen3.5-MoE).
         let layer_n_ff = match k.usize_per_layer("feed_forward_length", n_layer)? {
             Some(v) => v,
-            None => vec![k.usize("feed_forward_length")?; n_layer],
+            None => match k.usize_opt("expert_feed_forward_length")? {
+                Some(f) => vec![f; n_layer],
+                None => vec![k.usize("feed_forward_length")?; n_layer],
+            },
         };
         let n_ff = layer_n_ff[0];
         let n_ctx_train = k.usize_opt("context_length")?.unwrap_or(2048);
@@ -446,6 +540,7 @@ impl ModelConfig {
             norm: NormKind::Rms,
             parallel_residual: false,
             numerics: Numerics::LlamaCpp,
+            delta_net: None,
         })
     }
 }

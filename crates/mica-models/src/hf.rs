@@ -252,7 +252,12 @@ impl HfFolder {
                 ));
             }
         };
-        let n_ff = self.required("intermediate_size", c.intermediate_size)?;
+        // A model whose every layer is a mixture of experts may give only the experts'
+        // width (Qwen3.5-MoE).
+        let n_ff = match (c.intermediate_size, c.moe_intermediate_size) {
+            (None, Some(f)) => f,
+            (n, _) => self.required("intermediate_size", n)?,
+        };
         let n_vocab = self.required("vocab_size", c.vocab_size)?;
         if n_vocab != n_vocab_embd {
             return Err(self.field_err(
@@ -296,6 +301,7 @@ impl HfFolder {
             norm: NormKind::Rms,
             parallel_residual: false,
             numerics: Numerics::LlamaCpp,
+            delta_net: None,
         })
     }
 

@@ -19,6 +19,14 @@
 //!
 //! The forward pass asks for a sequence's length, writes new rows, and reads old ones through
 //! [`SeqKv`], a view that resolves positions through the block table.
+//!
+//! A hybrid model (Qwen3.5's Gated DeltaNet layers, [`crate::config::DeltaNetConfig`]) also
+//! keeps a *recurrent state* per sequence beside the pages: each DeltaNet layer's
+//! convolution inputs and state matrices, f32, allocated on the sequence's first use. Its
+//! layers store no keys or values (width 0 in the pools). The state summarizes every position
+//! so far and cannot be cut back: a sequence may continue only where its state ends, or
+//! start again from position 0 (which zeroes it); truncating to a shorter non-zero length
+//! makes the next forward pass of that sequence an error.
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
@@ -155,6 +163,26 @@ struct SeqTable {
     blocks: Vec<u32>,
 }
 
+/// The recurrent state of one sequence.
+#[derive(Clone, Default)]
+struct SeqState {
+    /// Positions the state holds (what the sequence must continue from).
+    len: usize,
+    /// `[n_recurrent_layers][conv_state_len]`; empty until first used.
+    conv: Vec<f32>,
+    /// `[n_recurrent_layers][ssm_state_len]`
+    ssm: Vec<f32>,
+}
+
+/// Where each DeltaNet layer's state lives in a [`SeqState`].
+struct StateLayout {
+    /// `[n_layer]` the layer's slot among the recurrent layers.
+    slot: Vec<Option<usize>>,
+    n_slots: usize,
+    conv_len: usize,
+    ssm_len: usize,
+}
+
 /// Paged f16 or f32 key/value storage for every layer.
 pub struct KvCache {
     /// `[n_layer]` each layer's key/value width.
@@ -167,6 +195,10 @@ pub struct KvCache {
     /// Blocks not yet handed out, when the cache manages its blocks itself (`None` when an
     /// outside manager installs the tables).
     free: Option<Vec<u32>>,
+    /// The recurrent state layout (hybrid models only).
+    state_layout: Option<StateLayout>,
+    /// `[n_seq]` each sequence's recurrent state (hybrid models only).
+    states: Vec<SeqState>,
 }
 
 /// The keys and values of one sequence in one layer, read through its block table.
@@ -249,6 +281,8 @@ impl KvCache {
             seqs: vec![SeqTable::default(); n_seq],
             // Handed out lowest id first.
             free: Some((0..n_blocks as u32).rev().collect()),
+            state_layout: state_layout(cfg),
+            states: vec![SeqState::default(); n_seq],
         }
     }
 
@@ -263,6 +297,8 @@ impl KvCache {
             n_blocks,
             seqs: vec![SeqTable::default(); n_seq.max(1)],
             free: None,
+            state_layout: state_layout(cfg),
+            states: vec![SeqState::default(); n_seq.max(1)],
         }
     }
 
@@ -270,6 +306,75 @@ impl KvCache {
     pub fn bytes_per_block(cfg: &ModelConfig) -> usize {
         let width: usize = layer_kv_dims(cfg).iter().sum();
         2 * BLOCK_SIZE * width * cfg.numerics.kv_type().size()
+    }
+
+    /// Bytes of recurrent state one sequence takes (0 for an attention-only model).
+    pub fn state_bytes_per_seq(cfg: &ModelConfig) -> usize {
+        state_layout(cfg).map_or(0, |l| 4 * l.n_slots * (l.conv_len + l.ssm_len))
+    }
+
+    /// Whether the cache keeps a recurrent state per sequence (a hybrid model).
+    pub fn has_state(&self) -> bool {
+        self.state_layout.is_some()
+    }
+
+    /// Checks that `seq`'s recurrent state ends at `start`, where its next tokens begin; at
+    /// position 0 the state is (allocated and) zeroed. Nothing to do without a state.
+    pub(crate) fn begin_state(&mut self, seq: SeqId, start: usize) -> Result<()> {
+        let Some(l) = &self.state_layout else {
+            return Ok(());
+        };
+        let st = &mut self.states[seq];
+        if start == 0 {
+            st.conv.clear();
+            st.conv.resize(l.n_slots * l.conv_len, 0.0);
+            st.ssm.clear();
+            st.ssm.resize(l.n_slots * l.ssm_len, 0.0);
+            st.len = 0;
+            return Ok(());
+        }
+        if st.len != start || st.ssm.is_empty() {
+            return Err(ModelError::Batch(format!(
+                "sequence {seq} continues at position {start} but its recurrent state holds {} \
+                 positions: the state of a hybrid model cannot be rewound (start again from 0)",
+                st.len
+            )));
+        }
+        Ok(())
+    }
+
+    /// Copies `src`'s recurrent state into `dst` (several completions forked from one
+    /// prompt: the fork shares the prompt's blocks and needs the state they led to).
+    pub fn copy_state(&mut self, src: SeqId, dst: SeqId) {
+        if self.state_layout.is_some() && src != dst && src < self.states.len() {
+            let st = self.states[src].clone();
+            if let Some(d) = self.states.get_mut(dst) {
+                *d = st;
+            }
+        }
+    }
+
+    /// Records that `seq`'s recurrent state now holds `len` positions (`usize::MAX`: the
+    /// state is unusable until the sequence starts again from 0).
+    pub(crate) fn end_state(&mut self, seq: SeqId, len: usize) {
+        if self.state_layout.is_some() {
+            self.states[seq].len = len;
+        }
+    }
+
+    /// The convolution state (`[conv_kernel - 1][conv_dim]`) and the state matrices
+    /// (`[n_v_heads][head_k_dim][head_v_dim]`) of DeltaNet layer `layer` for `seq`.
+    pub(crate) fn state_mut(&mut self, layer: usize, seq: SeqId) -> (&mut [f32], &mut [f32]) {
+        let l = self
+            .state_layout
+            .as_ref()
+            .expect("a DeltaNet layer runs only with a hybrid model's cache");
+        let slot = l.slot[layer].expect("a DeltaNet layer has a state slot");
+        let st = &mut self.states[seq];
+        (
+            &mut st.conv[slot * l.conv_len..(slot + 1) * l.conv_len],
+            &mut st.ssm[slot * l.ssm_len..(slot + 1) * l.ssm_len],
+        )
     }
 
     /// The element type of the keys and values.
@@ -446,14 +551,38 @@ impl Store {
 }
 
 /// `[n_layer]` the key/value width of each layer (0 for a layer that reuses an earlier
-/// layer's keys and values: it stores none).
+/// layer's keys and values, or a DeltaNet layer: it stores none).
 fn layer_kv_dims(cfg: &ModelConfig) -> Vec<usize> {
     (0..cfg.n_layer)
         .map(|l| match cfg.layer_kv_from[l] {
+            _ if cfg.is_recurrent(l) => 0,
             Some(_) => 0,
             None => cfg.kv_dim_of(l),
         })
         .collect()
+}
+
+/// The slots of a hybrid model's recurrent layers; `None` without any.
+fn state_layout(cfg: &ModelConfig) -> Option<StateLayout> {
+    let d = cfg
+        .delta_net
+        .as_ref()
+        .filter(|_| cfg.has_recurrent_state())?;
+    let mut n_slots = 0;
+    let slot = (0..cfg.n_layer)
+        .map(|l| {
+            cfg.is_recurrent(l).then(|| {
+                n_slots += 1;
+                n_slots - 1
+            })
+        })
+        .collect();
+    Some(StateLayout {
+        slot,
+        n_slots,
+        conv_len: d.conv_state_len(),
+        ssm_len: d.ssm_state_len(),
+    })
 }
 
 #[cfg(test)]

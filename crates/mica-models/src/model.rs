@@ -7,6 +7,8 @@
 
 use crate::batch::Batch;
 use crate::blocks::attention::{AttentionPolicy, AttnShape, attention};
+use crate::blocks::deltanet::DeltaBufs;
+pub use crate::blocks::deltanet::DeltaNet;
 pub use crate::blocks::ffn::FFN_CHUNK;
 use crate::blocks::ffn::{Dense, activate, dense_ffn, ffn_chunks, glu};
 pub use crate::blocks::moe::{BranchNorms, Expert, Moe, MoeInput};
@@ -36,8 +38,18 @@ pub struct DecoderLayer {
     pub post_attn_norm: Option<Vec<f32>>,
     /// `[n_embd]` RMSNorm of the feed-forward output before the residual add (Gemma).
     pub post_ffn_norm: Option<Vec<f32>>,
-    /// `[q_dim × n_embd]`, optional bias `[q_dim]`
+    /// `[q_dim × n_embd]`, optional bias `[q_dim]` (`[2 · q_dim × n_embd]` with `q_gate`);
+    /// in a Gated DeltaNet layer (`delta`), its input projection, q | k | v
+    /// (`[conv_dim × n_embd]`).
     pub wq: Linear,
+    /// The query projection gives each head's query followed by as many gate values
+    /// (`[n_head][2][head_dim]` rows); the attention output is multiplied by
+    /// `sigmoid(gate)` before the output projection (Qwen3.5's gated attention).
+    pub q_gate: bool,
+    /// A Gated DeltaNet layer: this replaces attention (the layer has no `wk` / `wv`, stores
+    /// no keys or values, and keeps a recurrent state in the cache); `wq` and `wo` are its
+    /// input and output projections.
+    pub delta: Option<DeltaNet>,
     /// `[kv_dim × n_embd]`; `None` in a layer that attends over an earlier layer's keys
     /// and values ([`crate::ModelConfig::layer_kv_from`]) and computes none.
     pub wk: Option<Linear>,
@@ -51,7 +63,7 @@ pub struct DecoderLayer {
     /// The layer's per-layer-embedding term (Gemma 4's smaller models), added after the
     /// feed-forward residual, before `out_scale`.
     pub ple: Option<LayerPle>,
-    /// `[n_embd × q_dim]`
+    /// `[n_embd × q_dim]` (`[n_embd × value_dim]` in a Gated DeltaNet layer)
     pub wo: Linear,
     /// `[n_embd]`
     pub ffn_norm: Vec<f32>,
@@ -109,6 +121,8 @@ pub struct Workspace {
     attn: Vec<f32>,
     /// `[n_tok, n_embd]` output of a projection back into the residual stream
     proj: Vec<f32>,
+    /// Gated DeltaNet buffers.
+    delta: DeltaBufs,
     /// `[n_tok, n_ff]`
     gate: Vec<f32>,
     /// `[n_tok, n_ff]`
@@ -182,9 +196,11 @@ impl Model {
     /// The weight matrices (the output head only when it is not the token embedding).
     fn matrices(&self) -> impl Iterator<Item = &Matrix> {
         let layers = self.layers.iter().flat_map(move |l| {
+            let delta = l.delta.iter().flat_map(|d| [&d.z, &d.beta, &d.alpha]);
             let attn = [Some(&l.wq), l.wk.as_ref(), l.wv.as_ref(), Some(&l.wo)]
                 .into_iter()
                 .flatten()
+                .chain(delta)
                 .map(|lin| &lin.w);
             let ffn: Vec<&Matrix> = match &l.ffn {
                 Ffn::Dense(e) => expert_matrices(e).to_vec(),
@@ -262,13 +278,7 @@ impl Model {
             return false;
         }
         self.layers.truncate(n);
-        self.config.n_layer = n;
-        self.config.layer_window.truncate(n);
-        self.config.layer_rope.truncate(n);
-        self.config.layer_head_dim.truncate(n);
-        self.config.layer_n_head_kv.truncate(n);
-        self.config.layer_n_ff.truncate(n);
-        self.config.layer_kv_from.truncate(n);
+        self.config.keep_layers(n);
         true
     }
 
@@ -315,7 +325,7 @@ impl Model {
         stop: &mut dyn FnMut() -> bool,
     ) -> Result<Option<&'w [f32]>> {
         let cfg = &self.config;
-        self.validate(batch, kv)?;
+        let ends = self.validate(batch, kv)?;
         let n = batch.len();
         let d = cfg.n_embd;
 
@@ -363,32 +373,16 @@ impl Model {
         out_rows.clear();
         out_rows.extend((0..n).filter(|&t| batch.logits[t]));
         let mut rows = n;
+        // A hybrid model's recurrent state cannot be rolled back: its pass may be given up
+        // only before the first layer.
+        let recurrent = cfg.has_recurrent_state();
         for (l, layer) in self.layers.iter().enumerate() {
-            if stop() {
+            if (l == 0 || !recurrent) && stop() {
                 ws.out_rows = out_rows;
                 return Ok(None);
             }
-            // Attention sub-block, in the layer's shape.
+            // Token mixing, in the layer's shape: attention, or a Gated DeltaNet layer.
             let (qd, hd) = (cfg.q_dim_of(l), cfg.head_dim_of(l));
-            // A layer reusing an earlier layer's keys and values computes none.
-            let kvd = if layer.wk.is_some() {
-                cfg.kv_dim_of(l)
-            } else {
-                0
-            };
-            let kv_layer = cfg.layer_kv_from[l].unwrap_or(l);
-            let shape = AttnShape {
-                n_head: cfg.n_head,
-                n_head_kv: cfg.n_head_kv_of(l),
-                head_dim: hd,
-                scale: match cfg.q_scale {
-                    Some(_) => 1.0,
-                    None => 1.0 / (hd as f32).sqrt(),
-                },
-                softcap: cfg.attn_softcap,
-                window: cfg.layer_window[l],
-                policy: ws.attention,
-            };
             norm_rows(
                 cfg,
                 &ws.x[..n * d],
@@ -397,74 +391,133 @@ impl Model {
             );
             ws.acts.invalidate();
             let xn = &ws.xn[..n * d];
-            layer.wq.forward(
-                pool,
-                ws.acts.get(pool, &layer.wq.w, xn, n),
-                grow(&mut ws.q, n * qd),
-            );
-            if let Some(wk) = &layer.wk {
-                wk.forward(
+            let width = if let (Some(dn), Some(c)) = (&layer.delta, &cfg.delta_net) {
+                let vd = c.value_dim();
+                dn.forward(
+                    c,
                     pool,
-                    ws.acts.get(pool, &wk.w, xn, n),
-                    grow(&mut ws.k, n * kvd),
+                    &mut ws.acts,
+                    &layer.wq,
+                    (xn, n),
+                    &batch.seq,
+                    (kv, l),
+                    cfg.norm_eps,
+                    &mut ws.delta,
+                    grow(&mut ws.attn, n * vd),
                 );
-            }
-            match &layer.wv {
-                Some(wv) => wv.forward(
+                vd
+            } else {
+                // A layer reusing an earlier layer's keys and values computes none.
+                let kvd = if layer.wk.is_some() {
+                    cfg.kv_dim_of(l)
+                } else {
+                    0
+                };
+                let kv_layer = cfg.layer_kv_from[l].unwrap_or(l);
+                let shape = AttnShape {
+                    n_head: cfg.n_head,
+                    n_head_kv: cfg.n_head_kv_of(l),
+                    head_dim: hd,
+                    scale: match cfg.q_scale {
+                        Some(_) => 1.0,
+                        None => 1.0 / (hd as f32).sqrt(),
+                    },
+                    softcap: cfg.attn_softcap,
+                    window: cfg.layer_window[l],
+                    policy: ws.attention,
+                };
+                if layer.q_gate {
+                    // Each head's query then its gate: split into `q` and `gate`.
+                    let raw = grow(&mut ws.up, n * 2 * qd);
+                    layer
+                        .wq
+                        .forward(pool, ws.acts.get(pool, &layer.wq.w, xn, n), raw);
+                    let (q, gate) = (grow(&mut ws.q, n * qd), grow(&mut ws.gate, n * qd));
+                    for ((src, q), g) in raw
+                        .chunks_exact(2 * hd)
+                        .zip(q.chunks_exact_mut(hd))
+                        .zip(gate.chunks_exact_mut(hd))
+                    {
+                        q.copy_from_slice(&src[..hd]);
+                        g.copy_from_slice(&src[hd..]);
+                    }
+                } else {
+                    layer.wq.forward(
+                        pool,
+                        ws.acts.get(pool, &layer.wq.w, xn, n),
+                        grow(&mut ws.q, n * qd),
+                    );
+                }
+                if let Some(wk) = &layer.wk {
+                    wk.forward(
+                        pool,
+                        ws.acts.get(pool, &wk.w, xn, n),
+                        grow(&mut ws.k, n * kvd),
+                    );
+                }
+                match &layer.wv {
+                    Some(wv) => wv.forward(
+                        pool,
+                        ws.acts.get(pool, &wv.w, xn, n),
+                        grow(&mut ws.v, n * kvd),
+                    ),
+                    None => grow(&mut ws.v, n * kvd).copy_from_slice(&ws.k[..n * kvd]),
+                }
+                if let Some(w) = &layer.q_norm {
+                    norm_in_place(&mut ws.q[..n * qd], w, cfg.norm_eps, &mut ws.cos_sin);
+                }
+                if let Some(w) = &layer.k_norm {
+                    norm_in_place(&mut ws.k[..n * kvd], w, cfg.norm_eps, &mut ws.cos_sin);
+                }
+                if let Some(w) = &layer.v_norm {
+                    norm_in_place(&mut ws.v[..n * kvd], w, cfg.norm_eps, &mut ws.cos_sin);
+                }
+                if let Some(r) = cfg.rope_of(l) {
+                    self.rope(
+                        batch,
+                        r,
+                        (hd, qd, kvd),
+                        kv.n_ctx(),
+                        &mut ws.q[..n * qd],
+                        &mut ws.k[..n * kvd],
+                        &mut ws.cos_sin,
+                    );
+                }
+                if let Some(s) = cfg.q_scale {
+                    ops::scale(&mut ws.q[..n * qd], s);
+                }
+                for t in (0..n).filter(|_| kvd > 0) {
+                    kv.write(
+                        l,
+                        batch.seq[t],
+                        batch.pos[t],
+                        &ws.k[t * kvd..(t + 1) * kvd],
+                        &ws.v[t * kvd..(t + 1) * kvd],
+                    );
+                }
+                attention(
                     pool,
-                    ws.acts.get(pool, &wv.w, xn, n),
-                    grow(&mut ws.v, n * kvd),
-                ),
-                None => grow(&mut ws.v, n * kvd).copy_from_slice(&ws.k[..n * kvd]),
-            }
-            if let Some(w) = &layer.q_norm {
-                norm_in_place(&mut ws.q[..n * qd], w, cfg.norm_eps, &mut ws.cos_sin);
-            }
-            if let Some(w) = &layer.k_norm {
-                norm_in_place(&mut ws.k[..n * kvd], w, cfg.norm_eps, &mut ws.cos_sin);
-            }
-            if let Some(w) = &layer.v_norm {
-                norm_in_place(&mut ws.v[..n * kvd], w, cfg.norm_eps, &mut ws.cos_sin);
-            }
-            if let Some(r) = cfg.rope_of(l) {
-                self.rope(
-                    batch,
-                    r,
-                    (hd, qd, kvd),
-                    kv.n_ctx(),
-                    &mut ws.q[..n * qd],
-                    &mut ws.k[..n * kvd],
-                    &mut ws.cos_sin,
+                    shape,
+                    kv,
+                    kv_layer,
+                    &batch.seq,
+                    &batch.pos,
+                    &ws.tiled_seqs,
+                    &ws.q[..n * qd],
+                    grow(&mut ws.attn, n * qd),
                 );
-            }
-            if let Some(s) = cfg.q_scale {
-                ops::scale(&mut ws.q[..n * qd], s);
-            }
-            for t in (0..n).filter(|_| kvd > 0) {
-                kv.write(
-                    l,
-                    batch.seq[t],
-                    batch.pos[t],
-                    &ws.k[t * kvd..(t + 1) * kvd],
-                    &ws.v[t * kvd..(t + 1) * kvd],
-                );
-            }
-            attention(
-                pool,
-                shape,
-                kv,
-                kv_layer,
-                &batch.seq,
-                &batch.pos,
-                &ws.tiled_seqs,
-                &ws.q[..n * qd],
-                grow(&mut ws.attn, n * qd),
-            );
+                if layer.q_gate {
+                    for (a, g) in ws.attn[..n * qd].iter_mut().zip(&ws.gate[..n * qd]) {
+                        *a *= 1.0 / (1.0 + (-g).exp());
+                    }
+                }
+                qd
+            };
 
             // After the last attention only the rows that produce logits matter.
             if l + 1 == self.layers.len() && out_rows.len() < n {
                 for (i, &t) in out_rows.iter().enumerate() {
-                    ws.attn.copy_within(t * qd..(t + 1) * qd, i * qd);
+                    ws.attn.copy_within(t * width..(t + 1) * width, i * width);
                     ws.x.copy_within(t * d..(t + 1) * d, i * d);
                     let w = ple_width;
                     ws.ple.copy_within(t * w..(t + 1) * w, i * w);
@@ -476,7 +529,7 @@ impl Model {
             }
 
             ws.acts.invalidate();
-            let attn = &ws.attn[..rows * qd];
+            let attn = &ws.attn[..rows * width];
             let proj = grow(&mut ws.proj, rows * d);
             layer
                 .wo
@@ -545,6 +598,10 @@ impl Model {
             }
         }
 
+        // Every layer has run: the recurrent states now hold the batch's positions.
+        for &(s, end) in &ends {
+            kv.end_state(s, end);
+        }
         let n_out = out_rows.len();
         ws.out_rows = out_rows;
         if n_out == 0 {
@@ -570,8 +627,10 @@ impl Model {
         Ok(Some(&ws.logits[..n_out * cfg.n_vocab]))
     }
 
-    /// Checks token ids and positions, and reserves cache room for every sequence.
-    fn validate(&self, batch: &Batch, kv: &mut KvCache) -> Result<()> {
+    /// Checks token ids and positions, reserves cache room for every sequence, and (hybrid
+    /// models) checks that each sequence's recurrent state ends where its tokens begin,
+    /// zeroing it for a sequence starting at 0. Returns each sequence with its new length.
+    fn validate(&self, batch: &Batch, kv: &mut KvCache) -> Result<Vec<(SeqId, usize)>> {
         let n = batch.len();
         if n == 0 {
             return Err(ModelError::Batch("the batch is empty".into()));
@@ -629,10 +688,13 @@ impl Model {
         for &(s, end) in &next {
             kv.reserve(s, end)?;
         }
+        for &(s, _) in &next {
+            kv.begin_state(s, kv.seq_len(s))?;
+        }
         for &(s, end) in &next {
             kv.set_len(s, end);
         }
-        Ok(())
+        Ok(next)
     }
 
     /// Applies rotary embeddings to every head (of `head_dim` values) of `q` (`[n, q_dim]`)
@@ -697,6 +759,10 @@ fn norm_in_place(x: &mut [f32], w: &[f32], eps: f32, tmp: &mut Vec<f32>) {
 /// The three matrices of an expert.
 /// The weight matrices of one layer, mutably.
 fn layer_matrices_mut(l: &mut DecoderLayer) -> impl Iterator<Item = &mut Matrix> {
+    let delta = l
+        .delta
+        .iter_mut()
+        .flat_map(|d| [&mut d.z, &mut d.beta, &mut d.alpha]);
     let attn = [
         Some(&mut l.wq),
         l.wk.as_mut(),
@@ -705,6 +771,7 @@ fn layer_matrices_mut(l: &mut DecoderLayer) -> impl Iterator<Item = &mut Matrix>
     ]
     .into_iter()
     .flatten()
+    .chain(delta)
     .map(|lin| &mut lin.w);
     let ffn: Vec<&mut Matrix> = match &mut l.ffn {
         Ffn::Dense(e) => vec![&mut e.gate.w, &mut e.up.w, &mut e.down.w],

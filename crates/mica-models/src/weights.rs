@@ -584,6 +584,27 @@ impl WeightLoader {
         Ok(out)
     }
 
+    /// A tensor of any rank as f32, row-major; its shape (innermost first) must be `shape`
+    /// once dimensions of 1 are dropped from both (a checkpoint's `[c, 1, k]` convolution
+    /// is GGUF's `[c, k]`).
+    pub fn array(&self, name: &str, shape: &[u64]) -> Result<Vec<f32>> {
+        let (t, bytes) = self.require(name)?;
+        let squeeze = |s: &[u64]| s.iter().copied().filter(|&x| x != 1).collect::<Vec<_>>();
+        if squeeze(&t.shape) != squeeze(shape) {
+            return Err(ModelError::BadShape {
+                path: self.path.clone(),
+                tensor: t.name.clone(),
+                expected: shape.to_vec(),
+                got: t.shape.clone(),
+            });
+        }
+        let dtype = self.dtype_of(t)?;
+        let mut out = vec![0f32; shape.iter().product::<u64>() as usize];
+        let data = &bytes.bytes()[t.offset as usize..(t.offset + t.n_bytes) as usize];
+        quant::dequantize_row(dtype, data, &mut out);
+        Ok(out)
+    }
+
     pub fn vector_opt(&self, name: &str, n: usize) -> Result<Option<Vec<f32>>> {
         match self.info(name) {
             None => Ok(None),

@@ -977,3 +977,42 @@ fn gemma4_fused_qkv_gguf_gives_the_same_logits() {
     };
     assert_eq!(run(&model), run(&plain), "fused and separate q, k, v");
 }
+
+/// Qwen3.5: three Gated DeltaNet layers (2 key heads, 4 grouped value heads) and one gated
+/// attention layer.
+#[test]
+fn qwen35_matches_transformers() {
+    check("qwen35");
+}
+
+/// Qwen3.5 through llama.cpp's converter (value heads reordered to tiled, `A_log` as
+/// `-exp(A_log)`, norms with the 1 folded in).
+#[test]
+fn qwen35_gguf_matches_transformers() {
+    let model = check_converted("qwen35");
+    let d = model.config.delta_net.as_ref().unwrap();
+    assert_eq!(d.layers, [true, true, true, false]);
+    assert!(d.v_tiled);
+}
+
+#[test]
+fn qwen35_q8_0_matches_llama_cpp() {
+    check_llama_cpp_q8("qwen35");
+}
+
+/// Qwen3.5-MoE: the Qwen3.5 layers with 4 experts (top-2, renormalized) and a gated shared
+/// expert in every layer.
+#[test]
+fn qwen35moe_matches_transformers() {
+    check("qwen35moe");
+}
+
+#[test]
+fn qwen35moe_gguf_matches_transformers() {
+    check_converted_moe("qwen35moe");
+}
+
+#[test]
+fn qwen35moe_q8_0_matches_llama_cpp() {
+    check_llama_cpp_q8("qwen35moe");
+}

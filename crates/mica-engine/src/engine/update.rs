@@ -96,6 +96,11 @@ impl Core {
         for index in 1..n {
             let child = g + index as u64;
             if self.sched.fork(parent, child) {
+                // A hybrid model's fork continues from the parent's recurrent state.
+                let slot = |id| self.sched.get(id).and_then(|s| s.slot);
+                if let (Some(p), Some(c)) = (slot(parent), slot(child)) {
+                    self.kv.copy_state(p, c);
+                }
                 out.push(child);
             } else {
                 // No free slot: the completion queues on its own (its prompt then hits the

@@ -107,7 +107,8 @@ pub struct DraftModelProposer {
 
 impl DraftModelProposer {
     /// A proposer running `draft` for `target` on `pool` (which it may share with the
-    /// target: the two never compute at once). Fails when the vocabularies differ.
+    /// target: the two never compute at once). Fails when the vocabularies differ, or when
+    /// the draft keeps a recurrent state (which cannot be rolled back).
     pub fn new(
         draft: Arc<LoadedModel>,
         target: &LoadedModel,
@@ -115,6 +116,9 @@ impl DraftModelProposer {
         cfg: DraftModelConfig,
     ) -> Result<DraftModelProposer, SpecError> {
         check_vocab(&target.tokenizer, &draft.tokenizer)?;
+        if draft.model.config.has_recurrent_state() {
+            return Err(SpecError::RecurrentDraft);
+        }
         Ok(DraftModelProposer {
             kv: KvCache::new(&draft.model.config, cfg.n_ctx.max(2), 1),
             model: draft,

@@ -171,6 +171,8 @@ pub fn build_with(
                 q_norm: opt(parts.qk_norm, p("attn_q_norm.weight"), hd)?,
                 k_norm: opt(parts.qk_norm && has_kv, p("attn_k_norm.weight"), hd)?,
                 wq,
+                q_gate: false,
+                delta: None,
                 wk,
                 wv,
                 v_norm: (parts.v_norm && has_kv).then(|| vec![1.0; hd]),

@@ -1,0 +1,213 @@
+//! The Gated DeltaNet layer (linear attention with the gated delta rule; Yang, Kautz and
+//! Hatamizadeh, 2024), the token mixer of Qwen3.5's recurrent layers.
+//!
+//! Per token: the layer's input projection (`attn_qkv`, checkpoint `in_proj_qkv`) gives
+//! q | k | v, which pass a depthwise causal convolution over the last `conv_kernel` tokens
+//! and SiLU; q and k are L2-normalized per head and q scaled by `1/sqrt(head_k_dim)`. Each
+//! value head `h` keeps a state matrix `S` (`head_k_dim × head_v_dim`) updated by the delta
+//! rule with a decay `exp(g)`, `g = -exp(A_log) · softplus(alpha + dt_bias)`, and a
+//! write strength `beta = sigmoid(b)`:
+//!
+//! ```text
+//! S ← exp(g) · S;   S ← S + k ⊗ (beta · (v − Sᵀk));   o = Sᵀq
+//! ```
+//!
+//! The output of each head is RMS-normalized, scaled by the norm weight and by `silu(z)`
+//! (`z` from `attn_gate`, checkpoint `in_proj_z`), and projected back (`ssm_out`). The
+//! convolution's last inputs and the state matrices are per sequence and live in the
+//! [`KvCache`]; a batch may mix sequences: each token updates its own sequence's state, in
+//! batch order (a sequence's tokens are in position order).
+//!
+//! The recurrence runs token by token (what transformers' `torch_recurrent_gated_delta_rule`
+//! and llama.cpp's autoregressive path compute; their chunked prefill is the same sum
+//! reassociated).
+//!
+//! References: transformers `models/qwen3_5/modeling_qwen3_5.py` (`Qwen3_5GatedDeltaNet`);
+//! llama.cpp `src/models/qwen35.cpp` (`build_layer_attn_linear`) and `delta-net-base.cpp`.
+
+use crate::config::DeltaNetConfig;
+use crate::kv_cache::{KvCache, SeqId};
+use crate::model::grow;
+use crate::weights::{ActCache, Linear};
+use mica_kernels::ThreadPool;
+
+/// The weights of one Gated DeltaNet layer besides its input projection (`attn_qkv`, the
+/// layer's `wq`) and output projection (`ssm_out`, the layer's `wo`).
+pub struct DeltaNet {
+    /// `[value_dim × n_embd]` the output gate `z` (`attn_gate`).
+    pub z: Linear,
+    /// `[n_v_heads × n_embd]` the write strength before its sigmoid (`ssm_beta`).
+    pub beta: Linear,
+    /// `[n_v_heads × n_embd]` the decay input (`ssm_alpha`).
+    pub alpha: Linear,
+    /// `[conv_dim][conv_kernel]` depthwise convolution weights, oldest tap first
+    /// (`ssm_conv1d`).
+    pub conv: Vec<f32>,
+    /// `[n_v_heads]` added to `alpha` before the softplus (`ssm_dt.bias`).
+    pub dt_bias: Vec<f32>,
+    /// `[n_v_heads]` `-exp(A_log)` (`ssm_a`).
+    pub a: Vec<f32>,
+    /// `[head_v_dim]` weight of the gated RMSNorm of each head's output (`ssm_norm`).
+    pub norm: Vec<f32>,
+}
+
+/// Reusable buffers of [`DeltaNet::forward`].
+#[derive(Default)]
+pub struct DeltaBufs {
+    /// `[n, conv_dim]` q | k | v before and after the convolution
+    qkv: Vec<f32>,
+    /// `[n, value_dim]`
+    z: Vec<f32>,
+    /// `[n, n_v_heads]`
+    beta: Vec<f32>,
+    /// `[n, n_v_heads]`
+    alpha: Vec<f32>,
+    /// `[conv_dim]` one convolved row
+    row: Vec<f32>,
+    /// `[head_v_dim]` one head's delta
+    tmp: Vec<f32>,
+}
+
+impl DeltaNet {
+    /// Runs the layer's token mixing over `n` rows of normed input `xn` (`[n, n_embd]`),
+    /// row `t` belonging to sequence `seq[t]`, through the layer's input projection `wqkv`;
+    /// updates the sequences' states in `kv` (layer `layer`) and writes the gated, normed
+    /// head outputs to `out` (`[n, value_dim]`, before the output projection). `eps` is the
+    /// RMSNorm epsilon.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        c: &DeltaNetConfig,
+        pool: &ThreadPool,
+        acts: &mut ActCache,
+        wqkv: &Linear,
+        (xn, n): (&[f32], usize),
+        seq: &[SeqId],
+        (kv, layer): (&mut KvCache, usize),
+        eps: f32,
+        b: &mut DeltaBufs,
+        out: &mut [f32],
+    ) {
+        let (cd, vd, nv) = (c.conv_dim(), c.value_dim(), c.n_v_heads);
+        let qkv = grow(&mut b.qkv, n * cd);
+        wqkv.forward(pool, acts.get(pool, &wqkv.w, xn, n), qkv);
+        let z = grow(&mut b.z, n * vd);
+        self.z.forward(pool, acts.get(pool, &self.z.w, xn, n), z);
+        let beta = grow(&mut b.beta, n * nv);
+        self.beta
+            .forward(pool, acts.get(pool, &self.beta.w, xn, n), beta);
+        let alpha = grow(&mut b.alpha, n * nv);
+        self.alpha
+            .forward(pool, acts.get(pool, &self.alpha.w, xn, n), alpha);
+        let row = grow(&mut b.row, cd);
+        let tmp = grow(&mut b.tmp, c.head_v_dim);
+        for t in 0..n {
+            let (conv_state, state) = kv.state_mut(layer, seq[t]);
+            let x = &mut b.qkv[t * cd..(t + 1) * cd];
+            self.convolve(c, conv_state, x, row);
+            x.copy_from_slice(row);
+            let o = &mut out[t * vd..(t + 1) * vd];
+            let (beta, alpha) = (&b.beta[t * nv..], &b.alpha[t * nv..]);
+            self.recur(c, x, (beta, alpha), state, tmp, o);
+            gated_norm(c, &self.norm, &b.z[t * vd..(t + 1) * vd], eps, o);
+        }
+    }
+
+    /// The causal convolution of one token's q | k | v row `x` over the state's previous
+    /// inputs, then SiLU, into `y`; the state shifts in `x`.
+    fn convolve(&self, c: &DeltaNetConfig, st: &mut [f32], x: &[f32], y: &mut [f32]) {
+        let (cd, kk) = (c.conv_dim(), c.conv_kernel);
+        for ch in 0..cd {
+            let w = &self.conv[ch * kk..(ch + 1) * kk];
+            let mut acc = 0f32;
+            for j in 0..kk - 1 {
+                acc += w[j] * st[j * cd + ch];
+            }
+            acc += w[kk - 1] * x[ch];
+            y[ch] = silu(acc);
+        }
+        if kk > 1 {
+            st.copy_within(cd.., 0);
+            st[(kk - 2) * cd..].copy_from_slice(x);
+        }
+    }
+
+    /// The gated delta rule for one token: `x` is its convolved q | k | v (q and k are
+    /// normalized here, in place), `beta` / `alpha` its `[n_v_heads]` inputs; updates the
+    /// state matrices and writes each head's output to `o` (`[value_dim]`); `delta` holds
+    /// one head's update (`[head_v_dim]`).
+    fn recur(
+        &self,
+        c: &DeltaNetConfig,
+        x: &mut [f32],
+        (beta, alpha): (&[f32], &[f32]),
+        state: &mut [f32],
+        delta: &mut [f32],
+        o: &mut [f32],
+    ) {
+        let (dk, dv, kd) = (c.head_k_dim, c.head_v_dim, c.key_dim());
+        let (qk, v) = x.split_at_mut(2 * kd);
+        let scale = 1.0 / (dk as f32).sqrt();
+        for (i, head) in qk.chunks_exact_mut(dk).enumerate() {
+            let ss: f32 = head.iter().map(|v| v * v).sum();
+            let inv = 1.0 / (ss + c.l2_eps).sqrt();
+            // The query heads come first: they also take the 1/sqrt(dk) scale.
+            let f = if i < c.n_k_heads { inv * scale } else { inv };
+            head.iter_mut().for_each(|v| *v *= f);
+        }
+        let (q, k) = qk.split_at(kd);
+        for h in 0..c.n_v_heads {
+            let kh = c.k_head_of(h);
+            let (q, k) = (&q[kh * dk..(kh + 1) * dk], &k[kh * dk..(kh + 1) * dk]);
+            let v = &v[h * dv..(h + 1) * dv];
+            let o = &mut o[h * dv..(h + 1) * dv];
+            let s = &mut state[h * dk * dv..(h + 1) * dk * dv];
+            let decay = (self.a[h] * softplus(alpha[h] + self.dt_bias[h])).exp();
+            let b = sigmoid(beta[h]);
+            // S ← decay · S, and what the memory holds for k: Sᵀk.
+            delta.fill(0.0);
+            for (i, srow) in s.chunks_exact_mut(dv).enumerate() {
+                for (sj, dj) in srow.iter_mut().zip(delta.iter_mut()) {
+                    *sj *= decay;
+                    *dj += *sj * k[i];
+                }
+            }
+            // delta = beta · (v − Sᵀk); S ← S + k ⊗ delta; o = Sᵀq.
+            for (dj, vj) in delta.iter_mut().zip(v) {
+                *dj = (vj - *dj) * b;
+            }
+            o.fill(0.0);
+            for (i, srow) in s.chunks_exact_mut(dv).enumerate() {
+                for ((sj, dj), oj) in srow.iter_mut().zip(delta.iter()).zip(o.iter_mut()) {
+                    *sj += k[i] * dj;
+                    *oj += *sj * q[i];
+                }
+            }
+        }
+    }
+}
+
+/// RMS-normalizes each head of `o` (`[value_dim]`) in place, times `w` and `silu(z)`.
+fn gated_norm(c: &DeltaNetConfig, w: &[f32], z: &[f32], eps: f32, o: &mut [f32]) {
+    let dv = c.head_v_dim;
+    for (head, zh) in o.chunks_exact_mut(dv).zip(z.chunks_exact(dv)) {
+        let ms: f32 = head.iter().map(|v| v * v).sum::<f32>() / dv as f32;
+        let inv = 1.0 / (ms + eps).sqrt();
+        for ((v, wj), zj) in head.iter_mut().zip(w).zip(zh) {
+            *v = *v * inv * wj * silu(*zj);
+        }
+    }
+}
+
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// `ln(1 + e^x)`, linear above 20 (as torch's `softplus`).
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 { x } else { x.exp().ln_1p() }
+}
