@@ -1016,3 +1016,22 @@ fn qwen35moe_gguf_matches_transformers() {
 fn qwen35moe_q8_0_matches_llama_cpp() {
     check_llama_cpp_q8("qwen35moe");
 }
+
+/// StarCoder / GPTBigCode: GPT-2's layers with one key/value head (multi-query) and
+/// `nn.Linear` projections.
+#[test]
+fn starcoder_matches_transformers() {
+    check("starcoder");
+    let (model, _, _) = load("starcoder");
+    assert_eq!((model.config.n_head, model.config.n_head_kv), (4, 1));
+}
+
+#[test]
+fn starcoder_gguf_matches_transformers() {
+    check_converted("starcoder");
+}
+
+#[test]
+fn starcoder_q8_0_matches_llama_cpp() {
+    check_llama_cpp_q8("starcoder");
+}
