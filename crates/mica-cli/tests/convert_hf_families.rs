@@ -31,11 +31,13 @@ const REFUSED: &[(&str, &str)] = &[
     // mica's converter does not write Gated DeltaNet layers (llama.cpp's does).
     ("qwen35", "Gated DeltaNet"),
     ("qwen35moe", "Gated DeltaNet"),
+    // llama.cpp has no OPT architecture.
+    ("opt", "no OPT architecture"),
 ];
 
 /// Families whose folders mica's converter refuses (every fixture of theirs is in
 /// `REFUSED`): llama.cpp's converter writes their GGUF files.
-const NOT_CONVERTED: &[&str] = &["qwen35", "qwen35moe"];
+const NOT_CONVERTED: &[&str] = &["qwen35", "qwen35moe", "opt"];
 
 /// Fixtures whose sliding window GGUF `llama` cannot say (dropped with a warning): compared
 /// on the positions within the window only.

@@ -68,6 +68,8 @@ pub enum Activation {
     /// GELU with `erf` (transformers' `gelu`: GPT-NeoX / Pythia). llama.cpp computes it with
     /// the tanh approximation; so does mica under [`Numerics::LlamaCpp`].
     GeluErf,
+    /// `max(x, 0)` (OPT).
+    Relu,
 }
 
 /// The normalization before each sub-block and before the output head.

@@ -95,6 +95,8 @@ pub struct HfConfig {
     pub n_head: Option<usize>,
     pub n_positions: Option<usize>,
     pub n_inner: Option<usize>,
+    /// OPT's name of the feed-forward width.
+    pub ffn_dim: Option<usize>,
     pub layer_norm_epsilon: Option<f64>,
     /// GPT-2: `gelu_new` (tanh approximation) and its synonyms.
     pub activation_function: Option<String>,
@@ -112,7 +114,7 @@ pub struct HfConfig {
 impl HfConfig {
     /// Folds family-specific names of shared fields into the shared ones: GPT-2's (and
     /// GPTBigCode's) `n_embd`, `n_layer`, `n_head`, `n_positions`, `n_inner` (4 × `n_embd`
-    /// when null),
+    /// when null), OPT's `ffn_dim`,
     /// `layer_norm_epsilon`; GPT-NeoX's `layer_norm_eps`, `rotary_pct`, `rotary_emb_base`.
     /// (The epsilon lands in `rms_norm_eps`, which then is the norm's epsilon whatever the norm.)
     fn resolve_aliases(&mut self) {
@@ -121,7 +123,7 @@ impl HfConfig {
         self.num_hidden_layers = self.num_hidden_layers.or(self.n_layer);
         self.num_attention_heads = self.num_attention_heads.or(self.n_head);
         self.max_position_embeddings = self.max_position_embeddings.or(self.n_positions);
-        self.intermediate_size = self.intermediate_size.or(self.n_inner);
+        self.intermediate_size = self.intermediate_size.or(self.n_inner).or(self.ffn_dim);
         if gpt2 && self.intermediate_size.is_none() {
             self.intermediate_size = self.hidden_size.map(|d| 4 * d);
         }

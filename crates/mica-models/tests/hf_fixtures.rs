@@ -1035,3 +1035,25 @@ fn starcoder_gguf_matches_transformers() {
 fn starcoder_q8_0_matches_llama_cpp() {
     check_llama_cpp_q8("starcoder");
 }
+
+/// OPT: learned positions read 2 rows in, separate q/k/v with biases, ReLU MLP.
+#[test]
+fn opt_matches_transformers() {
+    check("opt");
+}
+
+#[test]
+fn opt_config_errors_name_the_field() {
+    config_error_names("opt", "do_layer_norm_before", |c| {
+        c["do_layer_norm_before"] = false.into()
+    });
+    config_error_names("opt", "word_embed_proj_dim", |c| {
+        c["word_embed_proj_dim"] = 16.into()
+    });
+    config_error_names("opt", "_remove_final_layer_norm", |c| {
+        c["_remove_final_layer_norm"] = true.into()
+    });
+    config_error_names("opt", "activation_function", |c| {
+        c["activation_function"] = "gelu".into()
+    });
+}

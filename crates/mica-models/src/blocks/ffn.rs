@@ -82,6 +82,10 @@ pub(crate) fn dense_ffn(
 pub(crate) fn glu(cfg: &ModelConfig, gate: &mut [f32], up: &[f32]) {
     match (cfg.act, cfg.numerics) {
         (Activation::Silu, _) => ops::swiglu(gate, up),
+        (Activation::Relu, _) => gate
+            .iter_mut()
+            .zip(up)
+            .for_each(|(g, &u)| *g = g.max(0.0) * u),
         (_, Numerics::LlamaCpp) => ops::geglu(gate, up),
         (_, Numerics::F32) => ops::geglu_precise(gate, up),
     }
@@ -91,6 +95,7 @@ pub(crate) fn glu(cfg: &ModelConfig, gate: &mut [f32], up: &[f32]) {
 pub(crate) fn activate(cfg: &ModelConfig, h: &mut [f32]) {
     match (cfg.act, cfg.numerics) {
         (Activation::Silu, _) => ops::silu_in_place(h),
+        (Activation::Relu, _) => h.iter_mut().for_each(|v| *v = v.max(0.0)),
         // llama.cpp computes every GELU with its f16 table of the tanh approximation.
         (_, Numerics::LlamaCpp) => ops::gelu(h),
         (Activation::GeluTanh, Numerics::F32) => ops::gelu_precise(h),
