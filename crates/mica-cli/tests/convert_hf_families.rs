@@ -33,11 +33,12 @@ const REFUSED: &[(&str, &str)] = &[
     ("qwen35moe", "Gated DeltaNet"),
     // llama.cpp has no OPT architecture.
     ("opt", "no OPT architecture"),
+    ("codegen", "no CodeGen architecture"),
 ];
 
 /// Families whose folders mica's converter refuses (every fixture of theirs is in
 /// `REFUSED`): llama.cpp's converter writes their GGUF files.
-const NOT_CONVERTED: &[&str] = &["qwen35", "qwen35moe", "opt"];
+const NOT_CONVERTED: &[&str] = &["qwen35", "qwen35moe", "opt", "codegen"];
 
 /// Fixtures whose sliding window GGUF `llama` cannot say (dropped with a warning): compared
 /// on the positions within the window only.

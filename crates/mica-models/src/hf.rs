@@ -113,12 +113,15 @@ pub struct HfConfig {
 
 impl HfConfig {
     /// Folds family-specific names of shared fields into the shared ones: GPT-2's (and
-    /// GPTBigCode's) `n_embd`, `n_layer`, `n_head`, `n_positions`, `n_inner` (4 × `n_embd`
+    /// GPTBigCode's and CodeGen's) `n_embd`, `n_layer`, `n_head`, `n_positions`, `n_inner` (4 × `n_embd`
     /// when null), OPT's `ffn_dim`,
     /// `layer_norm_epsilon`; GPT-NeoX's `layer_norm_eps`, `rotary_pct`, `rotary_emb_base`.
     /// (The epsilon lands in `rms_norm_eps`, which then is the norm's epsilon whatever the norm.)
     fn resolve_aliases(&mut self) {
-        let gpt2 = matches!(self.model_type.as_deref(), Some("gpt2" | "gpt_bigcode"));
+        let gpt2 = matches!(
+            self.model_type.as_deref(),
+            Some("gpt2" | "gpt_bigcode" | "codegen")
+        );
         self.hidden_size = self.hidden_size.or(self.n_embd);
         self.num_hidden_layers = self.num_hidden_layers.or(self.n_layer);
         self.num_attention_heads = self.num_attention_heads.or(self.n_head);

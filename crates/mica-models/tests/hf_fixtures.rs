@@ -1057,3 +1057,18 @@ fn opt_config_errors_name_the_field() {
         c["activation_function"] = "gelu".into()
     });
 }
+
+/// CodeGen: one LayerNorm before parallel attention and MLP, GPT-J rotary on 2 of each head's
+/// 4 dimensions, the fused projection regrouped from 4 blocks of (q | v | k), a head bias.
+#[test]
+fn codegen_matches_transformers() {
+    check("codegen");
+}
+
+#[test]
+fn codegen_config_errors_name_the_field() {
+    config_error_names("codegen", "rotary_dim", |c| c["rotary_dim"] = 5.into());
+    config_error_names("codegen", "n_head", |c| {
+        c["n_head"] = 2.into();
+    });
+}
