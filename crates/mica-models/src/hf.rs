@@ -179,6 +179,7 @@ impl HfFolder {
                 "missing from the folder",
             )
         })?;
+        let config_json = text_view(config_json);
         let mut config: HfConfig = serde_json::from_value(config_json.clone())
             .map_err(|e| config_err(&dir.join("config.json"), "config.json", e.to_string()))?;
         config.resolve_aliases();
@@ -552,6 +553,30 @@ fn config_err(path: &Path, key: &str, msg: impl Into<String>) -> ModelError {
         key: key.to_string(),
         msg: msg.into(),
     }
+}
+
+/// A multimodal wrapper's `config.json` (`architectures[0]` ending in
+/// `ForConditionalGeneration`, the text model's fields under `text_config`, e.g.
+/// `Gemma4ForConditionalGeneration`) seen as its text model: `text_config`'s fields, then
+/// the top-level ones it lacks (`architectures`, `tie_word_embeddings`...) except the other
+/// towers' configs. Any other config as it is.
+fn text_view(json: Value) -> Value {
+    let wrapper = json["architectures"][0]
+        .as_str()
+        .is_some_and(|a| a.ends_with("ForConditionalGeneration"));
+    let (true, Some(text), Some(top)) =
+        (wrapper, json["text_config"].as_object(), json.as_object())
+    else {
+        return json;
+    };
+    let mut merged = text.clone();
+    for (k, v) in top {
+        if !k.ends_with("_config") && !merged.contains_key(k) {
+            merged.insert(k.clone(), v.clone());
+        }
+    }
+    merged.insert("architectures".into(), json["architectures"].clone());
+    Value::Object(merged)
 }
 
 /// A JSON file, or `None` when it does not exist.

@@ -1072,3 +1072,90 @@ fn codegen_config_errors_name_the_field() {
         c["n_head"] = 2.into();
     });
 }
+
+/// The published Gemma 4 checkpoints are `Gemma4ForConditionalGeneration` folders: the text
+/// model's config under `text_config`, its weights under `model.language_model.`, vision and
+/// audio towers beside it (transformers 5.23's layout). The gemma4_shared fixture rewritten
+/// so, with a vision tensor added, gives the plain folder's logits bit for bit; `mica convert`
+/// refuses it naming the class.
+#[test]
+fn gemma4_for_conditional_generation_runs_its_text_model() {
+    let src = dir("gemma4_shared");
+    let tmp = std::env::temp_dir().join(format!("mica-gemma4-wrapped-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let mut text: Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    text.as_object_mut().unwrap().remove("architectures");
+    let cfg = serde_json::json!({
+        "architectures": ["Gemma4ForConditionalGeneration"],
+        "model_type": "gemma4",
+        "text_config": text,
+        "vision_config": {"model_type": "gemma4_vision", "hidden_size": 2},
+        "audio_config": null,
+        "tie_word_embeddings": true,
+    });
+    std::fs::write(tmp.join("config.json"), cfg.to_string()).unwrap();
+    std::fs::copy(
+        src.join("generation_config.json"),
+        tmp.join("generation_config.json"),
+    )
+    .unwrap();
+    // The checkpoint's tensors renamed, and one of a vision tower.
+    let st = mica_formats::SafetensorsFile::open(src.join("model.safetensors")).unwrap();
+    let vision = [0u8; 16];
+    let mut entries: Vec<(String, Vec<u64>, &[u8])> = st
+        .tensors()
+        .iter()
+        .map(|t| {
+            let name = t.name.replacen("model.", "model.language_model.", 1);
+            (
+                name,
+                t.shape.iter().rev().copied().collect(),
+                st.tensor_data(t),
+            )
+        })
+        .collect();
+    entries.push((
+        "model.vision_tower.patch_embedder.input_proj.weight".into(),
+        vec![2, 2],
+        &vision,
+    ));
+    let (mut header, mut offset) = (serde_json::Map::new(), 0usize);
+    for (name, shape, data) in &entries {
+        header.insert(
+            name.clone(),
+            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + data.len()]}),
+        );
+        offset += data.len();
+    }
+    let header = Value::Object(header).to_string();
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(header.as_bytes());
+    for (_, _, data) in &entries {
+        file.extend_from_slice(data);
+    }
+    std::fs::write(tmp.join("model.safetensors"), file).unwrap();
+
+    let folder = HfFolder::open(&tmp).unwrap();
+    let wrapped = mica_models::arch::load_hf(&folder).unwrap();
+    let refused = mica_models::arch::to_gguf::GgufLayout::from_hf(&folder)
+        .err()
+        .expect("mica convert refuses the wrapper")
+        .to_string();
+    std::fs::remove_dir_all(&tmp).unwrap();
+    assert!(
+        refused.contains("Gemma4ForConditionalGeneration"),
+        "{refused}"
+    );
+    assert_eq!(wrapped.ple.as_ref().map(|p| p.dim), Some(8));
+    let (plain, exp, _) = load("gemma4_shared");
+    let seq = ids(&exp["sequences"][0]);
+    let run = |m: &Model| {
+        let pool = ThreadPool::new(2);
+        let mut kv = KvCache::new(&m.config, 64, 1);
+        let mut ws = Workspace::default();
+        let b = Batch::for_sequence(&seq, 0, 0, true);
+        m.forward(&pool, &b, &mut kv, &mut ws).unwrap().to_vec()
+    };
+    assert_eq!(run(&wrapped), run(&plain), "the wrapped text model");
+}

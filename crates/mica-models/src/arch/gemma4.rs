@@ -30,6 +30,9 @@
 //! times the per-expert scale; each branch normed, then summed into the post-feed-forward
 //! norm.
 //!
+//! Folders: `Gemma4ForCausalLM`, and the published checkpoints' `Gemma4ForConditionalGeneration`
+//! (the text model's config under `text_config`, its weights under `model.language_model.`;
+//! the vision and audio towers are not read, and `mica convert` refuses such a folder).
 //! What a folder's config may say that mica does not run is refused naming the field and
 //! value (`use_bidirectional_attention: "all"`, `attention_bias: true`, another
 //! `hidden_activation`, a `vocab_size_per_layer_input` that disagrees with the table).
@@ -54,7 +57,7 @@ use serde_json::Value;
 pub(super) static FAMILY: Family = Family {
     name: "gemma4",
     gguf_archs: &["gemma4"],
-    hf_classes: &["Gemma4ForCausalLM"],
+    hf_classes: &["Gemma4ForCausalLM", "Gemma4ForConditionalGeneration"],
     hf_names: &HF_NAMES,
     load,
     gguf: GgufHints {
@@ -85,7 +88,36 @@ pub(crate) static HF_NAMES: NameTable = NameTable {
             "model.per_layer_projection_norm.weight",
         ),
     ],
-    layer: decoder_layer_names![
+    layer: LAYER_NAMES,
+};
+
+/// The text model inside `Gemma4ForConditionalGeneration` (the published checkpoints, with
+/// vision and audio towers beside it, which mica does not read): the same names under
+/// `model.language_model.`, the head tied to the embedding.
+static HF_NAMES_WRAPPED: NameTable = NameTable {
+    layer_prefix: "model.language_model.layers.{i}.",
+    global: &[
+        ("token_embd.weight", "model.language_model.embed_tokens.weight"),
+        ("output_norm.weight", "model.language_model.norm.weight"),
+        DECODER_GLOBAL[2],
+        (
+            "per_layer_token_embd.weight",
+            "model.language_model.embed_tokens_per_layer.weight",
+        ),
+        (
+            "per_layer_model_proj.weight",
+            "model.language_model.per_layer_model_projection.weight",
+        ),
+        (
+            "per_layer_proj_norm.weight",
+            "model.language_model.per_layer_projection_norm.weight",
+        ),
+    ],
+    layer: LAYER_NAMES,
+};
+
+/// The per-layer names of both layouts.
+const LAYER_NAMES: &[(&str, &str)] = decoder_layer_names![
         (
             "post_attention_norm.weight",
             "post_attention_layernorm.weight"
@@ -113,8 +145,7 @@ pub(crate) static HF_NAMES: NameTable = NameTable {
             "post_ffw_norm_2.weight",
             "post_feedforward_layernorm_2.weight"
         ),
-    ],
-};
+];
 
 const PARTS: Parts = Parts {
     qk_norm: true,
@@ -127,6 +158,9 @@ const PARTS: Parts = Parts {
     v_norm: true,
     out_scale: true,
 };
+
+/// The multimodal class of the published checkpoints, whose text model mica runs.
+const WRAPPER: &str = "Gemma4ForConditionalGeneration";
 
 /// transformers' defaults: every 6th layer global, global heads of 512.
 const DEFAULT_PATTERN: usize = 6;
@@ -164,7 +198,11 @@ fn load(src: &Source, arch: &str) -> Result<Model> {
         }
         Source::Hf(hf) => {
             check_hf_options(hf)?;
-            let w = hf.weights(arch, &HF_NAMES);
+            let names = match hf.architecture()? {
+                WRAPPER => &HF_NAMES_WRAPPED,
+                _ => &HF_NAMES,
+            };
+            let w = hf.weights(arch, names);
             let tok_embd = token_embedding(&w, hf.config.hidden_size.unwrap_or(0))?;
             let mut cfg = hf.decoder_config(arch, tok_embd.rows)?;
             let layers = hf_layers(hf, &mut cfg)?;
@@ -538,7 +576,14 @@ fn hf_moe(hf: &HfFolder) -> Result<MoeSpec> {
 /// head size and RoPE, the final soft-cap, the per-layer embedding width and shared layers,
 /// and the experts of the MoE models. (`rope_freqs.weight`, the global layers' proportional
 /// RoPE, is written from the resolved frequency factors.)
-fn gguf_keys(model: &Model, _: &HfFolder, keys: &mut GgufKeys) -> std::result::Result<(), String> {
+fn gguf_keys(model: &Model, hf: &HfFolder, keys: &mut GgufKeys) -> std::result::Result<(), String> {
+    if hf.architecture().ok() == Some(WRAPPER) {
+        return Err(format!(
+            "mica convert does not write the text model of a {WRAPPER} folder yet (mica runs \
+             the folder itself; llama.cpp's convert_hf_to_gguf.py converts it, the vision and \
+             audio towers into a separate mmproj file)"
+        ));
+    }
     let cfg = &model.config;
     if let Some(Ffn::Moe(m)) = model.layers.first().map(|l| &l.ffn) {
         // llama.cpp's gemma4 graph renormalizes the top-k weights; the converter writes the
