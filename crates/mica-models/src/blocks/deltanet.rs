@@ -34,7 +34,7 @@ use crate::kv_cache::{KvCache, SeqId};
 use crate::model::grow;
 use crate::weights::{ActCache, Linear};
 use mica_kernels::ThreadPool;
-use mica_kernels::ops::{self, silu};
+use mica_kernels::ops::{self, silu, vec_f32};
 
 /// The weights of one Gated DeltaNet layer besides its input projection (`attn_qkv`, the
 /// layer's `wq`) and output projection (`ssm_out`, the layer's `wo`).
@@ -45,8 +45,9 @@ pub struct DeltaNet {
     pub beta: Linear,
     /// `[n_v_heads × n_embd]` the decay input (`ssm_alpha`).
     pub alpha: Linear,
-    /// `[conv_dim][conv_kernel]` depthwise convolution weights, oldest tap first
-    /// (`ssm_conv1d`).
+    /// `[conv_kernel][conv_dim]` depthwise convolution weights, oldest tap first: the
+    /// transpose of the file's `[conv_dim][conv_kernel]` (`ssm_conv1d`), so each tap is a
+    /// row over the channels.
     pub conv: Vec<f32>,
     /// `[n_v_heads]` added to `alpha` before the softplus (`ssm_dt.bias`).
     pub dt_bias: Vec<f32>,
@@ -124,14 +125,15 @@ impl DeltaNet {
     /// the taps, oldest first, then its row-wise `silu`.)
     fn convolve(&self, c: &DeltaNetConfig, st: &mut [f32], x: &[f32], y: &mut [f32]) {
         let (cd, kk) = (c.conv_dim(), c.conv_kernel);
-        for ch in 0..cd {
-            let w = &self.conv[ch * kk..(ch + 1) * kk];
-            let mut acc = 0f32;
-            for j in 0..kk - 1 {
-                acc = madd(st[j * cd + ch], w[j], acc);
-            }
-            y[ch] = madd(x[ch], w[kk - 1], acc);
+        y.fill(0.0);
+        for j in 0..kk - 1 {
+            vec_f32::fma_assign(
+                y,
+                &st[j * cd..(j + 1) * cd],
+                &self.conv[j * cd..(j + 1) * cd],
+            );
         }
+        vec_f32::fma_assign(y, x, &self.conv[(kk - 1) * cd..]);
         silu_row(y);
         if kk > 1 {
             st.copy_within(cd.., 0);
@@ -179,13 +181,13 @@ impl DeltaNet {
             m.iter_mut().for_each(|s| *s *= decay);
             // delta = beta · (v − Sᵀk); S ← S + k ⊗ delta; o = Sᵀq / sqrt(dk).
             for ((row, dj), vj) in m.chunks_exact(dk).zip(delta.iter_mut()).zip(v) {
-                *dj = (vj - dot(row, k)) * b;
+                *dj = (vj - vec_f32::dot(row, k)) * b;
             }
             for (row, &dj) in m.chunks_exact_mut(dk).zip(delta.iter()) {
-                mad(row, k, dj);
+                vec_f32::mad(row, k, dj);
             }
             for (row, oj) in m.chunks_exact(dk).zip(o.iter_mut()) {
-                *oj = dot(row, q) * scale;
+                *oj = vec_f32::dot(row, q) * scale;
             }
         }
     }
@@ -201,48 +203,6 @@ fn gated_norm(c: &DeltaNetConfig, w: &[f32], z: &[f32], eps: f32, tmp: &mut [f32
         tmp.copy_from_slice(zh);
         silu_row(tmp);
         head.iter_mut().zip(tmp.iter()).for_each(|(v, s)| *v *= s);
-    }
-}
-
-/// `a · b + c` as GCC compiles ggml's `c += a * b` loops (contracted into one rounding).
-#[inline(always)]
-fn madd(a: f32, b: f32, c: f32) -> f32 {
-    a.mul_add(b, c)
-}
-
-/// ggml's `ggml_vec_dot_f32` as built for AVX-512: whole groups of 64 into four 16-lane FMA
-/// accumulators, reduced pairwise (`GGML_F32x16_REDUCE`, then `_mm512_reduce_add_ps`), then
-/// the rest one by one.
-fn dot(x: &[f32], y: &[f32]) -> f32 {
-    let n = x.len();
-    let np = n & !63;
-    let mut acc = [[0f32; 16]; 4];
-    for i in (0..np).step_by(64) {
-        for (j, a) in acc.iter_mut().enumerate() {
-            for (l, s) in a.iter_mut().enumerate() {
-                let k = i + 16 * j + l;
-                *s = x[k].mul_add(y[k], *s);
-            }
-        }
-    }
-    let mut s = 0f32;
-    if np > 0 {
-        let r: [f32; 16] =
-            std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
-        let h: [f32; 8] = std::array::from_fn(|l| r[l] + r[l + 8]);
-        let u: [f32; 4] = std::array::from_fn(|l| h[l] + h[l + 4]);
-        s = (u[0] + u[2]) + (u[1] + u[3]);
-    }
-    for k in np..n {
-        s = madd(x[k], y[k], s);
-    }
-    s
-}
-
-/// ggml's `ggml_vec_mad_f32`: `y += x · v`, each element one fused multiply-add.
-fn mad(y: &mut [f32], x: &[f32], v: f32) {
-    for (yi, &xi) in y.iter_mut().zip(x) {
-        *yi = xi.mul_add(v, *yi);
     }
 }
 
