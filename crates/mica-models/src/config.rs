@@ -147,7 +147,8 @@ impl DeltaNetConfig {
         (self.conv_kernel - 1) * self.conv_dim()
     }
 
-    /// f32 values of one layer's recurrent state: `[n_v_heads][head_k_dim][head_v_dim]`.
+    /// f32 values of one layer's recurrent state: `[n_v_heads][head_v_dim][head_k_dim]` (each
+    /// head's matrix stored transposed, as ggml stores it).
     pub fn ssm_state_len(&self) -> usize {
         self.n_v_heads * self.head_k_dim * self.head_v_dim
     }

@@ -363,7 +363,7 @@ impl KvCache {
     }
 
     /// The convolution state (`[conv_kernel - 1][conv_dim]`) and the state matrices
-    /// (`[n_v_heads][head_k_dim][head_v_dim]`) of DeltaNet layer `layer` for `seq`.
+    /// (`[n_v_heads][head_v_dim][head_k_dim]`, each transposed) of DeltaNet layer `layer` for `seq`.
     pub(crate) fn state_mut(&mut self, layer: usize, seq: SeqId) -> (&mut [f32], &mut [f32]) {
         let l = self
             .state_layout

@@ -401,7 +401,7 @@ impl Model {
                     (xn, n),
                     &batch.seq,
                     (kv, l),
-                    cfg.norm_eps,
+                    (cfg.norm_eps, cfg.numerics),
                     &mut ws.delta,
                     grow(&mut ws.attn, n * vd),
                 );

@@ -1159,3 +1159,11 @@ fn gemma4_for_conditional_generation_runs_its_text_model() {
     };
     assert_eq!(run(&wrapped), run(&plain), "the wrapped text model");
 }
+
+/// Qwen3.5 with DeltaNet heads of 128 (as published), against llama.cpp only: ggml's vector
+/// kernels take their SIMD paths there (the tiny fixture's heads of 16 only their scalar
+/// tails), and mica's DeltaNet arithmetic follows them.
+#[test]
+fn qwen35_wide_q8_0_matches_llama_cpp() {
+    check_llama_cpp_q8("qwen35_wide");
+}

@@ -279,6 +279,13 @@ fn hf_delta(hf: &HfFolder, cfg: &ModelConfig) -> Result<DeltaNetConfig> {
     Ok(c)
 }
 
+/// `[rows][cols]` → `[cols][rows]`.
+fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    (0..cols * rows)
+        .map(|i| v[(i % rows) * cols + i / rows])
+        .collect()
+}
+
 /// A layer's token mixer as loaded.
 struct Mixer {
     wq: Linear,
@@ -331,7 +338,11 @@ pub(super) fn build(
                         z: w.linear(&p("attn_gate"), vd, d)?,
                         beta: w.linear(&p("ssm_beta"), nv, d)?,
                         alpha: w.linear(&p("ssm_alpha"), nv, d)?,
-                        conv: w.array(&p("ssm_conv1d.weight"), &conv_shape)?,
+                        conv: transpose(
+                            &w.array(&p("ssm_conv1d.weight"), &conv_shape)?,
+                            cd,
+                            c.conv_kernel,
+                        ),
                         dt_bias: w.vector(&p("ssm_dt.bias"), nv)?,
                         a,
                         norm: w.vector(&p("ssm_norm.weight"), c.head_v_dim)?,

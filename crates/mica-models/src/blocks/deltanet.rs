@@ -18,18 +18,23 @@
 //! [`KvCache`]; a batch may mix sequences: each token updates its own sequence's state, in
 //! batch order (a sequence's tokens are in position order).
 //!
-//! The recurrence runs token by token (what transformers' `torch_recurrent_gated_delta_rule`
-//! and llama.cpp's autoregressive path compute; their chunked prefill is the same sum
-//! reassociated).
+//! The recurrence runs token by token, with the arithmetic of llama.cpp's CPU kernels as
+//! built for AVX-512 (its `ssm_conv`, row-wise `silu`, `l2_norm`, `rms_norm` and fused
+//! `gated_delta_net`: state matrices stored transposed, dot products in four 16-lane FMA
+//! accumulators, the output scaled by `1/sqrt(head_k_dim)` after the read-out), which llama.cpp
+//! runs for prompts and decoding alike; so a quantized model gives llama.cpp's logits bit for
+//! bit. transformers' chunked prefill is the same sums reassociated; only the L2
+//! normalization's epsilon differs in form, and follows the model's numerics.
 //!
 //! References: transformers `models/qwen3_5/modeling_qwen3_5.py` (`Qwen3_5GatedDeltaNet`);
 //! llama.cpp `src/models/qwen35.cpp` (`build_layer_attn_linear`) and `delta-net-base.cpp`.
 
-use crate::config::DeltaNetConfig;
+use crate::config::{DeltaNetConfig, Numerics};
 use crate::kv_cache::{KvCache, SeqId};
 use crate::model::grow;
 use crate::weights::{ActCache, Linear};
 use mica_kernels::ThreadPool;
+use mica_kernels::ops::{self, silu, vec_f32};
 
 /// The weights of one Gated DeltaNet layer besides its input projection (`attn_qkv`, the
 /// layer's `wq`) and output projection (`ssm_out`, the layer's `wo`).
@@ -40,8 +45,9 @@ pub struct DeltaNet {
     pub beta: Linear,
     /// `[n_v_heads × n_embd]` the decay input (`ssm_alpha`).
     pub alpha: Linear,
-    /// `[conv_dim][conv_kernel]` depthwise convolution weights, oldest tap first
-    /// (`ssm_conv1d`).
+    /// `[conv_kernel][conv_dim]` depthwise convolution weights, oldest tap first: the
+    /// transpose of the file's `[conv_dim][conv_kernel]` (`ssm_conv1d`), so each tap is a
+    /// row over the channels.
     pub conv: Vec<f32>,
     /// `[n_v_heads]` added to `alpha` before the softplus (`ssm_dt.bias`).
     pub dt_bias: Vec<f32>,
@@ -73,7 +79,8 @@ impl DeltaNet {
     /// row `t` belonging to sequence `seq[t]`, through the layer's input projection `wqkv`;
     /// updates the sequences' states in `kv` (layer `layer`) and writes the gated, normed
     /// head outputs to `out` (`[n, value_dim]`, before the output projection). `eps` is the
-    /// RMSNorm epsilon.
+    /// RMSNorm epsilon; `numerics` picks the L2 normalization's formula (llama.cpp's or
+    /// transformers'; they differ for small vectors).
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
@@ -84,7 +91,7 @@ impl DeltaNet {
         (xn, n): (&[f32], usize),
         seq: &[SeqId],
         (kv, layer): (&mut KvCache, usize),
-        eps: f32,
+        (eps, numerics): (f32, Numerics),
         b: &mut DeltaBufs,
         out: &mut [f32],
     ) {
@@ -108,106 +115,111 @@ impl DeltaNet {
             x.copy_from_slice(row);
             let o = &mut out[t * vd..(t + 1) * vd];
             let (beta, alpha) = (&b.beta[t * nv..], &b.alpha[t * nv..]);
-            self.recur(c, x, (beta, alpha), state, tmp, o);
-            gated_norm(c, &self.norm, &b.z[t * vd..(t + 1) * vd], eps, o);
+            self.recur(c, x, (beta, alpha), state, (tmp, numerics), o);
+            gated_norm(c, &self.norm, &b.z[t * vd..(t + 1) * vd], eps, tmp, o);
         }
     }
 
     /// The causal convolution of one token's q | k | v row `x` over the state's previous
-    /// inputs, then SiLU, into `y`; the state shifts in `x`.
+    /// inputs, then SiLU, into `y`; the state shifts in `x`. (ggml's `ssm_conv`: a sum over
+    /// the taps, oldest first, then its row-wise `silu`.)
     fn convolve(&self, c: &DeltaNetConfig, st: &mut [f32], x: &[f32], y: &mut [f32]) {
         let (cd, kk) = (c.conv_dim(), c.conv_kernel);
-        for ch in 0..cd {
-            let w = &self.conv[ch * kk..(ch + 1) * kk];
-            let mut acc = 0f32;
-            for j in 0..kk - 1 {
-                acc += w[j] * st[j * cd + ch];
-            }
-            acc += w[kk - 1] * x[ch];
-            y[ch] = silu(acc);
+        y.fill(0.0);
+        for j in 0..kk - 1 {
+            vec_f32::fma_assign(
+                y,
+                &st[j * cd..(j + 1) * cd],
+                &self.conv[j * cd..(j + 1) * cd],
+            );
         }
+        vec_f32::fma_assign(y, x, &self.conv[(kk - 1) * cd..]);
+        silu_row(y);
         if kk > 1 {
             st.copy_within(cd.., 0);
             st[(kk - 2) * cd..].copy_from_slice(x);
         }
     }
 
-    /// The gated delta rule for one token: `x` is its convolved q | k | v (q and k are
-    /// normalized here, in place), `beta` / `alpha` its `[n_v_heads]` inputs; updates the
-    /// state matrices and writes each head's output to `o` (`[value_dim]`); `delta` holds
-    /// one head's update (`[head_v_dim]`).
+    /// The gated delta rule for one token, as ggml's `gated_delta_net` computes it: `x` is
+    /// its convolved q | k | v (q and k are L2-normalized here, in place), `beta` / `alpha`
+    /// its `[n_v_heads]` inputs; updates the state matrices (each stored transposed,
+    /// `M[j][i] = S[i][j]`, `head_v_dim` rows of `head_k_dim`) and writes each head's output
+    /// to `o` (`[value_dim]`); `delta` holds one head's update (`[head_v_dim]`).
     fn recur(
         &self,
         c: &DeltaNetConfig,
         x: &mut [f32],
         (beta, alpha): (&[f32], &[f32]),
         state: &mut [f32],
-        delta: &mut [f32],
+        (delta, numerics): (&mut [f32], Numerics),
         o: &mut [f32],
     ) {
         let (dk, dv, kd) = (c.head_k_dim, c.head_v_dim, c.key_dim());
         let (qk, v) = x.split_at_mut(2 * kd);
-        let scale = 1.0 / (dk as f32).sqrt();
-        for (i, head) in qk.chunks_exact_mut(dk).enumerate() {
-            let ss: f32 = head.iter().map(|v| v * v).sum();
-            let inv = 1.0 / (ss + c.l2_eps).sqrt();
-            // The query heads come first: they also take the 1/sqrt(dk) scale.
-            let f = if i < c.n_k_heads { inv * scale } else { inv };
-            head.iter_mut().for_each(|v| *v *= f);
+        for head in qk.chunks_exact_mut(dk) {
+            // The sum of squares in f64, then ggml's `l2_norm`, x / max(|x|, eps), or
+            // transformers' `l2norm`, x / sqrt(|x|² + eps).
+            let ss: f64 = head.iter().map(|&v| (v * v) as f64).sum();
+            let scale = match numerics {
+                Numerics::LlamaCpp => 1.0 / (ss as f32).sqrt().max(c.l2_eps),
+                Numerics::F32 => 1.0 / (ss as f32 + c.l2_eps).sqrt(),
+            };
+            head.iter_mut().for_each(|v| *v *= scale);
         }
         let (q, k) = qk.split_at(kd);
+        let scale = 1.0 / (dk as f32).sqrt();
         for h in 0..c.n_v_heads {
             let kh = c.k_head_of(h);
             let (q, k) = (&q[kh * dk..(kh + 1) * dk], &k[kh * dk..(kh + 1) * dk]);
             let v = &v[h * dv..(h + 1) * dv];
             let o = &mut o[h * dv..(h + 1) * dv];
-            let s = &mut state[h * dk * dv..(h + 1) * dk * dv];
-            let decay = (self.a[h] * softplus(alpha[h] + self.dt_bias[h])).exp();
+            let m = &mut state[h * dk * dv..(h + 1) * dk * dv];
+            let g = softplus(alpha[h] + self.dt_bias[h]) * self.a[h];
             let b = sigmoid(beta[h]);
-            // S ← decay · S, and what the memory holds for k: Sᵀk.
-            delta.fill(0.0);
-            for (i, srow) in s.chunks_exact_mut(dv).enumerate() {
-                for (sj, dj) in srow.iter_mut().zip(delta.iter_mut()) {
-                    *sj *= decay;
-                    *dj += *sj * k[i];
-                }
+            let decay = g.exp();
+            m.iter_mut().for_each(|s| *s *= decay);
+            // delta = beta · (v − Sᵀk); S ← S + k ⊗ delta; o = Sᵀq / sqrt(dk).
+            for ((row, dj), vj) in m.chunks_exact(dk).zip(delta.iter_mut()).zip(v) {
+                *dj = (vj - vec_f32::dot(row, k)) * b;
             }
-            // delta = beta · (v − Sᵀk); S ← S + k ⊗ delta; o = Sᵀq.
-            for (dj, vj) in delta.iter_mut().zip(v) {
-                *dj = (vj - *dj) * b;
+            for (row, &dj) in m.chunks_exact_mut(dk).zip(delta.iter()) {
+                vec_f32::mad(row, k, dj);
             }
-            o.fill(0.0);
-            for (i, srow) in s.chunks_exact_mut(dv).enumerate() {
-                for ((sj, dj), oj) in srow.iter_mut().zip(delta.iter()).zip(o.iter_mut()) {
-                    *sj += k[i] * dj;
-                    *oj += *sj * q[i];
-                }
+            for (row, oj) in m.chunks_exact(dk).zip(o.iter_mut()) {
+                *oj = vec_f32::dot(row, q) * scale;
             }
         }
     }
 }
 
-/// RMS-normalizes each head of `o` (`[value_dim]`) in place, times `w` and `silu(z)`.
-fn gated_norm(c: &DeltaNetConfig, w: &[f32], z: &[f32], eps: f32, o: &mut [f32]) {
+/// RMS-normalizes each head of `o` (`[value_dim]`) in place (ggml's `rms_norm`), times `w`,
+/// times `silu(z)` (each head's row of `z` through ggml's row-wise `silu`); `tmp` holds a row.
+fn gated_norm(c: &DeltaNetConfig, w: &[f32], z: &[f32], eps: f32, tmp: &mut [f32], o: &mut [f32]) {
     let dv = c.head_v_dim;
     for (head, zh) in o.chunks_exact_mut(dv).zip(z.chunks_exact(dv)) {
-        let ms: f32 = head.iter().map(|v| v * v).sum::<f32>() / dv as f32;
-        let inv = 1.0 / (ms + eps).sqrt();
-        for ((v, wj), zj) in head.iter_mut().zip(w).zip(zh) {
-            *v = *v * inv * wj * silu(*zj);
-        }
+        tmp.copy_from_slice(head);
+        ops::rms_norm(tmp, w, eps, head);
+        tmp.copy_from_slice(zh);
+        silu_row(tmp);
+        head.iter_mut().zip(tmp.iter()).for_each(|(v, s)| *v *= s);
     }
 }
 
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+/// ggml's row-wise `silu` (`ggml_vec_silu_f32` as built for AVX-512): 16-lane groups, the
+/// libm formula for the rest.
+fn silu_row(x: &mut [f32]) {
+    let body = x.len() / 16 * 16;
+    let (head, tail) = x.split_at_mut(body);
+    head.iter_mut().for_each(|v| *v = silu::silu_lane(*v));
+    tail.iter_mut().for_each(|v| *v = silu::silu_libm(*v));
 }
 
 fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 
-/// `ln(1 + e^x)`, linear above 20 (as torch's `softplus`).
+/// `ln(1 + e^x)`, linear above 20 (ggml's and torch's `softplus`).
 fn softplus(x: f32) -> f32 {
-    if x > 20.0 { x } else { x.exp().ln_1p() }
+    if x > 20.0 { x } else { (1.0 + x.exp()).ln() }
 }
