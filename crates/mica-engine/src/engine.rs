@@ -88,9 +88,13 @@ pub struct EngineConfig {
 }
 
 impl EngineConfig {
-    /// Blocks that fit in `bytes` of KV memory for `model`.
-    pub fn blocks_for_memory(model: &LoadedModel, bytes: usize) -> usize {
-        bytes / KvCache::bytes_per_block(&model.model.config)
+    /// Blocks that fit in `bytes` of KV memory for `model` with up to `max_running`
+    /// sequences running: a hybrid model's recurrent states (one per running sequence,
+    /// [`KvCache::state_bytes_per_seq`]) come out of the same bytes first.
+    pub fn blocks_for_memory(model: &LoadedModel, bytes: usize, max_running: usize) -> usize {
+        let cfg = &model.model.config;
+        let states = max_running.saturating_mul(KvCache::state_bytes_per_seq(cfg));
+        bytes.saturating_sub(states) / KvCache::bytes_per_block(cfg)
     }
 }
 

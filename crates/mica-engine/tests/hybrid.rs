@@ -252,3 +252,24 @@ fn a_hybrid_draft_model_is_refused() {
         .expect("refused");
     assert_eq!(err, mica_engine::SpecError::RecurrentDraft);
 }
+
+/// A KV memory budget holds the recurrent states of the running sequences first: the blocks
+/// are what is left after `max_running` states.
+#[test]
+fn kv_memory_pays_for_the_recurrent_states_first() {
+    use mica_models::KvCache;
+    let lm = model();
+    let cfg = &lm.model.config;
+    let (state, block) = (
+        KvCache::state_bytes_per_seq(cfg),
+        KvCache::bytes_per_block(cfg),
+    );
+    assert!(state > 0);
+    let bytes = 64 * block + 8 * state;
+    assert_eq!(EngineConfig::blocks_for_memory(&lm, bytes, 8), 64);
+    assert_eq!(
+        EngineConfig::blocks_for_memory(&lm, bytes, 0),
+        bytes / block
+    );
+    assert_eq!(EngineConfig::blocks_for_memory(&lm, state, 2), 0);
+}

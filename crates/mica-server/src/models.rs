@@ -202,7 +202,7 @@ fn start(
     let ecfg = EngineConfig {
         n_threads: cfg.n_threads,
         n_ctx,
-        kv_blocks: EngineConfig::blocks_for_memory(&model, cfg.kv_mem),
+        kv_blocks: EngineConfig::blocks_for_memory(&model, cfg.kv_mem, cfg.scheduler.max_running),
         scheduler: cfg.scheduler.clone(),
         max_waiting_per_lane: cfg.max_waiting_per_lane,
         prefix_caching: true,

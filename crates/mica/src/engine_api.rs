@@ -55,7 +55,11 @@ impl EngineOptions {
                 .threads
                 .unwrap_or_else(mica_kernels::pool::physical_cores),
             n_ctx: self.n_ctx.unwrap_or_else(|| model.default_n_ctx()),
-            kv_blocks: EngineConfig::blocks_for_memory(model.loaded(), self.kv_bytes),
+            kv_blocks: EngineConfig::blocks_for_memory(
+                model.loaded(),
+                self.kv_bytes,
+                self.scheduler.max_running,
+            ),
             scheduler: self.scheduler.clone(),
             max_waiting_per_lane: self.max_waiting_per_lane,
             prefix_caching: self.prefix_caching,
