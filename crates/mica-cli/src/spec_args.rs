@@ -69,6 +69,27 @@ impl SpecArgs {
             max_draft: self.spec_max.min(mica::engine::MAX_DRAFT),
             ..AdaptiveConfig::default()
         };
+        // A hybrid model's recurrent state cannot drop rejected drafts: the default
+        // (n-gram) is off for it, an explicit request an error.
+        if let Some(t) = target
+            && t.model.config.has_recurrent_state()
+        {
+            return match self.kind() {
+                SpecKind::Off => Ok(SpecConfig {
+                    method: SpecMethod::Off,
+                    adaptive,
+                }),
+                _ if self.spec.is_none() && self.draft_model.is_none() => Ok(SpecConfig {
+                    method: SpecMethod::Off,
+                    adaptive,
+                }),
+                k => bail!(
+                    "--spec {}: this model has recurrent layers (Gated DeltaNet), whose state \
+                     cannot drop rejected drafts; use --spec off",
+                    format!("{k:?}").to_lowercase()
+                ),
+            };
+        }
         let method = match self.kind() {
             SpecKind::Off => SpecMethod::Off,
             SpecKind::Ngram => {

@@ -131,3 +131,31 @@ fn bench_copy_test_times_plain_and_ngram() {
         assert_eq!(d > 0, spec == "ngram", "{r}");
     }
 }
+
+/// A hybrid model (the tiny Qwen3.5 fixture) runs with the default settings — n-gram
+/// speculation is off for it — and an explicit `--spec ngram` is one clear error.
+#[test]
+fn a_hybrid_model_runs_without_drafts_by_default() {
+    let m = workspace().join("fixtures/converted/qwen35/model.q8_0.gguf");
+    let args = [
+        "run",
+        "-m",
+        m.to_str().unwrap(),
+        "-p",
+        "<t5><t6>",
+        "-n",
+        "4",
+        "-t",
+        "2",
+    ];
+    let (ok, _, err) = mica(&args);
+    assert!(ok, "{err}");
+    let mut explicit = args.to_vec();
+    explicit.extend_from_slice(&["--spec", "ngram"]);
+    let (ok, _, err) = mica(&explicit);
+    assert!(
+        !ok && err.contains("recurrent") && err.contains("--spec off"),
+        "{err}"
+    );
+    assert_eq!(err.matches("recurrent").count(), 1, "{err}");
+}

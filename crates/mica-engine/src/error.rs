@@ -16,14 +16,28 @@ pub enum EngineError {
         "the prompt has {tokens} tokens but the context holds {n_ctx}; shorten the prompt or raise the context size"
     )]
     PromptTooLong { tokens: usize, n_ctx: usize },
+    // The causes below are part of the message and not also a `source`, so that an error
+    // chain (anyhow's `{:#}`) prints them once.
     #[error("invalid parameters: {0}")]
-    Params(#[from] ParamError),
+    Params(ParamError),
     #[error("invalid parameters: {0}")]
-    Config(#[from] ConfigError),
+    Config(ConfigError),
     #[error("cannot start the engine thread: {0}")]
-    Thread(#[source] std::io::Error),
+    Thread(std::io::Error),
     #[error(transparent)]
     Spec(#[from] SpecError),
+}
+
+impl From<ParamError> for EngineError {
+    fn from(e: ParamError) -> Self {
+        EngineError::Params(e)
+    }
+}
+
+impl From<ConfigError> for EngineError {
+    fn from(e: ConfigError) -> Self {
+        EngineError::Config(e)
+    }
 }
 
 /// Why a draft model cannot serve a target model ([`crate::spec::DraftModelProposer`]): its

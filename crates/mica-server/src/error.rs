@@ -385,7 +385,7 @@ impl From<SubmitError> for ServerError {
                     n_ctx,
                 })
             }
-            e @ SubmitError::Params(_) => ServerError::EngineParams(e.to_string()),
+            SubmitError::Params(p) => ServerError::EngineParams(p.to_string()),
             SubmitError::Stopped => ServerError::EngineStopped,
         }
     }

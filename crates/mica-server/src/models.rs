@@ -210,6 +210,11 @@ fn start(
         abandon_every: 0,
     };
     let mut spec = cfg.spec.clone();
+    // A hybrid model's recurrent state cannot drop rejected drafts: no speculation for it
+    // by default (a request that asks for it gets a 400 naming `spec`).
+    if model.model.config.has_recurrent_state() {
+        spec.method = SpecMethod::Off;
+    }
     match &mut spec.method {
         SpecMethod::Draft {
             model: draft,

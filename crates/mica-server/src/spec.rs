@@ -104,6 +104,14 @@ pub fn proposer(
     if let Some(max) = req.max {
         cfg.adaptive.max_draft = max;
     }
+    if !matches!(cfg.method, SpecMethod::Off) && loaded.model.model.config.has_recurrent_state() {
+        return Err(ParamError::Unsupported {
+            field: format!("{prefix}spec"),
+            message: "this model has recurrent layers (Gated DeltaNet), whose state cannot drop \
+                      rejected drafts: speculative decoding is off for it"
+                .into(),
+        });
+    }
     // The vocabulary was checked when the model was loaded (`models::start`).
     cfg.proposer(&loaded.model, &loaded.engine.pool())
         .map_err(|e| ParamError::Unsupported {

@@ -204,3 +204,32 @@ fn a_draft_model_with_another_vocabulary_is_refused_at_load() {
         failures[0]
     );
 }
+
+/// A hybrid model (the tiny Qwen3.5 fixture: its recurrent state cannot drop rejected
+/// drafts) served with n-gram speculation on: requests that leave `spec` to the server run
+/// without drafts; one that asks for n-gram lookup gets a 400 naming `spec`.
+#[test]
+fn a_hybrid_model_runs_without_drafts_by_default() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/converted/qwen35/model.q8_0.gguf");
+    let cfg = mica_server::ServerConfig {
+        models: vec![("qwen35".to_string(), path)],
+        spec: SpecConfig::ngram(8),
+        ..config(SchedulerConfig::default(), vec![])
+    };
+    let srv = start_with(cfg, Some("qwen35"));
+    let body = |spec: Option<&str>| {
+        let mut b = json!({"model": "qwen35", "prompt": "<t5><t6><t7>", "max_tokens": 4,
+                           "temperature": 0});
+        if let Some(s) = spec {
+            b["spec"] = s.into();
+        }
+        b
+    };
+    let r = post(srv.addr, "/v1/completions", &body(None));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["usage"]["completion_tokens"], 4, "{}", r.body);
+    let r = post(srv.addr, "/v1/completions", &body(Some("ngram")));
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json()["error"]["param"], "spec", "{}", r.body);
+}
