@@ -104,7 +104,11 @@ pub(crate) struct Packing {
     pub group: usize,
     pub pack: PackFn,
     pub unpack: UnpackFn,
+    /// The kernel of [`DotPath::VecDot`].
     pub mat: MatFn,
+    /// The kernels of the batch paths, by [`DotPath::slot`] (`None`: packed weights of this
+    /// type never take that path).
+    pub paths: [Option<MatFn>; 3],
 }
 
 /// An instruction-set tier: one [`Kernels`] table each.
@@ -366,13 +370,20 @@ impl Kernels {
     /// weight row `r` and activation row `t`, bit for bit, for all `r < w.rows`,
     /// `t < x.n` (`x` quantized to `w.dtype.vec_dot_type()`, with its block data). The
     /// caller picks one path for all the tokens ([`DotPath::for_token`]).
-    /// Packed weights ([`Kernels::pack`]) go to the packed kernel (their types' only path is
-    /// `VecDot`).
+    /// Packed weights ([`Kernels::pack`]) go to the packed layout's kernel of `path` (the
+    /// legacy formats' only path is `VecDot`; packed Q4_K has one per path).
     #[inline]
     pub fn matmul(&self, path: DotPath, w: &WeightRows, x: &ActRows, out: &mut MatOut) {
         let f = if w.packed {
-            assert_eq!(path, DotPath::VecDot, "packed weights");
-            self.packed[slot(w.dtype)].map(|p| p.mat)
+            let p = self.packed[slot(w.dtype)].expect("packed weights of a type with a layout");
+            match path.slot() {
+                None => Some(p.mat),
+                Some(s) => {
+                    let f = p.paths[s];
+                    assert!(f.is_some(), "packed {} weights on {path:?}", w.dtype);
+                    f
+                }
+            }
         } else {
             self.mats[mat_slot(path)][slot(w.dtype)]
         };
