@@ -272,7 +272,11 @@ fn packed_weights_equal_row_major_bit_for_bit() {
                 // The outputs of the path llama.cpp takes for token `tok`.
                 let want_of = |tok: usize| {
                     let path = DotPath::for_token(t, rows, toks, tok);
-                    &wants.iter().find(|(p, _)| *p == path).expect("a tested path").1
+                    &wants
+                        .iter()
+                        .find(|(p, _)| *p == path)
+                        .expect("a tested path")
+                        .1
                 };
                 // Through matmul_rows on the process's table, rows split across threads.
                 if k.isa() == mica_kernels::simd::kernels().isa() && rows >= 8 {
@@ -297,7 +301,8 @@ fn packed_weights_equal_row_major_bit_for_bit() {
                         matmul_rows(&pool, &m, &acts, &mut part, range.clone());
                         for tok in 0..toks {
                             for (j, row) in range.clone().enumerate() {
-                                let (g, w) = (part[tok * range.len() + j], want_of(tok)[tok * rows + row]);
+                                let (g, w) =
+                                    (part[tok * range.len() + j], want_of(tok)[tok * rows + row]);
                                 assert!(same(g, w), "{t} matmul_rows {range:?}: {g:e} vs {w:e}");
                             }
                         }
