@@ -13,7 +13,7 @@
 //!   mat.rs            matrix-kernel types (WeightRows, ActRows, MatOut), one-dot-per-output
 //!   coverage.rs       which tier fills each (type, slot), read from the built tables
 //!   x86/avx2/         AVX2 + FMA + F16C: dot, kquants, quantize, mat, packed, paths, kprefill
-//!   x86/avx512/       AVX-512 F/BW/VL + VNNI: dot, mat, packed, kunpack, kmat
+//!   x86/avx512/       AVX-512 F/BW/VL + VNNI: dot, mat, packed, kunpack, kmat, kpacked
 //!   aarch64/neon.rs   NEON dot products
 //! ```
 //!
@@ -402,8 +402,8 @@ impl Kernels {
         self.packed[slot(t)].map(|p| (p.pack)(n, rows, data))
     }
 
-    /// Rows per group of this table's packed layout for `t` (AVX-512: 4, AVX2: 8; 1 where
-    /// `t` has none).
+    /// Rows per group of this table's packed layout for `t` (legacy formats: AVX-512 4,
+    /// AVX2 8; Q4_K on AVX-512: 16; 1 where `t` has none).
     pub fn pack_group(&self, t: DType) -> usize {
         self.packed[slot(t)].map_or(1, |p| p.group)
     }

@@ -14,6 +14,10 @@
 //! together by a transposing add tree, and the FMAs run with one output per f32 lane, each
 //! lane doing exactly the scalar sequence. `vec_dot` keeps llama.cpp's eight `sumi` lanes per
 //! output (`dot.rs`), four rows per step.
+//!
+//! Every kernel reads the rows in the file's layout or in Q4_K's packed layout
+//! (`kpacked.rs`, sixteen rows per group: one sequential stream for the decode
+//! micro-kernel); only where each row's next block lies differs ([`Rows`]).
 
 use std::arch::x86_64::*;
 
