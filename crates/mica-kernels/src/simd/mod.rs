@@ -56,7 +56,8 @@
 //! call with the same per-output arithmetic as `dot_fn`: `x86/avx512/mat.rs` (legacy formats,
 //! four rows × up to four tokens, also over the load-time packed layout of
 //! `x86/avx512/packed.rs`, [`Kernels::pack`]), `x86/avx512/kmat.rs` (k-quants, 16 outputs per
-//! micro-kernel on the batch paths), `x86/avx2/mat.rs` and `x86/avx2/paths.rs` (four rows per
+//! micro-kernel on the batch paths, also over Q4_K's packed layout of
+//! `x86/avx512/kpacked.rs`), `x86/avx2/mat.rs` and `x86/avx2/paths.rs` (four rows per
 //! step), `x86/avx2/packed.rs` (eight packed rows in the lanes) and `x86/avx2/kprefill.rs`
 //! (k-quant prefill); the scalar and NEON tables, and any (type, path) without a kernel, run
 //! one `dot_fn` per output.
