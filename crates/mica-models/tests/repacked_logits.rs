@@ -37,10 +37,10 @@ fn run(lm: &LoadedModel, pool: &ThreadPool) -> Vec<Vec<u32>> {
     let mut out = Vec::new();
     let prompt = &tokens[..10];
     let b = Batch::for_sequence(prompt, 0, 0, true);
-    out.push(bits(&lm.model.forward(pool, &b, &mut kv, &mut ws).unwrap()));
+    out.push(bits(lm.model.forward(pool, &b, &mut kv, &mut ws).unwrap()));
     for (i, &t) in tokens[10..14].iter().enumerate() {
         let b = Batch::for_sequence(&[t], 10 + i, 0, true);
-        out.push(bits(&lm.model.forward(pool, &b, &mut kv, &mut ws).unwrap()));
+        out.push(bits(lm.model.forward(pool, &b, &mut kv, &mut ws).unwrap()));
     }
     out
 }
