@@ -207,6 +207,10 @@ fn packed_weights_equal_row_major_bit_for_bit() {
                 (5, 8),
                 (19, 13),
                 (21, 70),
+                // Multiples of 8 rows (Q4_K's repacked paths) and of 16 (its packed group).
+                (32, 1),
+                (16, 6),
+                (40, 9),
             ] {
                 let w = weights(t, rows, 7, rows, &mut r);
                 let packed = k.pack(t, n, rows, &w).unwrap();
@@ -238,29 +242,42 @@ fn packed_weights_equal_row_major_bit_for_bit() {
                     xq.extend_from_slice(&q);
                 }
                 let acts = QActs::from_quantized(vt, n, toks, &xq);
-                let mut want = vec![0f32; rows * toks];
-                let mut got = vec![1f32; rows * toks];
                 let plain = WeightRows::new(t, n, rows, &w);
                 let pk = WeightRows::packed(t, n, rows, k.pack_group(t), &packed);
-                let path = DotPath::VecDot;
-                k.matmul(
-                    path,
-                    &plain,
-                    &acts.view(),
-                    &mut MatOut::new(&mut want, rows, rows, toks),
-                );
-                k.matmul(
-                    path,
-                    &pk,
-                    &acts.view(),
-                    &mut MatOut::new(&mut got, rows, rows, toks),
-                );
-                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                    assert!(
-                        same(*g, *w),
-                        "{name} {t} rows={rows} tokens={toks} out {i}: {g:e} vs {w:e}"
+                // Every path llama.cpp can take for the type (packed Q4_K has a kernel for each).
+                let mut wants = Vec::new();
+                for path in paths(t) {
+                    let mut want = vec![0f32; rows * toks];
+                    let mut got = vec![1f32; rows * toks];
+                    k.matmul(
+                        path,
+                        &plain,
+                        &acts.view(),
+                        &mut MatOut::new(&mut want, rows, rows, toks),
                     );
+                    k.matmul(
+                        path,
+                        &pk,
+                        &acts.view(),
+                        &mut MatOut::new(&mut got, rows, rows, toks),
+                    );
+                    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            same(*g, *w),
+                            "{name} {t} {path:?} rows={rows} tokens={toks} out {i}: {g:e} vs {w:e}"
+                        );
+                    }
+                    wants.push((path, want));
                 }
+                // The outputs of the path llama.cpp takes for token `tok`.
+                let want_of = |tok: usize| {
+                    let path = DotPath::for_token(t, rows, toks, tok);
+                    &wants
+                        .iter()
+                        .find(|(p, _)| *p == path)
+                        .expect("a tested path")
+                        .1
+                };
                 // Through matmul_rows on the process's table, rows split across threads.
                 if k.isa() == mica_kernels::simd::kernels().isa() && rows >= 8 {
                     let m = QMatrix {
@@ -284,7 +301,8 @@ fn packed_weights_equal_row_major_bit_for_bit() {
                         matmul_rows(&pool, &m, &acts, &mut part, range.clone());
                         for tok in 0..toks {
                             for (j, row) in range.clone().enumerate() {
-                                let (g, w) = (part[tok * range.len() + j], want[tok * rows + row]);
+                                let (g, w) =
+                                    (part[tok * range.len() + j], want_of(tok)[tok * rows + row]);
                                 assert!(same(g, w), "{t} matmul_rows {range:?}: {g:e} vs {w:e}");
                             }
                         }

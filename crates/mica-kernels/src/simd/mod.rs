@@ -13,7 +13,7 @@
 //!   mat.rs            matrix-kernel types (WeightRows, ActRows, MatOut), one-dot-per-output
 //!   coverage.rs       which tier fills each (type, slot), read from the built tables
 //!   x86/avx2/         AVX2 + FMA + F16C: dot, kquants, quantize, mat, packed, paths, kprefill
-//!   x86/avx512/       AVX-512 F/BW/VL + VNNI: dot, mat, packed, kunpack, kmat
+//!   x86/avx512/       AVX-512 F/BW/VL + VNNI: dot, mat, packed, kunpack, kmat, kpacked
 //!   aarch64/neon.rs   NEON dot products
 //! ```
 //!
@@ -56,7 +56,8 @@
 //! call with the same per-output arithmetic as `dot_fn`: `x86/avx512/mat.rs` (legacy formats,
 //! four rows × up to four tokens, also over the load-time packed layout of
 //! `x86/avx512/packed.rs`, [`Kernels::pack`]), `x86/avx512/kmat.rs` (k-quants, 16 outputs per
-//! micro-kernel on the batch paths), `x86/avx2/mat.rs` and `x86/avx2/paths.rs` (four rows per
+//! micro-kernel on the batch paths, also over Q4_K's packed layout of
+//! `x86/avx512/kpacked.rs`), `x86/avx2/mat.rs` and `x86/avx2/paths.rs` (four rows per
 //! step), `x86/avx2/packed.rs` (eight packed rows in the lanes) and `x86/avx2/kprefill.rs`
 //! (k-quant prefill); the scalar and NEON tables, and any (type, path) without a kernel, run
 //! one `dot_fn` per output.
@@ -104,7 +105,11 @@ pub(crate) struct Packing {
     pub group: usize,
     pub pack: PackFn,
     pub unpack: UnpackFn,
+    /// The kernel of [`DotPath::VecDot`].
     pub mat: MatFn,
+    /// The kernels of the batch paths, by [`DotPath::slot`] (`None`: packed weights of this
+    /// type never take that path).
+    pub paths: [Option<MatFn>; 3],
 }
 
 /// An instruction-set tier: one [`Kernels`] table each.
@@ -366,13 +371,20 @@ impl Kernels {
     /// weight row `r` and activation row `t`, bit for bit, for all `r < w.rows`,
     /// `t < x.n` (`x` quantized to `w.dtype.vec_dot_type()`, with its block data). The
     /// caller picks one path for all the tokens ([`DotPath::for_token`]).
-    /// Packed weights ([`Kernels::pack`]) go to the packed kernel (their types' only path is
-    /// `VecDot`).
+    /// Packed weights ([`Kernels::pack`]) go to the packed layout's kernel of `path` (the
+    /// legacy formats' only path is `VecDot`; packed Q4_K has one per path).
     #[inline]
     pub fn matmul(&self, path: DotPath, w: &WeightRows, x: &ActRows, out: &mut MatOut) {
         let f = if w.packed {
-            assert_eq!(path, DotPath::VecDot, "packed weights");
-            self.packed[slot(w.dtype)].map(|p| p.mat)
+            let p = self.packed[slot(w.dtype)].expect("packed weights of a type with a layout");
+            match path.slot() {
+                None => Some(p.mat),
+                Some(s) => {
+                    let f = p.paths[s];
+                    assert!(f.is_some(), "packed {} weights on {path:?}", w.dtype);
+                    f
+                }
+            }
         } else {
             self.mats[mat_slot(path)][slot(w.dtype)]
         };
@@ -391,8 +403,8 @@ impl Kernels {
         self.packed[slot(t)].map(|p| (p.pack)(n, rows, data))
     }
 
-    /// Rows per group of this table's packed layout for `t` (AVX-512: 4, AVX2: 8; 1 where
-    /// `t` has none).
+    /// Rows per group of this table's packed layout for `t` (legacy formats: AVX-512 4,
+    /// AVX2 8; Q4_K on AVX-512: 16; 1 where `t` has none).
     pub fn pack_group(&self, t: DType) -> usize {
         self.packed[slot(t)].map_or(1, |p| p.group)
     }

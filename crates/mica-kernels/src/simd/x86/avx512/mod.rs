@@ -10,6 +10,8 @@
 //!   file's rows or the packed layout;
 //! - `packed.rs`: that packed layout (four rows interleaved block by block);
 //! - `kunpack.rs`: k-quant super-blocks unpacked into 512-bit registers;
+//! - `kpacked.rs`: the packed layout of Q4_K (sixteen rows interleaved super-block by
+//!   super-block), read by `kmat.rs`' kernels on every path;
 //! - `kmat.rs`: matrix kernels of the k-quants on every llama.cpp path (`vec_dot`, the
 //!   repacked Q4_K gemv/gemm, the tiled path), 16 outputs per micro-kernel on the batch
 //!   paths.
@@ -21,6 +23,7 @@
 mod dot;
 mod iquants;
 mod kmat;
+mod kpacked;
 mod kunpack;
 mod mat;
 mod packed;
@@ -74,6 +77,7 @@ pub(in crate::simd) fn install(k: &mut Kernels) {
                     pack: packed::pack::<mat::$t>,
                     unpack: packed::unpack::<mat::$t>,
                     mat: entry!(mat mat::legacy::<mat::$t, true>),
+                    paths: [None; 3],
                 },
             );
         };
@@ -86,7 +90,7 @@ pub(in crate::simd) fn install(k: &mut Kernels) {
 
     // k-quant matrix kernels: `vec_dot` (not Q3_K) and every batch path.
     use kmat::{Gemm, Gemv, Tiled, batch, vec_dot};
-    use kunpack::{Q2K, Q3K, Q4K, Q5K, Q6K};
+    use kunpack::{KFormat, Q2K, Q3K, Q4K, Q5K, Q6K};
     k.set_mat(DotPath::VecDot, DType::Q2_K, entry!(mat vec_dot::<Q2K>));
     k.set_mat(DotPath::VecDot, DType::Q4_K, entry!(mat vec_dot::<Q4K>));
     k.set_mat(DotPath::VecDot, DType::Q5_K, entry!(mat vec_dot::<Q5K>));
@@ -106,6 +110,22 @@ pub(in crate::simd) fn install(k: &mut Kernels) {
     k.set_mat(DotPath::Tiled, DType::Q4_K, entry!(mat batch::<Q4K, Tiled>));
     k.set_mat(DotPath::Tiled, DType::Q5_K, entry!(mat batch::<Q5K, Tiled>));
     k.set_mat(DotPath::Tiled, DType::Q6_K, entry!(mat batch::<Q6K, Tiled>));
+
+    // Q4_K's packed layout: the same kernels, reading one stream of sixteen rows.
+    k.set_packed(
+        DType::Q4_K,
+        Packing {
+            group: kpacked::GROUP,
+            pack: kpacked::pack::<{ Q4K::BYTES }>,
+            unpack: kpacked::unpack::<{ Q4K::BYTES }>,
+            mat: entry!(mat vec_dot::<Q4K>),
+            paths: [
+                Some(entry!(mat batch::<Q4K, Gemv>)),
+                Some(entry!(mat batch::<Q4K, Gemm>)),
+                Some(entry!(mat batch::<Q4K, Tiled>)),
+            ],
+        },
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
