@@ -11,11 +11,11 @@
 //! Multi-Turn Program Synthesis" (2023); transformers `models/codegen/modeling_codegen.py`.
 
 use super::Source;
-use super::decoder::{Parts, build, token_embedding};
+use super::decoder::{build, hf_only, token_embedding};
 use super::family::{Family, GgufHints, GgufKeys, PLAIN};
-use super::gpt2::hf_activation;
+use super::gpt2::{PARTS, hf_activation};
 use crate::config::{ModelConfig, NormKind};
-use crate::error::{ModelError, Result};
+use crate::error::Result;
 use crate::hf::HfFolder;
 use crate::model::Model;
 use crate::names::NameTable;
@@ -66,26 +66,8 @@ fn gguf_keys(_: &Model, _: &HfFolder, _: &mut GgufKeys) -> std::result::Result<(
     Err("llama.cpp has no CodeGen architecture, so GGUF cannot describe this model".into())
 }
 
-const PARTS: Parts = Parts {
-    qk_norm: false,
-    post_norms: false,
-    fused_qkv: true,
-    fused_gate_up: false,
-    norm_bias: true,
-    plain_mlp: true,
-    optional_v: false,
-    v_norm: false,
-    out_scale: false,
-};
-
 fn load(src: &Source, arch: &str) -> Result<Model> {
-    let Source::Hf(hf) = src else {
-        return Err(ModelError::UnknownArchitecture {
-            path: std::path::PathBuf::new(),
-            arch: arch.to_string(),
-            supported: "CodeGen runs from Hugging Face folders only".into(),
-        });
-    };
+    let hf = hf_only(src, arch)?;
     let mut w = hf.weights(arch, &HF_NAMES);
     let tok_embd = token_embedding(&w, hf.config.hidden_size.unwrap_or(0))?;
     let mut cfg = hf.decoder_config(arch, tok_embd.rows)?;

@@ -4,8 +4,10 @@
 //! when the file has no `output.weight`). Which optional pieces a family has is [`Parts`]:
 //! GPT-2 and GPT-NeoX are the same skeleton with LayerNorms (biased) and an ungated MLP.
 
+use super::Source;
 use crate::config::ModelConfig;
 use crate::error::Result;
+use crate::hf::HfFolder;
 use crate::model::{DecoderLayer, Expert, Ffn, Model};
 use crate::weights::{Linear, Matrix, WeightLoader};
 use mica_formats::GgufFile;
@@ -212,4 +214,17 @@ pub fn build_with(
         output,
         file,
     })
+}
+
+/// The Hugging Face folder of a family llama.cpp has no architecture for (OPT, CodeGen):
+/// no GGUF file names such a family, so a GGUF source is an unknown architecture.
+pub fn hf_only<'a>(src: &'a Source, arch: &str) -> Result<&'a HfFolder> {
+    match src {
+        Source::Hf(hf) => Ok(hf),
+        Source::Gguf(file) => Err(crate::error::ModelError::UnknownArchitecture {
+            path: file.path().to_path_buf(),
+            arch: arch.to_string(),
+            supported: "this family runs from Hugging Face folders only".into(),
+        }),
+    }
 }

@@ -79,7 +79,9 @@ fn gguf_keys(model: &Model, _: &HfFolder, _: &mut GgufKeys) -> std::result::Resu
     }
 }
 
-const PARTS: Parts = Parts {
+/// GPT-2's parts, shared by the families built on its block (StarCoder, CodeGen): fused
+/// q|k|v, LayerNorms with biases, an ungated MLP.
+pub(super) const PARTS: Parts = Parts {
     qk_norm: false,
     post_norms: false,
     fused_qkv: true,

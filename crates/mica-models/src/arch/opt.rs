@@ -13,10 +13,10 @@
 //! transformers `models/opt/modeling_opt.py`.
 
 use super::Source;
-use super::decoder::{Parts, build, token_embedding};
+use super::decoder::{Parts, build, hf_only, token_embedding};
 use super::family::{Family, GgufHints, GgufKeys, PLAIN};
 use crate::config::{Activation, NormKind};
-use crate::error::{ModelError, Result};
+use crate::error::Result;
 use crate::hf::HfFolder;
 use crate::model::Model;
 use crate::names::NameTable;
@@ -131,13 +131,7 @@ fn check_options(hf: &HfFolder) -> Result<()> {
 }
 
 fn load(src: &Source, arch: &str) -> Result<Model> {
-    let Source::Hf(hf) = src else {
-        return Err(ModelError::UnknownArchitecture {
-            path: std::path::PathBuf::new(),
-            arch: arch.to_string(),
-            supported: "OPT runs from Hugging Face folders only".into(),
-        });
-    };
+    let hf = hf_only(src, arch)?;
     check_options(hf)?;
     let w = hf.weights(arch, &HF_NAMES);
     let tok_embd = token_embedding(&w, hf.config.hidden_size.unwrap_or(0))?;

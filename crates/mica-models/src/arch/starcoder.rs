@@ -9,9 +9,9 @@
 //! `models/gpt_bigcode/modeling_gpt_bigcode.py`; llama.cpp `src/models/starcoder.cpp`.
 
 use super::Source;
-use super::decoder::{Parts, build, gguf_layer_norm_eps, gguf_start, token_embedding};
+use super::decoder::{build, gguf_layer_norm_eps, gguf_start, token_embedding};
 use super::family::{Family, GgufHints, GgufKeys, PLAIN};
-use super::gpt2::hf_activation;
+use super::gpt2::{PARTS, hf_activation};
 use crate::config::{Activation, NormKind};
 use crate::error::Result;
 use crate::hf::HfFolder;
@@ -80,18 +80,6 @@ fn gguf_keys(model: &Model, _: &HfFolder, _: &mut GgufKeys) -> std::result::Resu
     }
     Ok(())
 }
-
-const PARTS: Parts = Parts {
-    qk_norm: false,
-    post_norms: false,
-    fused_qkv: true,
-    fused_gate_up: false,
-    norm_bias: true,
-    plain_mlp: true,
-    optional_v: false,
-    v_norm: false,
-    out_scale: false,
-};
 
 fn load(src: &Source, arch: &str) -> Result<Model> {
     let (w, mut cfg, tok_embd, file) = match src {
