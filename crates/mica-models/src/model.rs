@@ -6,8 +6,7 @@
 //! the [`KvCache`] under their sequence, and returns logits for the tokens that asked.
 
 use crate::batch::Batch;
-use crate::blocks::attention::{AttentionPolicy, AttnShape, attention};
-use crate::blocks::deltanet::DeltaBufs;
+use crate::blocks::attention::{AttnShape, attention};
 pub use crate::blocks::deltanet::DeltaNet;
 pub use crate::blocks::ffn::FFN_CHUNK;
 use crate::blocks::ffn::{Dense, activate, dense_ffn, ffn_chunks, glu};
@@ -16,73 +15,19 @@ pub use crate::blocks::ple::{LayerPle, PerLayerInputs};
 use crate::config::{ModelConfig, NormKind, RopeConfig};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::{KvCache, SeqId};
-use crate::weights::{ActCache, Linear, Matrix};
+use crate::weights::{Linear, Matrix};
+
+mod layer;
+mod workspace;
+
+pub use layer::{DecoderLayer, Ffn};
+use layer::{expert_matrices, layer_matrices_mut};
 use mica_formats::GgufFile;
 use mica_kernels::ThreadPool;
 use mica_kernels::ops::{self, rms_norm, rope_angles, rope_apply};
 use std::sync::Arc;
-
-/// The weights of one transformer block (pre-norm attention + MLP, with the optional
-/// pieces some families add: per-head Q/K norms, post-norms of both sub-blocks, LayerNorm
-/// biases).
-pub struct DecoderLayer {
-    /// `[n_embd]`
-    pub attn_norm: Vec<f32>,
-    /// `[n_embd]` LayerNorm bias (GPT-2, GPT-NeoX).
-    pub attn_norm_b: Option<Vec<f32>>,
-    /// `[head_dim]` RMSNorm of every query head before RoPE (Qwen3, Gemma 3).
-    pub q_norm: Option<Vec<f32>>,
-    /// `[head_dim]` RMSNorm of every key head before RoPE.
-    pub k_norm: Option<Vec<f32>>,
-    /// `[n_embd]` RMSNorm of the attention output before the residual add (Gemma).
-    pub post_attn_norm: Option<Vec<f32>>,
-    /// `[n_embd]` RMSNorm of the feed-forward output before the residual add (Gemma).
-    pub post_ffn_norm: Option<Vec<f32>>,
-    /// `[q_dim × n_embd]`, optional bias `[q_dim]` (`[2 · q_dim × n_embd]` with `q_gate`);
-    /// in a Gated DeltaNet layer (`delta`), its input projection, q | k | v
-    /// (`[conv_dim × n_embd]`).
-    pub wq: Linear,
-    /// The query projection gives each head's query followed by as many gate values
-    /// (`[n_head][2][head_dim]` rows); the attention output is multiplied by
-    /// `sigmoid(gate)` before the output projection (Qwen3.5's gated attention).
-    pub q_gate: bool,
-    /// A Gated DeltaNet layer: this replaces attention (the layer has no `wk` / `wv`, stores
-    /// no keys or values, and keeps a recurrent state in the cache); `wq` and `wo` are its
-    /// input and output projections.
-    pub delta: Option<DeltaNet>,
-    /// `[kv_dim × n_embd]`; `None` in a layer that attends over an earlier layer's keys
-    /// and values ([`crate::ModelConfig::layer_kv_from`]) and computes none.
-    pub wk: Option<Linear>,
-    /// `[kv_dim × n_embd]`; `None`: the values are the key projection's output, taken
-    /// before `k_norm` (Gemma 4's global layers, `attention_k_eq_v`).
-    pub wv: Option<Linear>,
-    /// `[head_dim]` all ones: RMSNorm of every value head with no weight (Gemma 4).
-    pub v_norm: Option<Vec<f32>>,
-    /// Multiplies the residual stream after the layer (Gemma 4's `layer_scalar`).
-    pub out_scale: Option<f32>,
-    /// The layer's per-layer-embedding term (Gemma 4's smaller models), added after the
-    /// feed-forward residual, before `out_scale`.
-    pub ple: Option<LayerPle>,
-    /// `[n_embd × q_dim]` (`[n_embd × value_dim]` in a Gated DeltaNet layer)
-    pub wo: Linear,
-    /// `[n_embd]`
-    pub ffn_norm: Vec<f32>,
-    /// `[n_embd]` LayerNorm bias.
-    pub ffn_norm_b: Option<Vec<f32>>,
-    pub ffn: Ffn,
-}
-
-/// The feed-forward sub-block of a layer. (One per layer, built once: the size difference
-/// between the variants costs nothing.)
-#[allow(clippy::large_enum_variant)]
-pub enum Ffn {
-    /// `down(act(gate(x)) * up(x))`, `[n_ff × n_embd]` gate and up, `[n_embd × n_ff]` down.
-    Dense(Expert),
-    /// Routed experts (and a shared one), see [`Moe`].
-    Moe(Moe),
-    /// `down(act(up(x)))`, `[n_ff × n_embd]` up, `[n_embd × n_ff]` down (GPT-2, GPT-NeoX).
-    Plain { up: Linear, down: Linear },
-}
+pub(crate) use workspace::grow;
+pub use workspace::{Output, Workspace};
 
 /// A model ready to run.
 pub struct Model {
@@ -102,94 +47,6 @@ pub struct Model {
     pub output: Linear,
     /// The GGUF file, when the model came from one (a Hugging Face folder has none).
     pub file: Option<Arc<GgufFile>>,
-}
-
-/// Reusable buffers of the forward pass, grown to the largest batch seen.
-#[derive(Default)]
-pub struct Workspace {
-    /// `[n_tok, n_embd]` residual stream
-    x: Vec<f32>,
-    /// `[n_tok, n_embd]` normed input of a sub-block
-    xn: Vec<f32>,
-    /// `[n_tok, q_dim]`
-    q: Vec<f32>,
-    /// `[n_tok, kv_dim]`
-    k: Vec<f32>,
-    /// `[n_tok, kv_dim]`
-    v: Vec<f32>,
-    /// `[n_tok, q_dim]`
-    attn: Vec<f32>,
-    /// `[n_tok, n_embd]` output of a projection back into the residual stream
-    proj: Vec<f32>,
-    /// Gated DeltaNet buffers.
-    delta: DeltaBufs,
-    /// `[n_tok, n_ff]`
-    gate: Vec<f32>,
-    /// `[n_tok, n_ff]`
-    up: Vec<f32>,
-    /// `[n_out, n_vocab]`
-    logits: Vec<f32>,
-    /// `[rope n_dims]` cos/sin pairs of one position
-    cos_sin: Vec<f32>,
-    /// `[n_tok, n_layer · ple dim]` per-layer embedding inputs
-    ple: Vec<f32>,
-    /// Batch rows that produce logits.
-    out_rows: Vec<usize>,
-    /// The attention path to take (llama.cpp's choice by default).
-    pub attention: AttentionPolicy,
-    /// Sequences whose tokens take attention's tiled path however few of them the batch
-    /// holds (with [`AttentionPolicy::PerSequence`]; see there).
-    pub tiled_seqs: Vec<SeqId>,
-    /// Tokens per feed-forward chunk; `None` is [`FFN_CHUNK`]. Tests set `usize::MAX` to
-    /// run a whole batch at once.
-    pub ffn_chunk: Option<usize>,
-    /// Give every token the matrix arithmetic of a one-token batch (llama.cpp's kernels
-    /// pick their code path, and so their rounding, by batch size): a speculative
-    /// verification step — the last token and its drafts, under attention's tiled-path
-    /// threshold — then yields exactly the logits of one-at-a-time decoding. Dense layers
-    /// only (mixture-of-experts layers keep their batch paths).
-    pub alone_paths: bool,
-    /// What the forward pass returns for its output rows: logits (the default) or the
-    /// final hidden states, for embeddings.
-    pub output: Output,
-    acts: ActCache,
-}
-
-/// What [`Model::forward`] returns for the tokens whose `logits` flag is set.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Output {
-    /// `[n_out, n_vocab]` logits.
-    #[default]
-    Logits,
-    /// `[n_out, n_embd]` hidden states after the output norm, the output layer skipped:
-    /// what llama.cpp pools into embeddings (its `t_embd`).
-    Hidden,
-}
-
-impl Workspace {
-    /// Starts collecting importance statistics (mean squared input per column of every
-    /// projection) in the following forward passes; see [`crate::weights::ActStats`].
-    pub fn collect_act_stats(&mut self) {
-        self.acts.stats.get_or_insert_with(Default::default);
-    }
-
-    /// Like [`Workspace::collect_act_stats`], gathering each input's Gram matrix as well
-    /// ([`crate::weights::ActStats::with_grams`]).
-    pub fn collect_act_grams(&mut self) {
-        self.acts.stats = Some(crate::weights::ActStats::with_grams());
-    }
-
-    /// The statistics collected so far (collection stops).
-    pub fn take_act_stats(&mut self) -> Option<crate::weights::ActStats> {
-        self.acts.stats.take()
-    }
-}
-
-pub(crate) fn grow(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
-    if v.len() < n {
-        v.resize(n, 0.0);
-    }
-    &mut v[..n]
 }
 
 impl Model {
@@ -754,45 +611,4 @@ fn norm_in_place(x: &mut [f32], w: &[f32], eps: f32, tmp: &mut Vec<f32>) {
         t.copy_from_slice(row);
         rms_norm(t, w, eps, row);
     }
-}
-
-/// The three matrices of an expert.
-/// The weight matrices of one layer, mutably.
-fn layer_matrices_mut(l: &mut DecoderLayer) -> impl Iterator<Item = &mut Matrix> {
-    let delta = l
-        .delta
-        .iter_mut()
-        .flat_map(|d| [&mut d.z, &mut d.beta, &mut d.alpha]);
-    let attn = [
-        Some(&mut l.wq),
-        l.wk.as_mut(),
-        l.wv.as_mut(),
-        Some(&mut l.wo),
-    ]
-    .into_iter()
-    .flatten()
-    .chain(delta)
-    .map(|lin| &mut lin.w);
-    let ffn: Vec<&mut Matrix> = match &mut l.ffn {
-        Ffn::Dense(e) => vec![&mut e.gate.w, &mut e.up.w, &mut e.down.w],
-        Ffn::Moe(m) => std::iter::once(&mut m.router.w)
-            .chain(
-                m.experts
-                    .iter_mut()
-                    .chain(&mut m.shared)
-                    .flat_map(|e| [&mut e.gate.w, &mut e.up.w, &mut e.down.w]),
-            )
-            .chain(m.shared_gate.as_mut().map(|g| &mut g.w))
-            .collect(),
-        Ffn::Plain { up, down } => vec![&mut up.w, &mut down.w],
-    };
-    let ple = l
-        .ple
-        .iter_mut()
-        .flat_map(|p| [&mut p.gate.w, &mut p.proj.w]);
-    attn.into_iter().chain(ffn).chain(ple)
-}
-
-fn expert_matrices(e: &Expert) -> [&Matrix; 3] {
-    [&e.gate.w, &e.up.w, &e.down.w]
 }
