@@ -220,6 +220,12 @@ pub struct ModelConfig {
     /// GPT-NeoX's parallel residual: `x + attn(norm1(x)) + ffn(norm2(x))`, both sub-blocks
     /// reading the same input (otherwise the feed-forward block reads `x + attn(...)`).
     pub parallel_residual: bool,
+    /// Each sub-block's norm follows its residual add, `x = norm(x + f(x))`, instead of
+    /// preceding the sub-block (OPT-350m's `do_layer_norm_before: false`).
+    pub post_norm: bool,
+    /// A final norm before the output head (`output_norm`); false for OPT's post-norm and
+    /// `_remove_final_layer_norm` models.
+    pub final_norm: bool,
     /// Rounding of the KV cache, attention and activations ([`crate::arch`] picks F32 for
     /// float32 checkpoints; callers may override it before making a cache).
     pub numerics: Numerics,
@@ -542,6 +548,8 @@ impl ModelConfig {
             act: Activation::Silu,
             norm: NormKind::Rms,
             parallel_residual: false,
+            post_norm: false,
+            final_norm: true,
             numerics: Numerics::LlamaCpp,
             delta_net: None,
         })

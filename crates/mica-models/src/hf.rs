@@ -307,6 +307,8 @@ impl HfFolder {
             act: Activation::Silu,
             norm: NormKind::Rms,
             parallel_residual: false,
+            post_norm: false,
+            final_norm: true,
             numerics: Numerics::LlamaCpp,
             delta_net: None,
         })

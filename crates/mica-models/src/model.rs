@@ -39,14 +39,26 @@ pub struct Model {
     /// Per-layer embedding inputs (Gemma 4's smaller models; each layer's [`LayerPle`]).
     pub ple: Option<PerLayerInputs>,
     pub layers: Vec<DecoderLayer>,
-    /// `[n_embd]`
+    /// `[n_embd]`; empty when the model has no final norm (`config.final_norm` false).
     pub output_norm: Vec<f32>,
     /// `[n_embd]` LayerNorm bias.
     pub output_norm_b: Option<Vec<f32>>,
-    /// `[n_vocab × n_embd]`; the token embedding itself when the model ties them.
+    /// Embeddings narrower than the layers: projected in after the token lookup and out
+    /// before the head (OPT-350m's `project_in` / `project_out`).
+    pub embd_proj: Option<EmbdProj>,
+    /// `[n_vocab × n_embd]` (`× embedding width` with `embd_proj`); the token embedding
+    /// itself when the model ties them.
     pub output: Linear,
     /// The GGUF file, when the model came from one (a Hugging Face folder has none).
     pub file: Option<Arc<GgufFile>>,
+}
+
+/// The projections between a token embedding of `e` values and layers of `n_embd`.
+pub struct EmbdProj {
+    /// `[n_embd × e]`, applied to each looked-up embedding before positions are added.
+    pub input: Linear,
+    /// `[e × n_embd]`, applied to the final hidden state before the head.
+    pub output: Linear,
 }
 
 impl Model {
@@ -72,9 +84,14 @@ impl Model {
         });
         let head = (self.output.w.name != self.tok_embd.name).then_some(&self.output.w);
         let ple = self.ple.iter().flat_map(|p| [&p.tok, &p.proj.w]);
+        let proj = self
+            .embd_proj
+            .iter()
+            .flat_map(|p| [&p.input.w, &p.output.w]);
         std::iter::once(&self.tok_embd)
             .chain(&self.pos_embd)
             .chain(ple)
+            .chain(proj)
             .chain(layers)
             .chain(head)
     }
@@ -84,7 +101,12 @@ impl Model {
     fn product_matrices_mut(&mut self) -> impl Iterator<Item = &mut Matrix> {
         let layers = self.layers.iter_mut().flat_map(layer_matrices_mut);
         let ple = self.ple.as_mut().map(|p| &mut p.proj.w);
+        let proj = self
+            .embd_proj
+            .iter_mut()
+            .flat_map(|p| [&mut p.input.w, &mut p.output.w]);
         ple.into_iter()
+            .chain(proj)
             .chain(layers)
             .chain(std::iter::once(&mut self.output.w))
     }
@@ -107,12 +129,17 @@ impl Model {
             ple,
             layers,
             output,
+            embd_proj,
             ..
         } = self;
         let ple = ple.iter_mut().flat_map(|p| [&mut p.tok, &mut p.proj.w]);
+        let proj = embd_proj
+            .iter_mut()
+            .flat_map(|p| [&mut p.input.w, &mut p.output.w]);
         std::iter::once(tok_embd)
             .chain(pos_embd.as_mut())
             .chain(ple)
+            .chain(proj)
             .chain(layers.iter_mut().flat_map(layer_matrices_mut))
             .chain(std::iter::once(&mut output.w))
             .collect()
@@ -186,8 +213,15 @@ impl Model {
         let n = batch.len();
         let d = cfg.n_embd;
 
-        // Token embeddings: `x[t] = tok_embd[token t]`.
-        let x = grow(&mut ws.x, n * d);
+        // Token embeddings: `x[t] = tok_embd[token t]` (projected to the layers' width
+        // when the embedding is narrower).
+        ws.acts.alone = ws.alone_paths;
+        ws.acts.invalidate();
+        let e = self.tok_embd.cols;
+        let x = match &self.embd_proj {
+            Some(_) => grow(&mut ws.proj, n * e),
+            None => grow(&mut ws.x, n * d),
+        };
         // A head tied to the embedding may hold the packed copy (and the file's pages be
         // released): look the rows up there.
         let emb = if self.output.w.name == self.tok_embd.name {
@@ -196,10 +230,15 @@ impl Model {
             self.tok_embd.view()
         };
         for (t, &tok) in batch.tokens.iter().enumerate() {
-            emb.dequantize_row(tok as usize, &mut x[t * d..(t + 1) * d]);
+            emb.dequantize_row(tok as usize, &mut x[t * e..(t + 1) * e]);
         }
         if let Some(s) = cfg.embd_scale {
             ops::scale(x, s);
+        }
+        if let Some(p) = &self.embd_proj {
+            let raw = &ws.proj[..n * e];
+            let acts = ws.acts.get(pool, &p.input.w, raw, n);
+            p.input.forward(pool, acts, grow(&mut ws.x, n * d));
         }
         if let Some(pe) = &self.pos_embd {
             let pe = pe.view();
@@ -210,7 +249,6 @@ impl Model {
             }
         }
 
-        ws.acts.alone = ws.alone_paths;
         let ple_width = self.ple.as_ref().map_or(0, |p| p.proj.out_dim());
         if let Some(p) = &self.ple {
             let out = grow(&mut ws.ple, n * ple_width);
@@ -240,12 +278,12 @@ impl Model {
             }
             // Token mixing, in the layer's shape: attention, or a Gated DeltaNet layer.
             let (qd, hd) = (cfg.q_dim_of(l), cfg.head_dim_of(l));
-            norm_rows(
-                cfg,
-                &ws.x[..n * d],
-                (&layer.attn_norm, layer.attn_norm_b.as_deref()),
-                grow(&mut ws.xn, n * d),
-            );
+            let attn_norm = (&layer.attn_norm[..], layer.attn_norm_b.as_deref());
+            if cfg.post_norm {
+                grow(&mut ws.xn, n * d).copy_from_slice(&ws.x[..n * d]);
+            } else {
+                norm_rows(cfg, &ws.x[..n * d], attn_norm, grow(&mut ws.xn, n * d));
+            }
             ws.acts.invalidate();
             let xn = &ws.xn[..n * d];
             let width = if let (Some(dn), Some(c)) = (&layer.delta, &cfg.delta_net) {
@@ -400,6 +438,17 @@ impl Model {
             if cfg.parallel_residual {
                 norm_rows(cfg, &ws.x[..rows * d], ffn_norm, grow(&mut ws.xn, rows * d));
                 ops::add_assign(&mut ws.x[..rows * d], &ws.proj[..rows * d]);
+            } else if cfg.post_norm {
+                // `x = norm(x + attn)`, which is also the feed-forward block's input.
+                ops::add_assign(&mut ws.x[..rows * d], &ws.proj[..rows * d]);
+                let attn_norm = (&layer.attn_norm[..], layer.attn_norm_b.as_deref());
+                norm_rows(
+                    cfg,
+                    &ws.x[..rows * d],
+                    attn_norm,
+                    grow(&mut ws.xn, rows * d),
+                );
+                ws.x[..rows * d].copy_from_slice(&ws.xn[..rows * d]);
             } else {
                 ops::add_assign(&mut ws.x[..rows * d], &ws.proj[..rows * d]);
                 norm_rows(cfg, &ws.x[..rows * d], ffn_norm, grow(&mut ws.xn, rows * d));
@@ -439,6 +488,10 @@ impl Model {
                 norm_in_place(proj, w, cfg.norm_eps, &mut ws.cos_sin);
             }
             ops::add_assign(&mut ws.x[..rows * d], &ws.proj[..rows * d]);
+            if cfg.post_norm {
+                norm_rows(cfg, &ws.x[..rows * d], ffn_norm, grow(&mut ws.xn, rows * d));
+                ws.x[..rows * d].copy_from_slice(&ws.xn[..rows * d]);
+            }
             if let Some(p) = &layer.ple {
                 p.forward(
                     pool,
@@ -464,17 +517,28 @@ impl Model {
         if n_out == 0 {
             return Ok(Some(&ws.logits[..0]));
         }
-        norm_rows(
-            cfg,
-            &ws.x[..n_out * d],
-            (&self.output_norm, self.output_norm_b.as_deref()),
-            grow(&mut ws.xn, n_out * d),
-        );
+        if cfg.final_norm {
+            norm_rows(
+                cfg,
+                &ws.x[..n_out * d],
+                (&self.output_norm, self.output_norm_b.as_deref()),
+                grow(&mut ws.xn, n_out * d),
+            );
+        } else {
+            grow(&mut ws.xn, n_out * d).copy_from_slice(&ws.x[..n_out * d]);
+        }
         if ws.output == Output::Hidden {
             return Ok(Some(&ws.xn[..n_out * d]));
         }
         ws.acts.invalidate();
-        let xn = &ws.xn[..n_out * d];
+        let mut xn = &ws.xn[..n_out * d];
+        if let Some(p) = &self.embd_proj {
+            let e = p.output.w.rows;
+            let acts = ws.acts.get(pool, &p.output.w, xn, n_out);
+            p.output.forward(pool, acts, grow(&mut ws.proj, n_out * e));
+            ws.acts.invalidate();
+            xn = &ws.proj[..n_out * e];
+        }
         let logits = grow(&mut ws.logits, n_out * cfg.n_vocab);
         self.output
             .forward(pool, ws.acts.get(pool, &self.output.w, xn, n_out), logits);

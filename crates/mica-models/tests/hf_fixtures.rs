@@ -303,16 +303,25 @@ fn opt_matches_transformers() {
     check("opt");
 }
 
+/// OPT-350m's layout: post-norm (LayerNorms after the residual adds, no final LayerNorm)
+/// and a 16-wide embedding projected in to the 32-wide layers and out before the head.
+#[test]
+fn opt_post_norm_with_embedding_projection_matches_transformers() {
+    check("opt350");
+    let (model, _, _) = load("opt350");
+    assert!(model.config.post_norm && !model.config.final_norm);
+    assert_eq!(model.tok_embd.cols, 16);
+    assert!(model.embd_proj.is_some());
+}
+
 #[test]
 fn opt_config_errors_name_the_field() {
-    config_error_names("opt", "do_layer_norm_before", |c| {
-        c["do_layer_norm_before"] = false.into()
-    });
     config_error_names("opt", "word_embed_proj_dim", |c| {
-        c["word_embed_proj_dim"] = 16.into()
+        c["word_embed_proj_dim"] = 0.into()
     });
-    config_error_names("opt", "_remove_final_layer_norm", |c| {
-        c["_remove_final_layer_norm"] = true.into()
+    config_error_names("opt", "enable_bias", |c| c["enable_bias"] = false.into());
+    config_error_names("opt", "do_layer_norm_before", |c| {
+        c["do_layer_norm_before"] = "yes".into()
     });
     config_error_names("opt", "activation_function", |c| {
         c["activation_function"] = "gelu".into()

@@ -194,15 +194,21 @@ pub fn build_with(
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    let output_norm = w.norm("output_norm.weight", d)?;
+    let final_norm = cfg.final_norm;
+    let output_norm = match final_norm {
+        true => w.norm("output_norm.weight", d)?,
+        false => Vec::new(),
+    };
+    // The head reads the token embedding's width (narrower than the layers' with an
+    // embedding projection, which the family attaches).
     let output = match w.info("output.weight") {
-        Some(_) => w.linear("output", cfg.n_vocab, d)?,
+        Some(_) => w.linear("output", cfg.n_vocab, tok_embd.cols)?,
         None => Linear {
             w: tok_embd.clone(),
             bias: None,
         },
     };
-    let output_norm_b = bias(parts.norm_bias, "output_norm.bias".into(), d)?;
+    let output_norm_b = bias(parts.norm_bias && final_norm, "output_norm.bias".into(), d)?;
     Ok(Model {
         config: cfg,
         tok_embd,
@@ -211,6 +217,7 @@ pub fn build_with(
         layers,
         output_norm,
         output_norm_b,
+        embd_proj: None,
         output,
         file,
     })

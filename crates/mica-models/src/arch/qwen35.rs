@@ -409,6 +409,7 @@ pub(super) fn build(
         layers,
         output_norm,
         output_norm_b: None,
+        embd_proj: None,
         output,
         file,
     })
