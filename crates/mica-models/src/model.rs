@@ -21,7 +21,7 @@ mod layer;
 mod workspace;
 
 pub use layer::{DecoderLayer, Ffn};
-use layer::{expert_matrices, layer_matrices_mut};
+use layer::{expert_matrices, layer_linears, layer_matrices_mut};
 use mica_formats::GgufFile;
 use mica_kernels::ThreadPool;
 use mica_kernels::ops::{self, rms_norm, rope_angles, rope_apply};
@@ -145,6 +145,66 @@ impl Model {
             .collect()
     }
 
+    /// Every projection that runs through [`Linear::apply`] (so can take a LoRA update):
+    /// attention, dense feed-forward and per-layer-embedding projections, the embedding
+    /// projections and an output head that is not the token embedding. (Experts and
+    /// routers run their own products.)
+    pub fn linears(&self) -> Vec<&Linear> {
+        let proj = self.embd_proj.iter().flat_map(|p| [&p.input, &p.output]);
+        let ple = self.ple.iter().map(|p| &p.proj);
+        let head = (self.output.w.name != self.tok_embd.name).then_some(&self.output);
+        proj.chain(ple)
+            .chain(self.layers.iter().flat_map(layer_linears))
+            .chain(head)
+            .collect()
+    }
+
+    /// [`Model::linears`], mutably.
+    pub fn linears_mut(&mut self) -> Vec<&mut Linear> {
+        let tied = self.output.w.name == self.tok_embd.name;
+        let Model {
+            embd_proj,
+            ple,
+            layers,
+            output,
+            ..
+        } = self;
+        let proj = embd_proj
+            .iter_mut()
+            .flat_map(|p| [&mut p.input, &mut p.output]);
+        let ple = ple.iter_mut().map(|p| &mut p.proj);
+        let layers = layers.iter_mut().flat_map(|l| {
+            let l: &mut DecoderLayer = l;
+            let DecoderLayer {
+                wq,
+                wk,
+                wv,
+                wo,
+                delta,
+                ffn,
+                ple,
+                ..
+            } = l;
+            let delta = delta
+                .iter_mut()
+                .flat_map(|d| [&mut d.z, &mut d.beta, &mut d.alpha]);
+            let ffn: Vec<&mut Linear> = match ffn {
+                Ffn::Dense(e) => vec![&mut e.gate, &mut e.up, &mut e.down],
+                Ffn::Plain { up, down } => vec![up, down],
+                Ffn::Moe(_) => Vec::new(),
+            };
+            let ple = ple.iter_mut().flat_map(|p| [&mut p.gate, &mut p.proj]);
+            [Some(wq), wk.as_mut(), wv.as_mut(), Some(wo)]
+                .into_iter()
+                .flatten()
+                .chain(delta)
+                .chain(ffn)
+                .chain(ple)
+        });
+        let head = (!tied).then_some(output);
+        proj.chain(ple).chain(layers).chain(head).collect()
+    }
+
     /// Repacks every weight matrix the products read into this CPU's packed layout, where
     /// the kernels have one ([`Matrix::repack`]; results stay bit-identical), giving the
     /// file's pages of the repacked matrices back to the OS so the model is not resident
@@ -237,8 +297,8 @@ impl Model {
         }
         if let Some(p) = &self.embd_proj {
             let raw = &ws.proj[..n * e];
-            let acts = ws.acts.get(pool, &p.input.w, raw, n);
-            p.input.forward(pool, acts, grow(&mut ws.x, n * d));
+            p.input
+                .apply(pool, &mut ws.acts, raw, n, grow(&mut ws.x, n * d));
         }
         if let Some(pe) = &self.pos_embd {
             let pe = pe.view();
@@ -324,9 +384,7 @@ impl Model {
                 if layer.q_gate {
                     // Each head's query then its gate: split into `q` and `gate`.
                     let raw = grow(&mut ws.up, n * 2 * qd);
-                    layer
-                        .wq
-                        .forward(pool, ws.acts.get(pool, &layer.wq.w, xn, n), raw);
+                    layer.wq.apply(pool, &mut ws.acts, xn, n, raw);
                     let (q, gate) = (grow(&mut ws.q, n * qd), grow(&mut ws.gate, n * qd));
                     for ((src, q), g) in raw
                         .chunks_exact(2 * hd)
@@ -337,25 +395,15 @@ impl Model {
                         g.copy_from_slice(&src[hd..]);
                     }
                 } else {
-                    layer.wq.forward(
-                        pool,
-                        ws.acts.get(pool, &layer.wq.w, xn, n),
-                        grow(&mut ws.q, n * qd),
-                    );
+                    layer
+                        .wq
+                        .apply(pool, &mut ws.acts, xn, n, grow(&mut ws.q, n * qd));
                 }
                 if let Some(wk) = &layer.wk {
-                    wk.forward(
-                        pool,
-                        ws.acts.get(pool, &wk.w, xn, n),
-                        grow(&mut ws.k, n * kvd),
-                    );
+                    wk.apply(pool, &mut ws.acts, xn, n, grow(&mut ws.k, n * kvd));
                 }
                 match &layer.wv {
-                    Some(wv) => wv.forward(
-                        pool,
-                        ws.acts.get(pool, &wv.w, xn, n),
-                        grow(&mut ws.v, n * kvd),
-                    ),
+                    Some(wv) => wv.apply(pool, &mut ws.acts, xn, n, grow(&mut ws.v, n * kvd)),
                     None => grow(&mut ws.v, n * kvd).copy_from_slice(&ws.k[..n * kvd]),
                 }
                 if let Some(w) = &layer.q_norm {
@@ -426,9 +474,7 @@ impl Model {
             ws.acts.invalidate();
             let attn = &ws.attn[..rows * width];
             let proj = grow(&mut ws.proj, rows * d);
-            layer
-                .wo
-                .forward(pool, ws.acts.get(pool, &layer.wo.w, attn, rows), proj);
+            layer.wo.apply(pool, &mut ws.acts, attn, rows, proj);
             if let Some(w) = &layer.post_attn_norm {
                 norm_in_place(proj, w, cfg.norm_eps, &mut ws.cos_sin);
             }
@@ -534,14 +580,13 @@ impl Model {
         let mut xn = &ws.xn[..n_out * d];
         if let Some(p) = &self.embd_proj {
             let e = p.output.w.rows;
-            let acts = ws.acts.get(pool, &p.output.w, xn, n_out);
-            p.output.forward(pool, acts, grow(&mut ws.proj, n_out * e));
+            let out = grow(&mut ws.proj, n_out * e);
+            p.output.apply(pool, &mut ws.acts, xn, n_out, out);
             ws.acts.invalidate();
             xn = &ws.proj[..n_out * e];
         }
         let logits = grow(&mut ws.logits, n_out * cfg.n_vocab);
-        self.output
-            .forward(pool, ws.acts.get(pool, &self.output.w, xn, n_out), logits);
+        self.output.apply(pool, &mut ws.acts, xn, n_out, logits);
         if let Some(cap) = cfg.final_softcap {
             ops::softcap(logits, cap);
         }

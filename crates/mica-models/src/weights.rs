@@ -3,6 +3,7 @@
 //! kernels do.
 
 use crate::error::{ModelError, Result};
+use crate::lora::LoraPair;
 use crate::names::NameTable;
 use crate::packed_buf::PackedBytes;
 use mica_formats::{CheckpointSet, GgufFile, TensorBytes, TensorInfo};
@@ -133,16 +134,9 @@ impl Matrix {
     }
 }
 
-#[cfg(test)]
 impl Matrix {
-    /// An F32 matrix over owned values (`[rows × cols]`, row-major), for unit tests.
-    pub(crate) fn from_f32(name: &str, rows: usize, cols: usize, values: &[f32]) -> Matrix {
-        struct Owned(Vec<u8>);
-        impl TensorBytes for Owned {
-            fn bytes(&self) -> &[u8] {
-                &self.0
-            }
-        }
+    /// An F32 matrix over owned values (`[rows × cols]`, row-major): LoRA updates, tests.
+    pub fn owned_f32(name: &str, rows: usize, cols: usize, values: &[f32]) -> Matrix {
         assert_eq!(values.len(), rows * cols);
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         Matrix {
@@ -153,20 +147,29 @@ impl Matrix {
             cols,
             data: TensorData {
                 len: bytes.len(),
-                file: Arc::new(Owned(bytes)),
+                file: Arc::new(OwnedBytes(bytes)),
                 start: 0,
             },
             packed: None,
         }
     }
+
+    /// [`Matrix::owned_f32`], for unit tests.
+    #[cfg(test)]
+    pub(crate) fn from_f32(name: &str, rows: usize, cols: usize, values: &[f32]) -> Matrix {
+        Matrix::owned_f32(name, rows, cols, values)
+    }
 }
 
-/// A projection `y = W x (+ b)`.
+/// A projection `y = W x (+ b)`, plus the low-rank updates of any LoRA adapters applied
+/// unmerged (`+ Σ s·B·A x`).
 #[derive(Clone)]
 pub struct Linear {
     pub w: Matrix,
     /// `[rows]`
     pub bias: Option<Vec<f32>>,
+    /// Unmerged LoRA updates ([`crate::lora`]), added after the bias.
+    pub lora: Vec<Arc<LoraPair>>,
 }
 
 impl Linear {
@@ -176,6 +179,8 @@ impl Linear {
 
     /// `out[t] = W x[t] + b` for the `acts` rows (already quantized for this weight's
     /// format by [`ActCache::get`]); `out` is `[n, rows]`.
+    ///
+    /// The base product only: [`Linear::apply`] adds the LoRA updates too.
     pub fn forward(&self, pool: &ThreadPool, acts: &QActs, out: &mut [f32]) {
         matmul(pool, &self.w.view(), acts, out);
         if let Some(b) = &self.bias {
@@ -184,6 +189,33 @@ impl Linear {
                     *o += bb;
                 }
             }
+        }
+    }
+}
+
+impl Linear {
+    /// A projection of `w` with an optional bias and no LoRA update.
+    pub fn new(w: Matrix, bias: Option<Vec<f32>>) -> Linear {
+        Linear {
+            w,
+            bias,
+            lora: Vec::new(),
+        }
+    }
+
+    /// `out[t] = W x[t] + b + Σ s·B·A x[t]` for the `n` rows of `x` (`[n, cols]`), the
+    /// activations quantized through `acts` (shared by projections of the same input).
+    pub fn apply(
+        &self,
+        pool: &ThreadPool,
+        acts: &mut ActCache,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+    ) {
+        self.forward(pool, acts.get(pool, &self.w, x, n), out);
+        for l in &self.lora {
+            l.add(pool, x, n, out);
         }
     }
 }
@@ -625,10 +657,10 @@ impl WeightLoader {
 
     /// A projection with an optional `{prefix}.bias`.
     pub fn linear(&self, prefix: &str, rows: usize, cols: usize) -> Result<Linear> {
-        Ok(Linear {
-            w: self.matrix(&format!("{prefix}.weight"), rows, cols)?,
-            bias: self.vector_opt(&format!("{prefix}.bias"), rows)?,
-        })
+        Ok(Linear::new(
+            self.matrix(&format!("{prefix}.weight"), rows, cols)?,
+            self.vector_opt(&format!("{prefix}.bias"), rows)?,
+        ))
     }
 }
 

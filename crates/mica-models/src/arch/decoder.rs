@@ -112,10 +112,10 @@ pub fn build_with(
             Some(prefix) => w.vector_opt(&format!("{prefix}.bias"), total)?,
             None => None,
         };
-        Ok(Linear {
-            w: w.matrix_rows(&name, first, rows, total, d)?,
-            bias: b.map(|b| b[first..first + rows].to_vec()),
-        })
+        Ok(Linear::new(
+            w.matrix_rows(&name, first, rows, total, d)?,
+            b.map(|b| b[first..first + rows].to_vec()),
+        ))
     };
     let layers = (0..cfg.n_layer)
         .map(|i| {
@@ -203,10 +203,7 @@ pub fn build_with(
     // embedding projection, which the family attaches).
     let output = match w.info("output.weight") {
         Some(_) => w.linear("output", cfg.n_vocab, tok_embd.cols)?,
-        None => Linear {
-            w: tok_embd.clone(),
-            bias: None,
-        },
+        None => Linear::new(tok_embd.clone(), None),
     };
     let output_norm_b = bias(parts.norm_bias && final_norm, "output_norm.bias".into(), d)?;
     Ok(Model {

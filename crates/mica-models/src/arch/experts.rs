@@ -90,7 +90,7 @@ impl MoeSpec {
             } else {
                 w.matrix(&p(&format!("ffn_{kind}_exp.{e}.weight")), rows, cols)?
             };
-            Ok(Linear { w, bias: None })
+            Ok(Linear::new(w, None))
         };
         let experts = (0..n)
             .map(|e| {
@@ -120,10 +120,7 @@ impl MoeSpec {
         let shared_gate = match &shared {
             Some(_) if self.mlp_beside => None,
             Some(_) if self.stacked && w.info(&gate_name).is_none() => None,
-            Some(_) => Some(Linear {
-                w: w.matrix_rows(&gate_name, 0, 1, 1, d)?,
-                bias: None,
-            }),
+            Some(_) => Some(Linear::new(w.matrix_rows(&gate_name, 0, 1, 1, d)?, None)),
             None => None,
         };
         Ok(Some(Ffn::Moe(Moe {

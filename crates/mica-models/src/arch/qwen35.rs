@@ -396,10 +396,7 @@ pub(super) fn build(
     let output_norm = w.norm("output_norm.weight", d)?;
     let output = match w.info("output.weight") {
         Some(_) => w.linear("output", cfg.n_vocab, d)?,
-        None => Linear {
-            w: tok_embd.clone(),
-            bias: None,
-        },
+        None => Linear::new(tok_embd.clone(), None),
     };
     Ok(Model {
         config: cfg,

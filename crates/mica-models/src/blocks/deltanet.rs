@@ -97,15 +97,13 @@ impl DeltaNet {
     ) {
         let (cd, vd, nv) = (c.conv_dim(), c.value_dim(), c.n_v_heads);
         let qkv = grow(&mut b.qkv, n * cd);
-        wqkv.forward(pool, acts.get(pool, &wqkv.w, xn, n), qkv);
+        wqkv.apply(pool, acts, xn, n, qkv);
         let z = grow(&mut b.z, n * vd);
-        self.z.forward(pool, acts.get(pool, &self.z.w, xn, n), z);
+        self.z.apply(pool, acts, xn, n, z);
         let beta = grow(&mut b.beta, n * nv);
-        self.beta
-            .forward(pool, acts.get(pool, &self.beta.w, xn, n), beta);
+        self.beta.apply(pool, acts, xn, n, beta);
         let alpha = grow(&mut b.alpha, n * nv);
-        self.alpha
-            .forward(pool, acts.get(pool, &self.alpha.w, xn, n), alpha);
+        self.alpha.apply(pool, acts, xn, n, alpha);
         let row = grow(&mut b.row, cd);
         let tmp = grow(&mut b.tmp, c.head_v_dim);
         for t in 0..n {

@@ -59,23 +59,22 @@ pub(crate) fn dense_ffn(
     let (h, down) = match ffn {
         Dense::Plain { up, down } => {
             let h = grow(up_buf, rows * up.out_dim());
-            up.forward(pool, acts.get(pool, &up.w, x, rows), h);
+            up.apply(pool, acts, x, rows, h);
             activate(cfg, h);
             (&*h, down)
         }
         Dense::Gated(e) => {
             let ff = e.gate.out_dim();
             let gate = grow(gate_buf, rows * ff);
-            e.gate
-                .forward(pool, acts.get(pool, &e.gate.w, x, rows), gate);
+            e.gate.apply(pool, acts, x, rows, gate);
             let up = grow(up_buf, rows * ff);
-            e.up.forward(pool, acts.get(pool, &e.up.w, x, rows), up);
+            e.up.apply(pool, acts, x, rows, up);
             glu(cfg, gate, up);
             (&*gate, &e.down)
         }
     };
     acts.invalidate();
-    down.forward(pool, acts.get(pool, &down.w, h, rows), out);
+    down.apply(pool, acts, h, rows, out);
 }
 
 /// The gated activation in place, `gate = act(gate) * up`, with the model's numerics.

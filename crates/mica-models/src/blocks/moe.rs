@@ -234,10 +234,7 @@ mod tests {
 
     fn lin(name: &str, rows: usize, cols: usize, f: impl Fn(usize) -> f32) -> Linear {
         let v: Vec<f32> = (0..rows * cols).map(f).collect();
-        Linear {
-            w: Matrix::from_f32(name, rows, cols, &v),
-            bias: None,
-        }
+        Linear::new(Matrix::from_f32(name, rows, cols, &v), None)
     }
 
     fn swiglu(g: &mut [f32], u: &[f32]) {

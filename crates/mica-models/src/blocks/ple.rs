@@ -56,8 +56,7 @@ impl PerLayerInputs {
         let width = self.proj.out_dim();
         let n_embd = x.len() / n.max(1);
         acts.invalidate();
-        self.proj
-            .forward(pool, acts.get(pool, &self.proj.w, x, n), out);
+        self.proj.apply(pool, acts, x, n, out);
         acts.invalidate();
         ops::scale(out, 1.0 / (n_embd as f32).sqrt());
         row.resize(width.max(self.dim), 0.0);
@@ -101,8 +100,7 @@ impl LayerPle {
         acts.invalidate();
         h.resize(rows * dim, 0.0);
         let h = &mut h[..rows * dim];
-        self.gate
-            .forward(pool, acts.get(pool, &self.gate.w, &x[..rows * d], rows), h);
+        self.gate.apply(pool, acts, &x[..rows * d], rows, h);
         act(h);
         for (t, ht) in h.chunks_exact_mut(dim).enumerate() {
             let inp = &inputs[t * width + l * dim..][..dim];
@@ -113,8 +111,7 @@ impl LayerPle {
         acts.invalidate();
         proj.resize(rows * d, 0.0);
         let p = &mut proj[..rows * d];
-        self.proj
-            .forward(pool, acts.get(pool, &self.proj.w, h, rows), p);
+        self.proj.apply(pool, acts, h, rows, p);
         acts.invalidate();
         tmp.resize(d, 0.0);
         for r in p.chunks_exact_mut(d) {

@@ -106,3 +106,21 @@ pub(super) fn layer_matrices_mut(l: &mut DecoderLayer) -> impl Iterator<Item = &
 pub(super) fn expert_matrices(e: &Expert) -> [&Matrix; 3] {
     [&e.gate.w, &e.up.w, &e.down.w]
 }
+
+/// The projections of one layer that run through [`Linear::apply`] (not experts).
+pub(super) fn layer_linears(l: &DecoderLayer) -> Vec<&Linear> {
+    let delta = l.delta.iter().flat_map(|d| [&d.z, &d.beta, &d.alpha]);
+    let ffn: Vec<&Linear> = match &l.ffn {
+        Ffn::Dense(e) => vec![&e.gate, &e.up, &e.down],
+        Ffn::Plain { up, down } => vec![up, down],
+        Ffn::Moe(_) => Vec::new(),
+    };
+    let ple = l.ple.iter().flat_map(|p| [&p.gate, &p.proj]);
+    [Some(&l.wq), l.wk.as_ref(), l.wv.as_ref(), Some(&l.wo)]
+        .into_iter()
+        .flatten()
+        .chain(delta)
+        .chain(ffn)
+        .chain(ple)
+        .collect()
+}

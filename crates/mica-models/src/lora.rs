@@ -1,0 +1,401 @@
+//! LoRA adapters: low-rank updates `W' = W + s·B·A` of a model's projections, read from a
+//! PEFT folder (`adapter_config.json` + `adapter_model.safetensors`) or from llama.cpp's GGUF
+//! LoRA files (`general.type = adapter`), and either applied beside the base weights
+//! (unmerged: each targeted projection adds `s·B·(A·x)` to its output, the base weights stay
+//! shared and untouched) or merged into them.
+//!
+//! The scale `s` is PEFT's: `lora_alpha / r` (`lora_alpha / √r` with rsLoRA), times the
+//! user's scale; llama.cpp's GGUF files carry `adapter.lora.alpha` and the rank is read from
+//! the tensors. Adapters are held in f32 (they are small: `r·(in + out)` per projection).
+//!
+//! Not supported, refused naming what: PEFT biases (`bias` other than `none`),
+//! `fan_in_fan_out`, DoRA (`use_dora`), `modules_to_save`, targets that are not a separate
+//! projection in mica (fused projections, embeddings, experts).
+
+use crate::arch::{by_gguf, by_hf};
+use crate::error::{ModelError, Result};
+use crate::model::Model;
+use crate::weights::{Linear, Matrix};
+use mica_formats::{GgufFile, SafetensorsFile, TensorInfo};
+use mica_kernels::matmul::{QActs, matmul};
+use mica_kernels::{DType, ThreadPool, quant};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The low-rank update of one projection: `out += scale · B (A x)`.
+pub struct LoraPair {
+    /// `[r × in]` f32
+    pub a: Matrix,
+    /// `[out × r]` f32
+    pub b: Matrix,
+    /// The adapter's scale (`alpha / r`, or `alpha / √r` with rsLoRA) times the user's.
+    pub scale: f32,
+}
+
+impl LoraPair {
+    /// `out[t] += scale · B (A x[t])` for `n` rows of `x` (`[n, in]`); `out` is `[n, out]`.
+    pub fn add(&self, pool: &ThreadPool, x: &[f32], n: usize, out: &mut [f32]) {
+        let r = self.a.rows;
+        let mut q = QActs::new();
+        q.quantize(pool, DType::F32, x, n, self.a.cols);
+        let mut mid = vec![0f32; n * r];
+        matmul(pool, &self.a.view(), &q, &mut mid);
+        q.quantize(pool, DType::F32, &mid, n, r);
+        let mut delta = vec![0f32; n * self.b.rows];
+        matmul(pool, &self.b.view(), &q, &mut delta);
+        for (o, d) in out.iter_mut().zip(&delta) {
+            *o += d * self.scale;
+        }
+    }
+
+    /// `scale · B · A` as `[out × in]` f32 (the merged form's update).
+    pub fn delta(&self) -> Vec<f32> {
+        let (r, cols, rows) = (self.a.rows, self.a.cols, self.b.rows);
+        let (a, b) = (f32_values(&self.a), f32_values(&self.b));
+        let mut d = vec![0f32; rows * cols];
+        for (o, drow) in d.chunks_exact_mut(cols).enumerate() {
+            for k in 0..r {
+                let s = b[o * r + k] * self.scale;
+                for (dv, av) in drow.iter_mut().zip(&a[k * cols..(k + 1) * cols]) {
+                    *dv += s * av;
+                }
+            }
+        }
+        d
+    }
+}
+
+fn f32_values(m: &Matrix) -> Vec<f32> {
+    let mut v = vec![0f32; m.rows * m.cols];
+    for (r, row) in v.chunks_exact_mut(m.cols).enumerate() {
+        m.view().dequantize_row(r, row);
+    }
+    v
+}
+
+/// A LoRA adapter: the low-rank update of each projection it targets, by the projection's
+/// canonical weight name (`blk.{i}.attn_q.weight`...).
+pub struct LoraAdapter {
+    pub path: PathBuf,
+    /// Rank of the first update (PEFT: `r`).
+    pub rank: usize,
+    pub targets: Vec<(String, Arc<LoraPair>)>,
+}
+
+/// A tensor of the adapter file that cannot be used, and why.
+fn tensor_err(path: &Path, tensor: &str, msg: impl Into<String>) -> ModelError {
+    ModelError::CheckpointTensor {
+        path: path.to_path_buf(),
+        tensor: tensor.to_string(),
+        msg: msg.into(),
+    }
+}
+
+fn err(path: &Path, key: &str, msg: impl Into<String>) -> ModelError {
+    ModelError::Config {
+        path: path.to_path_buf(),
+        key: key.to_string(),
+        msg: msg.into(),
+    }
+}
+
+impl LoraAdapter {
+    /// Reads the adapter at `path` for `model`: a PEFT folder (or its
+    /// `adapter_model.safetensors`), or a llama.cpp GGUF LoRA. `scale` multiplies the
+    /// adapter's own scale. Shapes are checked against the model's projections.
+    pub fn open(path: &Path, model: &Model, scale: f32) -> Result<LoraAdapter> {
+        let is_gguf = path.extension().is_some_and(|e| e == "gguf");
+        let adapter = if is_gguf {
+            Self::open_gguf(path, scale)?
+        } else {
+            let dir = if path.is_dir() {
+                path.to_path_buf()
+            } else {
+                path.parent().map(Path::to_path_buf).unwrap_or_default()
+            };
+            Self::open_peft(&dir, model, scale)?
+        };
+        adapter.check(model)?;
+        Ok(adapter)
+    }
+
+    fn open_peft(dir: &Path, model: &Model, user_scale: f32) -> Result<LoraAdapter> {
+        let cfg_path = dir.join("adapter_config.json");
+        let text = std::fs::read_to_string(&cfg_path).map_err(|e| {
+            err(
+                &cfg_path,
+                "adapter_config.json",
+                format!("cannot read it ({e}): a PEFT adapter folder needs one"),
+            )
+        })?;
+        let c: Value = serde_json::from_str(&text)
+            .map_err(|e| err(&cfg_path, "adapter_config.json", e.to_string()))?;
+        let field = |k: &str| c.get(k).filter(|v| !v.is_null());
+        match field("peft_type").and_then(Value::as_str) {
+            None | Some("LORA") => {}
+            Some(t) => return Err(err(&cfg_path, "peft_type", format!("'{t}' is not LORA"))),
+        }
+        let r = field("r")
+            .and_then(Value::as_u64)
+            .filter(|&r| r > 0)
+            .ok_or_else(|| err(&cfg_path, "r", "missing or not a positive integer"))?;
+        let alpha = field("lora_alpha")
+            .and_then(Value::as_f64)
+            .ok_or_else(|| err(&cfg_path, "lora_alpha", "missing or not a number"))?;
+        let flag = |k: &str| field(k).and_then(Value::as_bool).unwrap_or(false);
+        match field("bias").and_then(Value::as_str) {
+            None | Some("none") => {}
+            Some(b) => {
+                return Err(err(
+                    &cfg_path,
+                    "bias",
+                    format!("'{b}' is not supported (none)"),
+                ));
+            }
+        }
+        for k in ["fan_in_fan_out", "use_dora"] {
+            if flag(k) {
+                return Err(err(&cfg_path, k, "true is not supported"));
+            }
+        }
+        if field("modules_to_save").is_some_and(|v| v.as_array().is_none_or(|a| !a.is_empty())) {
+            return Err(err(
+                &cfg_path,
+                "modules_to_save",
+                "fully trained modules are not supported",
+            ));
+        }
+        for k in ["rank_pattern", "alpha_pattern"] {
+            if field(k).is_some_and(|v| v.as_object().is_some_and(|o| !o.is_empty())) {
+                return Err(err(&cfg_path, k, "per-module ranks are not supported"));
+            }
+        }
+        let scale = if flag("use_rslora") {
+            alpha / (r as f64).sqrt()
+        } else {
+            alpha / r as f64
+        } as f32
+            * user_scale;
+
+        let st_path = dir.join("adapter_model.safetensors");
+        let st = SafetensorsFile::open(&st_path)?;
+        let family = by_gguf(&model.config.arch).or_else(|| by_hf(&model.config.arch));
+        let names = family.map(|f| f.hf_names).ok_or_else(|| {
+            err(
+                &st_path,
+                "architecture",
+                format!("no Hugging Face names known for '{}'", model.config.arch),
+            )
+        })?;
+        let mut targets = Vec::new();
+        for a in st
+            .tensors()
+            .iter()
+            .filter(|t| t.name.ends_with(".lora_A.weight"))
+        {
+            let module = a.name.trim_end_matches(".lora_A.weight");
+            let b_name = format!("{module}.lora_B.weight");
+            let b = st.tensor(&b_name).ok_or_else(|| {
+                tensor_err(&st_path, &b_name, "missing: every lora_A needs its lora_B")
+            })?;
+            // PEFT prefixes the base model's names with `base_model.model.`.
+            let hf = module.strip_prefix("base_model.model.").unwrap_or(module);
+            let canonical = names
+                .to_canonical(&format!("{hf}.weight"))
+                .map(|(c, _)| c)
+                .ok_or_else(|| {
+                    tensor_err(
+                        &st_path,
+                        &a.name,
+                        format!("targets '{hf}', which is not a projection mica knows"),
+                    )
+                })?;
+            let pair = LoraPair {
+                a: f32_matrix(
+                    &st_path,
+                    a,
+                    st.tensor_data(a),
+                    &format!("{canonical}.lora_a"),
+                )?,
+                b: f32_matrix(
+                    &st_path,
+                    b,
+                    st.tensor_data(b),
+                    &format!("{canonical}.lora_b"),
+                )?,
+                scale,
+            };
+            targets.push((canonical, Arc::new(pair)));
+        }
+        if let Some(t) = st
+            .tensors()
+            .iter()
+            .find(|t| !t.name.ends_with(".lora_A.weight") && !t.name.ends_with(".lora_B.weight"))
+        {
+            return Err(tensor_err(
+                &st_path,
+                &t.name,
+                "is not a LoRA A/B matrix (unsupported adapter content)",
+            ));
+        }
+        if targets.is_empty() {
+            return Err(err(
+                &st_path,
+                "tensors",
+                "the adapter has no lora_A matrices",
+            ));
+        }
+        Ok(LoraAdapter {
+            path: dir.to_path_buf(),
+            rank: r as usize,
+            targets,
+        })
+    }
+
+    fn open_gguf(path: &Path, user_scale: f32) -> Result<LoraAdapter> {
+        let file = GgufFile::open(path)?;
+        let key = |k: &str| file.get_str(k);
+        if key("general.type") != Some("adapter") || key("adapter.type") != Some("lora") {
+            return Err(err(
+                path,
+                "general.type",
+                "not a LoRA adapter (general.type = adapter, adapter.type = lora expected)",
+            ));
+        }
+        let alpha = file.get_f32("adapter.lora.alpha");
+        let mut targets = Vec::new();
+        let mut rank = 0;
+        for a in file
+            .tensors()
+            .iter()
+            .filter(|t| t.name.ends_with(".lora_a"))
+        {
+            let base = a.name.trim_end_matches(".lora_a");
+            let b_name = format!("{base}.lora_b");
+            let b = file
+                .tensors()
+                .iter()
+                .find(|t| t.name == b_name)
+                .ok_or_else(|| {
+                    tensor_err(path, &b_name, "missing: every lora_a needs its lora_b")
+                })?;
+            let a_m = f32_matrix(path, a, file.tensor_data(a), &a.name)?;
+            let b_m = f32_matrix(path, b, file.tensor_data(b), &b.name)?;
+            let r = a_m.rows;
+            rank = rank.max(r);
+            // llama.cpp: alpha / rank, or 1 without an alpha.
+            let scale = alpha.map_or(1.0, |al| al / r as f32) * user_scale;
+            targets.push((
+                base.to_string(),
+                Arc::new(LoraPair {
+                    a: a_m,
+                    b: b_m,
+                    scale,
+                }),
+            ));
+        }
+        if targets.is_empty() {
+            return Err(err(path, "tensors", "the adapter has no .lora_a tensors"));
+        }
+        Ok(LoraAdapter {
+            path: path.to_path_buf(),
+            rank,
+            targets,
+        })
+    }
+
+    /// Every target names a projection of `model` with matching shapes.
+    fn check(&self, model: &Model) -> Result<()> {
+        for (name, pair) in &self.targets {
+            let lin = find_linear(model, name).ok_or_else(|| {
+                tensor_err(
+                    &self.path,
+                    name,
+                    "the model has no separate projection of this name (fused projections, \
+                     embeddings and experts cannot take a LoRA update)",
+                )
+            })?;
+            let (a, b) = (&pair.a, &pair.b);
+            if a.cols != lin.w.cols || b.rows != lin.w.rows || a.rows != b.cols {
+                return Err(ModelError::BadShape {
+                    path: self.path.clone(),
+                    tensor: name.clone(),
+                    got: vec![b.rows as u64, b.cols as u64, a.rows as u64, a.cols as u64],
+                    expected: vec![
+                        lin.w.rows as u64,
+                        a.rows as u64,
+                        a.rows as u64,
+                        lin.w.cols as u64,
+                    ],
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A 2-D f32/f16/bf16 tensor as an owned f32 matrix (`[shape[1] × shape[0]]`).
+fn f32_matrix(path: &Path, t: &TensorInfo, bytes: &[u8], name: &str) -> Result<Matrix> {
+    let dtype = t
+        .dtype()
+        .filter(|d| matches!(d, DType::F32 | DType::F16 | DType::BF16));
+    let (Some(dtype), &[cols, rows]) = (dtype, &t.shape[..]) else {
+        return Err(tensor_err(
+            path,
+            &t.name,
+            format!(
+                "a LoRA matrix must be 2-D f32, f16 or bf16 (got {:?}, shape {:?})",
+                t.ggml_type, t.shape
+            ),
+        ));
+    };
+    let (rows, cols) = (rows as usize, cols as usize);
+    let mut v = vec![0f32; rows * cols];
+    let rb = dtype.row_bytes(cols).unwrap_or(0);
+    for (r, row) in v.chunks_exact_mut(cols).enumerate() {
+        quant::dequantize_row(dtype, &bytes[r * rb..(r + 1) * rb], row);
+    }
+    Ok(Matrix::owned_f32(name, rows, cols, &v))
+}
+
+/// The projection of `model` whose weight is named `name`.
+fn find_linear<'m>(model: &'m Model, name: &str) -> Option<&'m Linear> {
+    model.linears().into_iter().find(|l| l.w.name == name)
+}
+
+impl Model {
+    /// Applies `adapter` unmerged: each targeted projection adds its low-rank update to its
+    /// output from now on (several adapters add up). The base weights are unchanged.
+    pub fn attach_lora(&mut self, adapter: &LoraAdapter) -> Result<()> {
+        adapter.check(self)?;
+        for (name, pair) in &adapter.targets {
+            for lin in self.linears_mut() {
+                if lin.w.name == *name {
+                    lin.lora.push(pair.clone());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Merges `adapter` into the weights: each targeted projection becomes
+    /// `W + s·B·A`, held in memory as f32 (quantize afterwards to store it narrower).
+    pub fn merge_lora(&mut self, adapter: &LoraAdapter) -> Result<()> {
+        adapter.check(self)?;
+        for (name, pair) in &adapter.targets {
+            let delta = pair.delta();
+            for lin in self.linears_mut() {
+                if lin.w.name == *name {
+                    let mut w = f32_values(&lin.w);
+                    for (wv, d) in w.iter_mut().zip(&delta) {
+                        *wv += d;
+                    }
+                    let bytes = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    lin.w.substitute(DType::F32, bytes);
+                }
+            }
+        }
+        Ok(())
+    }
+}
