@@ -8,6 +8,7 @@ mod convert;
 mod embed;
 mod imatrix;
 mod inspect;
+mod lora_args;
 mod perplexity;
 mod progress;
 mod run;

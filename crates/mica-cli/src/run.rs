@@ -6,6 +6,7 @@ use mica::engine::{GenerateParams, Hooks, LogitsProcessor, Proposer, Session};
 
 use crate::constraint_args::{self, ConstraintArgs};
 use crate::sampling_args::SamplingArgs;
+use crate::lora_args::LoraArgs;
 use crate::spec_args::SpecArgs;
 use mica::models::chat::ChatMessage;
 use mica::models::config::Numerics;
@@ -35,6 +36,8 @@ pub struct RunArgs {
     pub spec: SpecArgs,
     #[command(flatten)]
     pub constraint: ConstraintArgs,
+    #[command(flatten)]
+    pub lora: LoraArgs,
     /// Stop before this string (repeatable).
     #[arg(long = "stop")]
     pub stop: Vec<String>,
@@ -85,6 +88,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             repack: !args.no_repack,
         },
     )?;
+    args.lora.apply(&mut lm, args.json)?;
     let load_time = t0.elapsed();
     match args.kv_type.as_deref() {
         Some("f16") => lm.model.config.numerics = Numerics::LlamaCpp,

@@ -2,6 +2,7 @@
 //! runtime (the engines run on their own threads; tokio only does I/O). SIGTERM and SIGINT
 //! both start a graceful shutdown; the server's events are printed on stderr.
 
+use crate::lora_args::LoraArgs;
 use crate::spec_args::SpecArgs;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
@@ -103,6 +104,9 @@ pub struct ServeArgs {
     pub mem_limit: Option<String>,
     #[command(flatten)]
     pub spec: SpecArgs,
+    /// Adapters applied to the served model (one model: not with --models-dir).
+    #[command(flatten)]
+    pub lora: LoraArgs,
 }
 
 /// `512M`, `2G`, `1.5GiB`, `1048576` → bytes.
@@ -225,6 +229,9 @@ fn config(args: &ServeArgs) -> Result<ServerConfig> {
         shutdown_grace: parse_duration(&args.shutdown_grace).context("--shutdown-grace")?,
     };
     let preload = (models.len() == 1 && args.models_dir.is_none()).then(|| models[0].0.clone());
+    if !args.lora.lora.is_empty() && preload.is_none() {
+        bail!("--lora applies to one model: name it with -m (not with --models-dir)");
+    }
     Ok(ServerConfig {
         models,
         preload,
@@ -248,6 +255,7 @@ fn config(args: &ServeArgs) -> Result<ServerConfig> {
         max_loaded: args.max_loaded,
         repack: !args.no_repack,
         mem_limit,
+        lora: args.lora.lora.clone(),
     })
 }
 

@@ -25,5 +25,5 @@ pub use conversation::{Conversation, ConversationError};
 pub use error::{ModelError, Result};
 pub use kv_cache::{KvCache, SeqId};
 pub use loader::{ChatPromptError, LoadOptions, LoadedModel, open_tokenizer};
-pub use lora::LoraAdapter;
+pub use lora::{LoraAdapter, LoraSpec};
 pub use model::{Model, Output, Workspace};

@@ -12,6 +12,7 @@
 //! `fan_in_fan_out`, DoRA (`use_dora`), `modules_to_save`, targets that are not a separate
 //! projection in mica (fused projections, embeddings, experts).
 
+use crate::arch::to_gguf::permute_heads;
 use crate::arch::{by_gguf, by_hf};
 use crate::error::{ModelError, Result};
 use crate::model::Model;
@@ -188,6 +189,9 @@ impl LoraAdapter {
                 format!("no Hugging Face names known for '{}'", model.config.arch),
             )
         })?;
+        // A GGUF base of a family whose converter permutes the query and key rows (for
+        // adjacent-pair RoPE) has them permuted: so must the updates' output rows be.
+        let permute = model.file.is_some() && family.is_some_and(|f| f.gguf.permute_qk);
         let mut targets = Vec::new();
         for a in st
             .tensors()
@@ -211,19 +215,25 @@ impl LoraAdapter {
                         format!("targets '{hf}', which is not a projection mica knows"),
                     )
                 })?;
+            let b_name = format!("{canonical}.lora_b");
+            let mut b = f32_matrix(&st_path, b, st.tensor_data(b), &b_name)?;
+            let heads = match canonical.strip_suffix(".weight") {
+                Some(s) if s.ends_with(".attn_q") => model.config.n_head,
+                Some(s) if s.ends_with(".attn_k") => model.config.n_head_kv,
+                _ => 0,
+            };
+            if permute && heads > 0 {
+                let bytes: Vec<u8> = f32_values(&b).iter().flat_map(|v| v.to_le_bytes()).collect();
+                let v: Vec<f32> = permute_heads(&bytes, b.rows, heads)
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect();
+                b = Matrix::owned_f32(&b_name, b.rows, b.cols, &v);
+            }
+            let a_name = format!("{canonical}.lora_a");
             let pair = LoraPair {
-                a: f32_matrix(
-                    &st_path,
-                    a,
-                    st.tensor_data(a),
-                    &format!("{canonical}.lora_a"),
-                )?,
-                b: f32_matrix(
-                    &st_path,
-                    b,
-                    st.tensor_data(b),
-                    &format!("{canonical}.lora_b"),
-                )?,
+                a: f32_matrix(&st_path, a, st.tensor_data(a), &a_name)?,
+                b,
                 scale,
             };
             targets.push((canonical, Arc::new(pair)));
@@ -397,5 +407,68 @@ impl Model {
             }
         }
         Ok(())
+    }
+}
+
+/// An adapter as a user names it: `PATH[:SCALE]` (scale 1 when absent).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoraSpec {
+    pub path: PathBuf,
+    pub scale: f32,
+}
+
+impl std::str::FromStr for LoraSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<LoraSpec, String> {
+        if s.is_empty() {
+            return Err("an empty adapter path".into());
+        }
+        // A trailing `:SCALE` when it parses as a number (paths may hold colons).
+        if let Some((p, sc)) = s.rsplit_once(':')
+            && let Ok(scale) = sc.parse::<f32>()
+        {
+            if !scale.is_finite() {
+                return Err(format!("scale '{sc}' is not a finite number"));
+            }
+            if p.is_empty() {
+                return Err("an empty adapter path".into());
+            }
+            return Ok(LoraSpec {
+                path: p.into(),
+                scale,
+            });
+        }
+        Ok(LoraSpec {
+            path: s.into(),
+            scale: 1.0,
+        })
+    }
+}
+
+impl crate::LoadedModel {
+    /// Opens `spec`'s adapter for this model and applies it unmerged; returns it (for its
+    /// rank and targets).
+    pub fn attach_lora(&mut self, spec: &LoraSpec) -> Result<LoraAdapter> {
+        let adapter = LoraAdapter::open(&spec.path, &self.model, spec.scale)?;
+        self.model.attach_lora(&adapter)?;
+        Ok(adapter)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_parse_with_and_without_a_scale() {
+        let p = |s: &str| s.parse::<LoraSpec>();
+        assert_eq!(p("a/b").unwrap(), LoraSpec { path: "a/b".into(), scale: 1.0 });
+        assert_eq!(p("a/b:0.5").unwrap(), LoraSpec { path: "a/b".into(), scale: 0.5 });
+        assert_eq!(p("c:/x:2").unwrap(), LoraSpec { path: "c:/x".into(), scale: 2.0 });
+        assert_eq!(p("x:y").unwrap(), LoraSpec { path: "x:y".into(), scale: 1.0 });
+        assert!(p("").is_err());
+        assert!(p(":1").is_err());
+        assert!(p("a:inf").is_err());
     }
 }

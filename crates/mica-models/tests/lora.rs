@@ -125,3 +125,19 @@ fn mismatched_or_unsupported_adapters_are_refused() {
     let missing = LoraAdapter::open(&lora_dir("nope"), &llama, 1.0);
     assert!(missing.is_err());
 }
+
+/// The PEFT adapter on the base as llama.cpp's converter wrote it (GGUF, f32, query and key
+/// rows permuted for adjacent-pair RoPE): the updates of q and k are permuted alike.
+#[test]
+fn peft_lora_on_a_gguf_base_matches_transformers() {
+    let d = lora_dir("llama");
+    let (exp, want) = expected(&d);
+    let gguf = dir("llama").join("model-f32.gguf");
+    let file = std::sync::Arc::new(mica_formats::GgufFile::open(&gguf).unwrap());
+    let mut model = mica_models::arch::load_gguf(file).unwrap();
+    let adapter = LoraAdapter::open(&d, &model, 1.0).unwrap();
+    model.attach_lora(&adapter).unwrap();
+    let mut exp = exp;
+    exp["architecture"] = model.config.arch.clone().into();
+    check_model("llama gguf+lora", &model, &exp, &want);
+}

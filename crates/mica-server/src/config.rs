@@ -112,6 +112,9 @@ pub struct ServerConfig {
     /// model applies to every model served, and one whose vocabulary differs is refused at
     /// load.
     pub spec: SpecConfig,
+    /// LoRA adapters applied unmerged to every model loaded (an adapter that does not fit
+    /// a model fails that model's load, naming the adapter).
+    pub lora: Vec<mica::models::LoraSpec>,
 }
 
 impl ServerConfig {
@@ -131,6 +134,7 @@ impl ServerConfig {
             repack: true,
             mem_limit: None,
             spec: SpecConfig::default(),
+            lora: Vec::new(),
         }
     }
 

@@ -192,6 +192,10 @@ fn start(
     path: PathBuf,
     mut lm: LoadedModel,
 ) -> Result<Loaded, String> {
+    for spec in &cfg.lora {
+        lm.attach_lora(spec)
+            .map_err(|e| format!("LoRA adapter {}: {e}", spec.path.display()))?;
+    }
     if cfg.repack {
         lm.model.repack();
     }

@@ -20,6 +20,7 @@ use mica::models::{LoadOptions, LoadedModel};
 
 use crate::constraint_args::{self, ConstraintArgs};
 use crate::sampling_args::SamplingArgs;
+use crate::lora_args::LoraArgs;
 use crate::spec_args::SpecArgs;
 use crate::store;
 use commands::Settings;
@@ -43,6 +44,9 @@ pub struct ChatArgs {
     /// Every answer is constrained (checked when the model loads, before any answer).
     #[command(flatten)]
     pub constraint: ConstraintArgs,
+    /// Adapters for the model named by `-m` (not applied to models switched to later).
+    #[command(flatten)]
+    pub lora: LoraArgs,
     /// Most tokens per answer.
     #[arg(short = 'n', long = "tokens", default_value_t = 1024)]
     pub tokens: usize,
@@ -97,7 +101,9 @@ pub fn chat(args: ChatArgs) -> Result<()> {
         };
         Ok(Loaded { lm, grammar })
     };
-    let mut current = (constrained(load(&path, opts)?)?, path, name);
+    let mut first = load(&path, opts)?;
+    args.lora.apply(&mut first, false)?;
+    let mut current = (constrained(first)?, path, name);
     loop {
         let (loaded, path, name) = &current;
         let outcome = session_loop(loaded, path, name, &args, &mut state, &mut input);
@@ -105,7 +111,12 @@ pub fn chat(args: ChatArgs) -> Result<()> {
             Outcome::Quit => return Ok(()),
             Outcome::Switch(new_path, new_name) => {
                 match load(&new_path, opts).and_then(constrained) {
-                    Ok(l) => current = (l, new_path, new_name),
+                    Ok(l) => {
+                        if !args.lora.lora.is_empty() {
+                            eprintln!("note: the LoRA adapters stay with {name}");
+                        }
+                        current = (l, new_path, new_name)
+                    }
                     Err(e) => eprintln!("error: {e:#}; staying with {name}"),
                 }
             }
