@@ -141,3 +141,57 @@ fn peft_lora_on_a_gguf_base_matches_transformers() {
     exp["architecture"] = model.config.arch.clone().into();
     check_model("llama gguf+lora", &model, &exp, &want);
 }
+
+/// mica's greedy continuation of `prompt` (one token at a time).
+fn greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
+    let pool = ThreadPool::new(2);
+    let mut kv = KvCache::new(&model.config, 64, 1);
+    let mut ws = Workspace::default();
+    let mut logits = model
+        .forward(&pool, &Batch::for_sequence(prompt, 0, 0, false), &mut kv, &mut ws)
+        .unwrap()
+        .to_vec();
+    let mut out = Vec::new();
+    for i in 0..n {
+        let t = argmax(&logits);
+        out.push(t);
+        logits = model
+            .forward(
+                &pool,
+                &Batch::for_sequence(&[t], prompt.len() + i, 0, true),
+                &mut kv,
+                &mut ws,
+            )
+            .unwrap()
+            .to_vec();
+    }
+    out
+}
+
+/// llama.cpp's own LoRA file (its converter's output for the PEFT adapter) on a base
+/// quantized to Q8_0 by llama.cpp gives llama.cpp's greedy tokens with that adapter; so
+/// does the PEFT folder itself on the same base.
+#[test]
+fn gguf_lora_on_a_q8_0_base_matches_llama_cpp() {
+    let d = lora_dir("llama");
+    let refs: Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("llama_cpp.json")).unwrap()).unwrap();
+    let (prompt, want) = (ids(&refs["prompt"]), ids(&refs["tokens"]));
+    let base = || {
+        let file = mica_formats::GgufFile::open(d.join("base.q8_0.gguf")).unwrap();
+        mica_models::arch::load_gguf(std::sync::Arc::new(file)).unwrap()
+    };
+    let plain = base();
+    assert_eq!(
+        greedy(&plain, &prompt, want.len()),
+        ids(&refs["tokens_without_lora"]),
+        "base without adapter"
+    );
+    for src in [d.join("adapter-f32.gguf"), d.clone()] {
+        let mut model = base();
+        let adapter = LoraAdapter::open(&src, &model, 1.0).unwrap();
+        assert_eq!(adapter.targets.len(), 14, "{}", src.display());
+        model.attach_lora(&adapter).unwrap();
+        assert_eq!(greedy(&model, &prompt, want.len()), want, "{}", src.display());
+    }
+}
