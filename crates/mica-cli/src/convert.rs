@@ -52,6 +52,12 @@ pub struct ConvertArgs {
     /// Use at most this many windows of the --calibrate text.
     #[arg(long, value_name = "N")]
     pub calibrate_chunks: Option<usize>,
+    /// LoRA adapter merged into the weights before converting, at an optional scale
+    /// (default 1): a PEFT folder or a GGUF LoRA file (repeatable; the updates add up). The
+    /// merged tensors are quantized after merging, to their own type unless --type or
+    /// --tensor-type say otherwise.
+    #[arg(long = "lora", value_name = "PATH[:SCALE]")]
+    pub lora: Vec<mica::models::LoraSpec>,
     /// Threads for quantization (default: all cores).
     #[arg(short, long)]
     pub threads: Option<usize>,
@@ -116,6 +122,7 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
         threads: args
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        lora: args.lora.clone(),
     };
     let mut progress = Progress::new(args.quiet);
     let report = mica::quant::convert(&args.src, &args.output, &opts, &mut |e| progress.handle(e))?;

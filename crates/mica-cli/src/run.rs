@@ -5,8 +5,8 @@ use clap::Args;
 use mica::engine::{GenerateParams, Hooks, LogitsProcessor, Proposer, Session};
 
 use crate::constraint_args::{self, ConstraintArgs};
-use crate::sampling_args::SamplingArgs;
 use crate::lora_args::LoraArgs;
+use crate::sampling_args::SamplingArgs;
 use crate::spec_args::SpecArgs;
 use mica::models::chat::ChatMessage;
 use mica::models::config::Numerics;

@@ -106,6 +106,21 @@ impl LoraAdapter {
     /// `adapter_model.safetensors`), or a llama.cpp GGUF LoRA. `scale` multiplies the
     /// adapter's own scale. Shapes are checked against the model's projections.
     pub fn open(path: &Path, model: &Model, scale: f32) -> Result<LoraAdapter> {
+        Self::open_in_layout(path, model, scale, model.file.is_some())
+    }
+
+    /// [`LoraAdapter::open`] for weights in llama.cpp's GGUF layout (`gguf_layout`: query
+    /// and key rows permuted where the family's converter permutes them, as in a GGUF
+    /// file) or in the checkpoint's (a Hugging Face folder as transformers stores it).
+    pub fn open_in_layout(
+        path: &Path,
+        model: &Model,
+        scale: f32,
+        gguf_layout: bool,
+    ) -> Result<LoraAdapter> {
+        if !path.exists() {
+            return Err(err(path, "path", "no such adapter file or folder"));
+        }
         let is_gguf = path.extension().is_some_and(|e| e == "gguf");
         let adapter = if is_gguf {
             Self::open_gguf(path, scale)?
@@ -115,13 +130,18 @@ impl LoraAdapter {
             } else {
                 path.parent().map(Path::to_path_buf).unwrap_or_default()
             };
-            Self::open_peft(&dir, model, scale)?
+            Self::open_peft(&dir, model, scale, gguf_layout)?
         };
         adapter.check(model)?;
         Ok(adapter)
     }
 
-    fn open_peft(dir: &Path, model: &Model, user_scale: f32) -> Result<LoraAdapter> {
+    fn open_peft(
+        dir: &Path,
+        model: &Model,
+        user_scale: f32,
+        gguf_layout: bool,
+    ) -> Result<LoraAdapter> {
         let cfg_path = dir.join("adapter_config.json");
         let text = std::fs::read_to_string(&cfg_path).map_err(|e| {
             err(
@@ -191,7 +211,7 @@ impl LoraAdapter {
         })?;
         // A GGUF base of a family whose converter permutes the query and key rows (for
         // adjacent-pair RoPE) has them permuted: so must the updates' output rows be.
-        let permute = model.file.is_some() && family.is_some_and(|f| f.gguf.permute_qk);
+        let permute = gguf_layout && family.is_some_and(|f| f.gguf.permute_qk);
         let mut targets = Vec::new();
         for a in st
             .tensors()
@@ -222,8 +242,13 @@ impl LoraAdapter {
                 Some(s) if s.ends_with(".attn_k") => model.config.n_head_kv,
                 _ => 0,
             };
-            if permute && heads > 0 {
-                let bytes: Vec<u8> = f32_values(&b).iter().flat_map(|v| v.to_le_bytes()).collect();
+            // (Shapes that do not fit the model are reported by `check`, after loading.)
+            let fits = find_linear(model, &canonical).is_some_and(|l| l.w.rows == b.rows);
+            if permute && heads > 0 && fits && b.rows.is_multiple_of(2 * heads) {
+                let bytes: Vec<u8> = f32_values(&b)
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect();
                 let v: Vec<f32> = permute_heads(&bytes, b.rows, heads)
                     .chunks_exact(4)
                     .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -463,10 +488,34 @@ mod tests {
     #[test]
     fn specs_parse_with_and_without_a_scale() {
         let p = |s: &str| s.parse::<LoraSpec>();
-        assert_eq!(p("a/b").unwrap(), LoraSpec { path: "a/b".into(), scale: 1.0 });
-        assert_eq!(p("a/b:0.5").unwrap(), LoraSpec { path: "a/b".into(), scale: 0.5 });
-        assert_eq!(p("c:/x:2").unwrap(), LoraSpec { path: "c:/x".into(), scale: 2.0 });
-        assert_eq!(p("x:y").unwrap(), LoraSpec { path: "x:y".into(), scale: 1.0 });
+        assert_eq!(
+            p("a/b").unwrap(),
+            LoraSpec {
+                path: "a/b".into(),
+                scale: 1.0
+            }
+        );
+        assert_eq!(
+            p("a/b:0.5").unwrap(),
+            LoraSpec {
+                path: "a/b".into(),
+                scale: 0.5
+            }
+        );
+        assert_eq!(
+            p("c:/x:2").unwrap(),
+            LoraSpec {
+                path: "c:/x".into(),
+                scale: 2.0
+            }
+        );
+        assert_eq!(
+            p("x:y").unwrap(),
+            LoraSpec {
+                path: "x:y".into(),
+                scale: 1.0
+            }
+        );
         assert!(p("").is_err());
         assert!(p(":1").is_err());
         assert!(p("a:inf").is_err());

@@ -122,8 +122,29 @@ fn mismatched_or_unsupported_adapters_are_refused() {
     let e = err_of(&llama);
     assert!(e.contains("adapter_config.json"), "{e}");
     std::fs::remove_dir_all(&tmp).unwrap();
-    let missing = LoraAdapter::open(&lora_dir("nope"), &llama, 1.0);
-    assert!(missing.is_err());
+    let e = LoraAdapter::open(&lora_dir("nope"), &llama, 1.0)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("no such adapter"), "{e}");
+    // A GGUF base whose q/k rows are permuted and whose heads differ (SmolLM2: 9 heads of
+    // 64): a shape error, not a failed permutation.
+    let dir = std::env::var_os("MICA_TEST_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"));
+    let smol = dir.join("smollm2-135m-instruct-q4_1.gguf");
+    assert!(
+        smol.is_file(),
+        "{} is missing: run scripts/fetch-test-models",
+        smol.display()
+    );
+    let file = mica_formats::GgufFile::open(&smol).unwrap();
+    let smol = mica_models::arch::load_gguf(std::sync::Arc::new(file)).unwrap();
+    let e = LoraAdapter::open(&lora_dir("llama"), &smol, 1.0)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("shape"), "{e}");
 }
 
 /// The PEFT adapter on the base as llama.cpp's converter wrote it (GGUF, f32, query and key
@@ -148,7 +169,12 @@ fn greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
     let mut kv = KvCache::new(&model.config, 64, 1);
     let mut ws = Workspace::default();
     let mut logits = model
-        .forward(&pool, &Batch::for_sequence(prompt, 0, 0, false), &mut kv, &mut ws)
+        .forward(
+            &pool,
+            &Batch::for_sequence(prompt, 0, 0, false),
+            &mut kv,
+            &mut ws,
+        )
         .unwrap()
         .to_vec();
     let mut out = Vec::new();
@@ -192,6 +218,11 @@ fn gguf_lora_on_a_q8_0_base_matches_llama_cpp() {
         let adapter = LoraAdapter::open(&src, &model, 1.0).unwrap();
         assert_eq!(adapter.targets.len(), 14, "{}", src.display());
         model.attach_lora(&adapter).unwrap();
-        assert_eq!(greedy(&model, &prompt, want.len()), want, "{}", src.display());
+        assert_eq!(
+            greedy(&model, &prompt, want.len()),
+            want,
+            "{}",
+            src.display()
+        );
     }
 }

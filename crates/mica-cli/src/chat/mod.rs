@@ -19,8 +19,8 @@ use mica::engine::Session;
 use mica::models::{LoadOptions, LoadedModel};
 
 use crate::constraint_args::{self, ConstraintArgs};
-use crate::sampling_args::SamplingArgs;
 use crate::lora_args::LoraArgs;
+use crate::sampling_args::SamplingArgs;
 use crate::spec_args::SpecArgs;
 use crate::store;
 use commands::Settings;

@@ -17,6 +17,7 @@ pub mod gptq;
 pub mod gptq_grid;
 pub mod hf;
 pub mod kl;
+pub mod lora;
 pub mod mix;
 pub mod overrides;
 pub mod rules;
@@ -61,6 +62,9 @@ pub struct ConvertOptions {
     pub importance: Importance,
     /// Threads for quantization (0 counts as 1).
     pub threads: usize,
+    /// LoRA adapters merged into the weights before conversion ([`lora`]); the merged
+    /// tensors keep their stored type unless the options give them another.
+    pub lora: Vec<mica_models::lora::LoraSpec>,
 }
 
 /// The importance information of a conversion.
@@ -220,9 +224,7 @@ fn now_unix() -> u64 {
 /// The output metadata: the source's, with the file type updated.
 fn out_metadata(src: &Source, ft: Option<FileType>, any_quant: bool) -> Vec<(String, MetaValue)> {
     let mut md: Vec<(String, MetaValue)> = src.metadata().to_vec();
-    if ft.is_none()
-        && let Source::Hf(_) = src
-    {
+    if ft.is_none() && src.is_hf() {
         // A copy of a folder: the file type of its matrices (llama_ftype ids).
         let ty = src
             .tensors()
@@ -331,10 +333,18 @@ pub fn convert(
     if output.exists() && same_file(src_path, output) {
         return Err(QuantError::OverwritesSource);
     }
-    let src = Source::open(src_path, on_event)?;
+    let mut src = Source::open(src_path, on_event)?;
+    let merged = lora::merge(&mut src, src_path, &opts.lora)?;
+    let src = src;
     let has_imatrix = !matches!(opts.importance, Importance::None);
     let mut planned = plan(&src, ft, has_imatrix)?;
     let fixed = overrides::apply(&opts.tensor_types, &mut planned)?;
+    if ft.is_none() {
+        // Quantized after merging: back to the type the tensor had.
+        for &(i, ty) in merged.iter().filter(|(i, _)| !fixed.contains(i)) {
+            planned[i].target = ty;
+        }
+    }
     let threads = opts.threads.max(1);
     let prepared = prepare_importance(src_path, opts, ft, threads, on_event)?;
     let imatrix = prepared.imatrix.as_deref();
