@@ -6,7 +6,8 @@
 //!
 //! The scale `s` is PEFT's: `lora_alpha / r` (`lora_alpha / √r` with rsLoRA), times the
 //! user's scale; llama.cpp's GGUF files carry `adapter.lora.alpha` and the rank is read from
-//! the tensors. Adapters are held in f32 (they are small: `r·(in + out)` per projection).
+//! the tensors. Adapter matrices stored in f16 stay f16 (their products convert the
+//! activations to f16, as ggml's do); f32 and bf16 ones are held in f32.
 //!
 //! Not supported, refused naming what: PEFT biases (`bias` other than `none`),
 //! `fan_in_fan_out`, DoRA (`use_dora`), `modules_to_save`, targets that are not a separate
@@ -26,9 +27,9 @@ use std::sync::Arc;
 
 /// The low-rank update of one projection: `out += scale · B (A x)`.
 pub struct LoraPair {
-    /// `[r × in]` f32
+    /// `[r × in]`, f32 or f16
     pub a: Matrix,
-    /// `[out × r]` f32
+    /// `[out × r]`, f32 or f16
     pub b: Matrix,
     /// The adapter's scale (`alpha / r`, or `alpha / √r` with rsLoRA) times the user's.
     pub scale: f32,
@@ -39,10 +40,10 @@ impl LoraPair {
     pub fn add(&self, pool: &ThreadPool, x: &[f32], n: usize, out: &mut [f32]) {
         let r = self.a.rows;
         let mut q = QActs::new();
-        q.quantize(pool, DType::F32, x, n, self.a.cols);
+        q.quantize(pool, self.a.dtype.vec_dot_type(), x, n, self.a.cols);
         let mut mid = vec![0f32; n * r];
         matmul(pool, &self.a.view(), &q, &mut mid);
-        q.quantize(pool, DType::F32, &mid, n, r);
+        q.quantize(pool, self.b.dtype.vec_dot_type(), &mid, n, r);
         let mut delta = vec![0f32; n * self.b.rows];
         matmul(pool, &self.b.view(), &q, &mut delta);
         for (o, d) in out.iter_mut().zip(&delta) {
@@ -236,7 +237,7 @@ impl LoraAdapter {
                     )
                 })?;
             let b_name = format!("{canonical}.lora_b");
-            let mut b = f32_matrix(&st_path, b, st.tensor_data(b), &b_name)?;
+            let mut b = adapter_matrix(&st_path, b, st.tensor_data(b), &b_name)?;
             let heads = match canonical.strip_suffix(".weight") {
                 Some(s) if s.ends_with(".attn_q") => model.config.n_head,
                 Some(s) if s.ends_with(".attn_k") => model.config.n_head_kv,
@@ -245,19 +246,12 @@ impl LoraAdapter {
             // (Shapes that do not fit the model are reported by `check`, after loading.)
             let fits = find_linear(model, &canonical).is_some_and(|l| l.w.rows == b.rows);
             if permute && heads > 0 && fits && b.rows.is_multiple_of(2 * heads) {
-                let bytes: Vec<u8> = f32_values(&b)
-                    .iter()
-                    .flat_map(|v| v.to_le_bytes())
-                    .collect();
-                let v: Vec<f32> = permute_heads(&bytes, b.rows, heads)
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect();
-                b = Matrix::owned_f32(&b_name, b.rows, b.cols, &v);
+                let rows = permute_heads(b.view().data, b.rows, heads);
+                b = Matrix::owned(&b_name, b.dtype, b.rows, b.cols, rows);
             }
             let a_name = format!("{canonical}.lora_a");
             let pair = LoraPair {
-                a: f32_matrix(&st_path, a, st.tensor_data(a), &a_name)?,
+                a: adapter_matrix(&st_path, a, st.tensor_data(a), &a_name)?,
                 b,
                 scale,
             };
@@ -315,8 +309,8 @@ impl LoraAdapter {
                 .ok_or_else(|| {
                     tensor_err(path, &b_name, "missing: every lora_a needs its lora_b")
                 })?;
-            let a_m = f32_matrix(path, a, file.tensor_data(a), &a.name)?;
-            let b_m = f32_matrix(path, b, file.tensor_data(b), &b.name)?;
+            let a_m = adapter_matrix(path, a, file.tensor_data(a), &a.name)?;
+            let b_m = adapter_matrix(path, b, file.tensor_data(b), &b.name)?;
             let r = a_m.rows;
             rank = rank.max(r);
             // llama.cpp: alpha / rank, or 1 without an alpha.
@@ -370,8 +364,10 @@ impl LoraAdapter {
     }
 }
 
-/// A 2-D f32/f16/bf16 tensor as an owned f32 matrix (`[shape[1] × shape[0]]`).
-fn f32_matrix(path: &Path, t: &TensorInfo, bytes: &[u8], name: &str) -> Result<Matrix> {
+/// A 2-D f32/f16/bf16 tensor as an owned matrix (`[shape[1] × shape[0]]`): f16 kept as it
+/// is (half the memory and bandwidth, as llama.cpp's converter writes adapters by default),
+/// f32 and bf16 as f32.
+fn adapter_matrix(path: &Path, t: &TensorInfo, bytes: &[u8], name: &str) -> Result<Matrix> {
     let dtype = t
         .dtype()
         .filter(|d| matches!(d, DType::F32 | DType::F16 | DType::BF16));
@@ -386,6 +382,9 @@ fn f32_matrix(path: &Path, t: &TensorInfo, bytes: &[u8], name: &str) -> Result<M
         ));
     };
     let (rows, cols) = (rows as usize, cols as usize);
+    if dtype == DType::F16 {
+        return Ok(Matrix::owned(name, dtype, rows, cols, bytes.to_vec()));
+    }
     let mut v = vec![0f32; rows * cols];
     let rb = dtype.row_bytes(cols).unwrap_or(0);
     for (r, row) in v.chunks_exact_mut(cols).enumerate() {

@@ -139,10 +139,16 @@ impl Matrix {
     pub fn owned_f32(name: &str, rows: usize, cols: usize, values: &[f32]) -> Matrix {
         assert_eq!(values.len(), rows * cols);
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Matrix::owned(name, DType::F32, rows, cols, bytes)
+    }
+
+    /// A matrix over owned bytes of `dtype` (`rows` rows of `cols` elements).
+    pub fn owned(name: &str, dtype: DType, rows: usize, cols: usize, bytes: Vec<u8>) -> Matrix {
+        assert_eq!(Some(bytes.len()), dtype.row_bytes(cols).map(|r| r * rows));
         Matrix {
             name: name.to_string(),
             extra_paths: true,
-            dtype: DType::F32,
+            dtype,
             rows,
             cols,
             data: TensorData {

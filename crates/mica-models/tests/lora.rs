@@ -194,9 +194,9 @@ fn greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
     out
 }
 
-/// llama.cpp's own LoRA file (its converter's output for the PEFT adapter) on a base
-/// quantized to Q8_0 by llama.cpp gives llama.cpp's greedy tokens with that adapter; so
-/// does the PEFT folder itself on the same base.
+/// llama.cpp's own LoRA files (its converter's output for the PEFT adapter, f32 and f16) on
+/// a base quantized to Q8_0 by llama.cpp give llama.cpp's greedy tokens with each; so does
+/// the PEFT folder itself (f32) on the same base.
 #[test]
 fn gguf_lora_on_a_q8_0_base_matches_llama_cpp() {
     let d = lora_dir("llama");
@@ -213,16 +213,20 @@ fn gguf_lora_on_a_q8_0_base_matches_llama_cpp() {
         ids(&refs["tokens_without_lora"]),
         "base without adapter"
     );
-    for src in [d.join("adapter-f32.gguf"), d.clone()] {
+    // The f16 file (llama.cpp's converter's default type) takes its own path: its products
+    // round the activations to f16, in mica as in ggml.
+    let want_f16 = ids(&refs["tokens_f16_adapter"]);
+    assert_ne!(want_f16, want);
+    for (src, want) in [
+        (d.join("adapter-f32.gguf"), &want),
+        (d.clone(), &want),
+        (d.join("adapter-f16.gguf"), &want_f16),
+    ] {
         let mut model = base();
         let adapter = LoraAdapter::open(&src, &model, 1.0).unwrap();
         assert_eq!(adapter.targets.len(), 14, "{}", src.display());
         model.attach_lora(&adapter).unwrap();
-        assert_eq!(
-            greedy(&model, &prompt, want.len()),
-            want,
-            "{}",
-            src.display()
-        );
+        let got = greedy(&model, &prompt, want.len());
+        assert_eq!(&got, want, "{}", src.display());
     }
 }
