@@ -44,9 +44,9 @@ def gguf_string(s):
     return struct.pack("<Q", len(b)) + b
 
 
-def write_lora(path, arch, targets, r, rng, dtype):
+def write_lora(path, arch, targets, r, rng, dtype, std=0.02):
     """A GGUF v3 LoRA file: A `[in, r]` and B `[r, out]` per target (ggml order), in
-    `dtype` (f16 or f32)."""
+    `dtype` (f16 or f32), values drawn from N(0, std)."""
     ty, size, fmt = {"f32": (0, 4, "f"), "f16": (1, 2, "e")}[dtype]
     kv = [("general.architecture", 8, gguf_string(arch)),
           ("general.type", 8, gguf_string("adapter")),
@@ -71,7 +71,7 @@ def write_lora(path, arch, targets, r, rng, dtype):
         f.write(blob)
         for _, (d0, d1) in tensors:
             n = d0 * d1
-            f.write(struct.pack(f"<{n}{fmt}", *(rng.gauss(0.0, 0.02) for _ in range(n))))
+            f.write(struct.pack(f"<{n}{fmt}", *(rng.gauss(0.0, std) for _ in range(n))))
             f.write(b"\0" * ((-size * n) % 32))
 
 

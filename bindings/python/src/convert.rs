@@ -39,7 +39,7 @@ enum Report {
 #[pyo3(signature = (
     src, dst, *, r#type=None, mix=None, tensor_types=Vec::new(), imatrix=None,
     calibrate=None, calibrate_ctx=512, calibrate_chunks=None, gptq=false, threads=None,
-    progress=None
+    progress=None, lora=Vec::new()
 ))]
 pub fn convert<'py>(
     py: Python<'py>,
@@ -55,6 +55,7 @@ pub fn convert<'py>(
     gptq: bool,
     threads: Option<usize>,
     progress: Option<Py<PyAny>>,
+    lora: Vec<(PathBuf, f32)>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let file_type = match &r#type {
         None => None,
@@ -102,6 +103,10 @@ pub fn convert<'py>(
         importance,
         threads: threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        lora: lora
+            .into_iter()
+            .map(|(path, scale)| mica::models::LoraSpec { path, scale })
+            .collect(),
     };
     let (result, notices) = py.detach(|| {
         let mut notices: Vec<(String, bool)> = Vec::new();

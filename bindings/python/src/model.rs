@@ -52,7 +52,7 @@ impl NativeModel {
     /// Opens the model at `path` (a GGUF or `.mica` file or a Hugging Face folder; store
     /// names are resolved by `mica.Model` before this).
     #[new]
-    #[pyo3(signature = (path, *, n_ctx=None, n_threads=None, kv_mem=None, max_waiting=None, prefix_caching=true, repack=true))]
+    #[pyo3(signature = (path, *, n_ctx=None, n_threads=None, kv_mem=None, max_waiting=None, prefix_caching=true, repack=true, lora=Vec::new()))]
     fn new(
         py: Python<'_>,
         path: std::path::PathBuf,
@@ -62,6 +62,7 @@ impl NativeModel {
         max_waiting: Option<usize>,
         prefix_caching: bool,
         repack: bool,
+        lora: Vec<(std::path::PathBuf, f32)>,
     ) -> PyResult<NativeModel> {
         if n_threads == Some(0) {
             return Err(crate::errors::raise(
@@ -77,8 +78,12 @@ impl NativeModel {
                 &[("param", Some("n_ctx".into()))],
             ));
         }
+        let lora = lora
+            .into_iter()
+            .map(|(path, scale)| mica::models::LoraSpec { path, scale })
+            .collect();
         let model = py
-            .detach(|| Model::open_with(&path, ModelOptions { repack }))
+            .detach(|| Model::open_with(&path, ModelOptions { repack, lora }))
             .py_err()?;
         let mut engine_opts = EngineOptions {
             n_ctx,

@@ -113,6 +113,7 @@ impl Progress for ProgressSink {
 fn open(path_or_name: &str, opts: &MicaModelOptions) -> Result<Model> {
     let model_opts = ModelOptions {
         repack: opts.repack,
+        ..ModelOptions::default()
     };
     // SAFETY: the options' strings are NULL or NUL-terminated (mica_model_open's contract).
     let store_dir = unsafe { opt_str_arg(opts.store_dir, "options->store_dir") }?;

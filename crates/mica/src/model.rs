@@ -8,7 +8,7 @@ use mica_grammar::tools::ToolFormat;
 use mica_grammar::{CompiledGrammar, Constraint, GrammarCompiler};
 use mica_hub::{Hub, Progress, Store};
 use mica_models::chat::ChatMessage;
-use mica_models::{LoadOptions, LoadedModel};
+use mica_models::{LoadOptions, LoadedModel, LoraSpec};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
@@ -17,17 +17,23 @@ use std::sync::{Arc, OnceLock};
 pub const DEFAULT_MAX_CTX: usize = 4096;
 
 /// How to open a model.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct ModelOptions {
     /// Repack the weights into this CPU's packed layouts at load: faster matrix products
     /// with bit-identical results, at the cost of reading the whole file up front. Turn it
     /// off to only inspect a model.
     pub repack: bool,
+    /// LoRA adapters applied unmerged (PEFT folders or GGUF LoRA files, each at a scale;
+    /// see [`mica_models::lora`]). An adapter that does not fit the model is an error.
+    pub lora: Vec<LoraSpec>,
 }
 
 impl Default for ModelOptions {
     fn default() -> Self {
-        ModelOptions { repack: true }
+        ModelOptions {
+            repack: true,
+            lora: Vec::new(),
+        }
     }
 }
 
@@ -50,12 +56,15 @@ impl Model {
     /// [`Model::open`] with options.
     pub fn open_with(path: impl AsRef<Path>, opts: ModelOptions) -> Result<Model> {
         let path = path.as_ref();
-        let lm = LoadedModel::open_with(
+        let mut lm = LoadedModel::open_with(
             path,
             LoadOptions {
                 repack: opts.repack,
             },
         )?;
+        for spec in &opts.lora {
+            lm.attach_lora(spec)?;
+        }
         Ok(Model {
             lm: Arc::new(lm),
             path: path.to_path_buf(),

@@ -20,7 +20,7 @@ Errors are :class:`MicaError` subclasses (``mica.InvalidParameter`` is also a
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, Iterable, List, Optional, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 from . import _mica
 from ._errors import (
@@ -84,12 +84,14 @@ def convert(
     gptq: bool = False,
     threads: Optional[int] = None,
     progress: Optional[Callable[[Dict[str, Any]], None]] = None,
+    lora: Iterable[Union[PathLike, Tuple[PathLike, float]]] = (),
 ) -> Dict[str, Any]:
     """Converts a GGUF file, ``.mica`` file or Hugging Face folder into GGUF or ``.mica``
     (by ``dst``'s extension), as ``mica convert`` does: ``type`` quantizes with llama.cpp's
     per-tensor rules (``"q4_k"``, ``"q8_0"``, ...), ``mix`` picks a type per tensor for an
     average bits per weight, ``tensor_types`` are ``"REGEX=TYPE"`` overrides, ``imatrix`` /
-    ``calibrate`` weigh the quantization error (``gptq`` compensates it). Returns the
+    ``calibrate`` weigh the quantization error (``gptq`` compensates it), ``lora`` merges
+    adapters (paths or ``(path, scale)`` pairs) before quantizing. Returns the
     report (``tensors``, ``converted``, ``bytes_written``, ``bits_per_weight``,
     ``notices``, ...). ``progress`` receives ``{"type": "start", "task", "total"}``,
     ``{"type": "item", "name"}``, ``{"type": "advance", "n"}``, ``{"type": "finish"}`` and
@@ -107,6 +109,8 @@ def convert(
         gptq=gptq,
         threads=threads,
         progress=progress,
+        lora=[(os.fspath(a[0]), float(a[1])) if isinstance(a, tuple) else (os.fspath(a), 1.0)
+              for a in lora],
     )
 
 

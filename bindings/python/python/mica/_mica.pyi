@@ -37,6 +37,7 @@ class NativeModel:
         max_waiting: Optional[int] = None,
         prefix_caching: bool = True,
         repack: bool = True,
+        lora: Sequence[Tuple[Path, float]] = (),
     ) -> None: ...
     @property
     def path(self) -> pathlib.Path: ...
@@ -156,4 +157,5 @@ def convert(
     gptq: bool = False,
     threads: Optional[int] = None,
     progress: Optional[Progress] = None,
+    lora: Sequence[Tuple[Path, float]] = (),
 ) -> Dict[str, Any]: ...

@@ -196,6 +196,10 @@ class Model:
     most 4096); ``n_threads`` the compute threads (default: physical cores); ``kv_mem`` the
     bytes of the paged KV cache shared by concurrent requests (default 512 MiB).
 
+    ``lora`` applies LoRA adapters unmerged, each a path (a PEFT folder or a GGUF LoRA file)
+    or a ``(path, scale)`` pair; several add up. An adapter that does not fit the model
+    raises ``mica.MicaError`` naming it.
+
     One ``Model`` can be used from several threads at once: every generation goes through
     one engine that batches concurrent requests, and all computing happens with the GIL
     released.
@@ -213,8 +217,15 @@ class Model:
         models_dir: Optional[Union[str, "os.PathLike[str]"]] = None,
         progress: Optional[Progress] = None,
         name: Optional[str] = None,
+        lora: Sequence[Union[str, "os.PathLike[str]", Tuple[Union[str, "os.PathLike[str]"], float]]] = (),
     ) -> None:
         arg = None if name_or_path is None else os.fspath(name_or_path)
+        adapters = []
+        for a in lora:
+            if isinstance(a, tuple):
+                adapters.append((os.fspath(a[0]), float(a[1])))
+            else:
+                adapters.append((os.fspath(a), 1.0))
         path = _mica.resolve(arg, models_dir=models_dir, progress=progress)
         self._native = _mica.NativeModel(
             path,
@@ -223,6 +234,7 @@ class Model:
             kv_mem=kv_mem,
             max_waiting=max_waiting,
             prefix_caching=prefix_caching,
+            lora=adapters,
         )
         self._pieces = _openai.Pieces(self._native)
         #: The name results report as ``model`` (default: the file name without extension).
