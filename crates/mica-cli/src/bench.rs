@@ -11,6 +11,7 @@
 
 mod copy;
 
+use crate::lora_args::LoraArgs;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use mica::engine::bench::{BenchTest, ModelSummary, Stats, cpu_info, peak_rss_bytes, time_test};
@@ -46,6 +47,9 @@ pub struct BenchArgs {
     /// products (same results; repacking reads the whole file up front).
     #[arg(long = "no-repack")]
     pub no_repack: bool,
+    /// Time the model with these LoRA adapters applied unmerged (what they cost).
+    #[command(flatten)]
+    pub lora: LoraArgs,
     /// Speculative decoding's test: N greedy tokens after a code-editing prompt, timed
     /// plain (`copyN`) and with n-gram lookup (`copyN+ngram`); comma-separated lengths.
     #[arg(long = "copy")]
@@ -60,6 +64,7 @@ struct Plan {
     reps: usize,
     json: bool,
     no_repack: bool,
+    lora: LoraArgs,
 }
 
 /// One test: a prompt of `n_prompt` tokens or a generation of `n_gen` (never both); `copy`
@@ -156,6 +161,7 @@ impl Plan {
             reps: args.reps,
             json: args.json,
             no_repack: args.no_repack,
+            lora: args.lora.clone(),
         })
     }
 }
@@ -208,12 +214,13 @@ struct Record {
 
 pub fn bench(args: BenchArgs) -> Result<()> {
     let plan = Plan::resolve(args)?;
-    let lm = LoadedModel::open_with(
+    let mut lm = LoadedModel::open_with(
         &plan.model,
         LoadOptions {
             repack: !plan.no_repack,
         },
     )?;
+    plan.lora.apply(&mut lm, plan.json)?;
     let info = ModelSummary::of(&plan.model, &lm);
     let isa = mica::kernels::simd::kernels().isa();
     let cpu = cpu_info();

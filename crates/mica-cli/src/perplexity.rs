@@ -2,6 +2,7 @@
 //! KL-divergence from a base model, computed by [`mica::quant::Perplexity`] as llama.cpp's
 //! `llama-perplexity` computes them (see that module for the method).
 
+use crate::lora_args::LoraArgs;
 use crate::progress::Progress;
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
@@ -18,6 +19,9 @@ pub struct PerplexityArgs {
     /// Text file to score.
     #[arg(short = 'f', long = "file")]
     pub file: PathBuf,
+    /// Score the model with these LoRA adapters applied unmerged.
+    #[command(flatten)]
+    pub lora: LoraArgs,
     /// Window size in tokens.
     #[arg(short = 'c', long = "ctx-size", default_value_t = 512)]
     pub ctx: usize,
@@ -43,7 +47,8 @@ pub fn perplexity(args: PerplexityArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("reading {}", args.file.display()))?;
     let t_load = Instant::now();
-    let lm = LoadedModel::open(&args.model)?;
+    let mut lm = LoadedModel::open(&args.model)?;
+    args.lora.apply(&mut lm, false)?;
     let load_ms = t_load.elapsed().as_secs_f64() * 1e3;
     let threads = args
         .threads
