@@ -104,6 +104,12 @@ pub struct ServeArgs {
     pub mem_limit: Option<String>,
     #[command(flatten)]
     pub spec: SpecArgs,
+    /// Log lines on stderr: text, or one JSON object per line. Either way every request
+    /// leaves one line when it ends (its X-Request-Id, model, lane, token counts, time to
+    /// first token, total time, finish reason, status; errors with their cause), and no
+    /// prompt or output text.
+    #[arg(long = "log-format", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     /// Adapters applied to the served model (one model: not with --models-dir).
     #[command(flatten)]
     pub lora: LoraArgs,
@@ -259,8 +265,22 @@ fn config(args: &ServeArgs) -> Result<ServerConfig> {
     })
 }
 
-/// One line on stderr per server event.
-fn print_event(ev: &ServerEvent) {
+/// How `serve` writes its log lines on stderr.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Plain sentences.
+    #[default]
+    Text,
+    /// One JSON object per line (`"event"` names what happened; requests carry their ID,
+    /// model, lane, token counts, timings, finish reason and status).
+    Json,
+}
+
+/// One line on stderr per server event, as `format` says.
+fn print_event(format: LogFormat, ev: &ServerEvent) {
+    if format == LogFormat::Json {
+        return eprintln!("{}", event_json(ev));
+    }
     match ev {
         ServerEvent::ModelLoading { name } => eprintln!("loading {name} ..."),
         ServerEvent::ModelLoaded { name, seconds } => eprintln!("loaded {name} in {seconds:.1} s"),
@@ -276,7 +296,61 @@ fn print_event(ev: &ServerEvent) {
             eprintln!("grace period over: ending {in_flight} request(s)")
         }
         ServerEvent::Stopped => eprintln!("stopped"),
+        ServerEvent::Request(r) => {
+            let ttft = r.ttft_ms.map_or("-".to_string(), |t| format!("{t:.0}ms"));
+            let err = r
+                .error
+                .as_deref()
+                .map_or(String::new(), |e| format!(" error={e:?}"));
+            eprintln!(
+                "request {} {} {} status={} model={} lane={} prompt={} cached={} generated={} \
+                 ttft={ttft} total={:.0}ms finish={}{err}",
+                r.id,
+                r.method,
+                r.path,
+                r.status,
+                if r.model.is_empty() { "-" } else { &r.model },
+                if r.lane.is_empty() { "-" } else { &r.lane },
+                r.prompt_tokens,
+                r.cached_tokens,
+                r.generated_tokens,
+                r.total_ms,
+                if r.finish.is_empty() { "-" } else { &r.finish },
+            )
+        }
     }
+}
+
+/// A server event as one JSON object (with the time, seconds since the epoch).
+fn event_json(ev: &ServerEvent) -> serde_json::Value {
+    use serde_json::json;
+    let mut v = match ev {
+        ServerEvent::ModelLoading { name } => json!({"event": "model_loading", "model": name}),
+        ServerEvent::ModelLoaded { name, seconds } => {
+            json!({"event": "model_loaded", "model": name, "seconds": seconds})
+        }
+        ServerEvent::ModelLoadFailed { name, error } => {
+            json!({"event": "model_load_failed", "model": name, "error": error})
+        }
+        ServerEvent::ModelUnloaded { name } => json!({"event": "model_unloaded", "model": name}),
+        ServerEvent::Draining { in_flight, grace } => json!({
+            "event": "draining", "in_flight": in_flight, "grace_s": grace.as_secs_f64()
+        }),
+        ServerEvent::GraceExpired { in_flight } => {
+            json!({"event": "grace_expired", "in_flight": in_flight})
+        }
+        ServerEvent::Stopped => json!({"event": "stopped"}),
+        ServerEvent::Request(r) => {
+            let mut v = serde_json::to_value(r).unwrap_or_default();
+            v["event"] = "request".into();
+            v
+        }
+    };
+    let ts = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    v["ts"] = json!((ts * 1e3).round() / 1e3);
+    v
 }
 
 /// Completes on SIGTERM (Kubernetes, systemd, Docker) or SIGINT (Ctrl-C).
@@ -315,7 +389,9 @@ pub fn serve(args: ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
         let local = listener.local_addr()?;
-        let state = Arc::new(AppState::with_observer(cfg, Some(Arc::new(print_event))));
+        let format = args.log_format;
+        let print = move |ev: &ServerEvent| print_event(format, ev);
+        let state = Arc::new(AppState::with_observer(cfg, Some(Arc::new(print))));
         eprintln!(
             "mica serve: listening on http://{local} ({} model(s): {})",
             state.cfg.models.len(),
@@ -355,5 +431,38 @@ mod tests {
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("-1s").is_err());
         assert!(parse_duration("3d").is_err());
+    }
+}
+
+#[cfg(test)]
+mod log_tests {
+    use super::*;
+
+    /// JSON log lines parse and carry the request's fields.
+    #[test]
+    fn request_events_as_json_lines() {
+        let rec = mica_server::reqlog::RequestRecord {
+            id: "req-1".into(),
+            method: "POST".into(),
+            path: "/v1/chat/completions".into(),
+            model: "m".into(),
+            lane: "interactive".into(),
+            prompt_tokens: 7,
+            cached_tokens: 3,
+            generated_tokens: 5,
+            ttft_ms: Some(12.5),
+            total_ms: 40.0,
+            finish: "stop".into(),
+            status: 200,
+            error: None,
+        };
+        let line = event_json(&ServerEvent::Request(rec)).to_string();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["event"], "request");
+        assert_eq!(v["id"], "req-1");
+        assert_eq!(v["cached_tokens"], 3);
+        assert!(v["ts"].as_f64().unwrap() > 1.7e9);
+        let v = event_json(&ServerEvent::Stopped);
+        assert_eq!(v["event"], "stopped");
     }
 }

@@ -13,6 +13,7 @@
 
 use crate::error::ServerError;
 use crate::models::Loaded;
+use crate::reqlog::RequestLog;
 use crate::state::fired;
 use axum::body::{Body, Bytes};
 use mica::engine::{
@@ -56,12 +57,26 @@ pub struct Running {
     pub prompt_tokens: usize,
     /// Completions requested.
     pub n: usize,
+    /// The request's record, reported when the generation ends ([`crate::reqlog`]).
+    pub log: Option<RequestLog>,
+}
+
+impl Running {
+    /// The next engine event (noted in the request's record).
+    pub async fn recv(&mut self) -> Option<Event> {
+        let ev = self.rx.recv().await;
+        if let (Some(ev), Some(log)) = (&ev, &mut self.log) {
+            log.see(ev);
+        }
+        ev
+    }
 }
 
 pub fn start(loaded: Arc<Loaded>, req: GenRequest) -> Result<Running, ServerError> {
     let (tx, rx) = unbounded_channel();
     let prompt_tokens = req.prompt.len();
     let n = req.n;
+    let log = RequestLog::start(&loaded.name, req.lane, n);
     loaded.engine.submit(Request {
         prompt: req.prompt,
         params: req.params,
@@ -78,6 +93,7 @@ pub fn start(loaded: Arc<Loaded>, req: GenRequest) -> Result<Running, ServerErro
         started: Instant::now(),
         prompt_tokens,
         n,
+        log,
     })
 }
 
@@ -101,7 +117,7 @@ pub async fn collect(mut running: Running) -> Result<Collected, ServerError> {
     let n = running.n;
     let mut choices: Vec<ChoiceOut> = (0..n).map(|_| ChoiceOut::default()).collect();
     let mut first_token = None;
-    while let Some(ev) = running.rx.recv().await {
+    while let Some(ev) = running.recv().await {
         match ev {
             Event::Token {
                 index,
@@ -205,10 +221,13 @@ pub fn stream_body<F: StreamFormat>(
         loop {
             let ev = tokio::select! {
                 biased;
-                ev = running.rx.recv() => ev,
+                ev = running.recv() => ev,
                 () = fired(&mut abort) => {
                     let mut out = String::new();
                     for ev in progress.ending(running.prompt_tokens) {
+                        if let Some(log) = &mut running.log {
+                            log.see(&ev);
+                        }
                         out.push_str(&fmt.on_event(&running, ev));
                     }
                     out.push_str(&fmt.finish(&running));

@@ -1,7 +1,8 @@
 //! The layers every request passes, outermost first:
 //!
-//! 1. [`finish`] renders any error a lower layer returned in the shape of the route's API
-//!    family ([`crate::error`]), including axum's own 405, and counts responses by status.
+//! 1. [`finish`] gives the request its ID (`X-Request-Id`, [`crate::reqlog`]), renders any
+//!    error a lower layer returned in the shape of the route's API family
+//!    ([`crate::error`]), including axum's own 405, and counts responses by status.
 //! 2. [`access`] decides who may call:
 //!    - **Host** (DNS-rebinding defence): a page on `evil.example` whose name an attacker
 //!      re-points at 127.0.0.1 reaches a loopback-bound server with `Host: evil.example`.
@@ -20,7 +21,8 @@
 
 use crate::config::Access;
 use crate::error::{Flavor, Pending, ServerError};
-use crate::state::{AppState, InFlight, fired};
+use crate::reqlog;
+use crate::state::{AppState, InFlight, ServerEvent, fired};
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
@@ -36,12 +38,41 @@ pub const LIVENESS: &str = "/health";
 /// The readiness probe: answers 503 itself while loading or draining.
 pub const READINESS: &str = "/ready";
 
-/// Renders pending errors per API family and counts responses.
+/// Gives the request its ID ([`reqlog`]), renders pending errors per API family, counts
+/// responses, and records requests that failed before generating.
 pub async fn finish(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let flavor = Flavor::for_path(req.uri().path());
     let (method, path) = (req.method().clone(), req.uri().path().to_string());
-    let mut resp = next.run(req).await;
+    let client_id = req
+        .headers()
+        .get(reqlog::HEADER)
+        .and_then(|v| v.to_str().ok());
+    let ctx = reqlog::Context {
+        id: reqlog::id_for(client_id),
+        method: method.to_string(),
+        path: path.clone(),
+        state: st.clone(),
+    };
+    let (id, started) = (ctx.id.clone(), std::time::Instant::now());
+    let mut resp = reqlog::scope(ctx, next.run(req)).await;
     let pending = resp.extensions_mut().remove::<Pending>();
+    if let Some(Pending(e)) = &pending {
+        st.emit(ServerEvent::Request(reqlog::RequestRecord {
+            id: id.clone(),
+            method: method.to_string(),
+            path: path.clone(),
+            model: String::new(),
+            lane: String::new(),
+            prompt_tokens: 0,
+            cached_tokens: 0,
+            generated_tokens: 0,
+            ttft_ms: None,
+            total_ms: started.elapsed().as_secs_f64() * 1e3,
+            finish: String::new(),
+            status: e.status().as_u16(),
+            error: Some(e.to_string()),
+        }));
+    }
     if let Some(Pending(e)) = pending {
         let mut out = e.render(flavor);
         for (k, v) in resp.headers() {
@@ -56,6 +87,9 @@ pub async fn finish(State(st): State<Arc<AppState>>, req: Request, next: Next) -
         }
     }
     st.count_response(resp.status().as_u16());
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        resp.headers_mut().insert(reqlog::HEADER, v);
+    }
     resp
 }
 
@@ -126,7 +160,7 @@ fn cors_headers(h: &mut HeaderMap, origin: &str) {
     h.append(header::VARY, HeaderValue::from_static("Origin"));
     h.insert(
         header::ACCESS_CONTROL_EXPOSE_HEADERS,
-        HeaderValue::from_static("Retry-After"),
+        HeaderValue::from_static("Retry-After, X-Request-Id"),
     );
 }
 

@@ -27,6 +27,7 @@ pub mod models;
 pub mod ollama;
 pub mod openai;
 pub mod params;
+pub mod reqlog;
 pub mod serve;
 pub mod spec;
 pub mod state;

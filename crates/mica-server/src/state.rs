@@ -46,6 +46,8 @@ pub enum ServerEvent {
         in_flight: usize,
     },
     Stopped,
+    /// A request ended ([`crate::reqlog`]).
+    Request(crate::reqlog::RequestRecord),
 }
 
 /// Receives [`ServerEvent`]s.

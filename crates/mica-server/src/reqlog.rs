@@ -1,0 +1,180 @@
+//! Request IDs and the one log record each request leaves when it completes.
+//!
+//! Every request gets an ID: the client's `X-Request-Id` when it sends a usable one (1–128
+//! visible ASCII characters), else one the server makes (`req-` and 16 hex digits, unique
+//! in the process). [`crate::guard::finish`] returns it in the `X-Request-Id` response
+//! header and makes it the task-local [`current`] context of the handler, through which a
+//! generation's [`RequestLog`] (held by [`crate::bridge::Running`]) reports the request's
+//! record ([`ServerEvent::Request`]) once it ends: finished, failed, or dropped because the
+//! client went away. Requests that fail before generating (a 400, a 404) are recorded by
+//! the `finish` layer with their status and error. No prompt or output text is recorded.
+
+use crate::state::{AppState, ServerEvent};
+use mica::engine::{Event, FinishReason, Lane};
+use serde::Serialize;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+/// The request header (and response header) carrying the ID.
+pub const HEADER: &str = "x-request-id";
+
+/// What a request did, reported once at its end.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct RequestRecord {
+    pub id: String,
+    pub method: String,
+    pub path: String,
+    /// The model that ran it (empty when none did).
+    pub model: String,
+    /// Its priority lane (`interactive`, `background`, `bulk`), empty when none ran.
+    pub lane: String,
+    pub prompt_tokens: usize,
+    /// Prompt tokens found in the prefix cache.
+    pub cached_tokens: usize,
+    pub generated_tokens: usize,
+    /// Time to the first generated token.
+    pub ttft_ms: Option<f64>,
+    pub total_ms: f64,
+    /// Finish reasons of the completions, comma-separated (`stop`, `length`, `abort`,
+    /// `error`, `disconnected`), empty without a generation.
+    pub finish: String,
+    pub status: u16,
+    /// The error's message, for failed requests.
+    pub error: Option<String>,
+}
+
+/// A request's ID and where its record goes, for the handler's task.
+#[derive(Clone)]
+pub struct Context {
+    pub id: String,
+    pub method: String,
+    pub path: String,
+    pub state: Arc<AppState>,
+}
+
+tokio::task_local! {
+    static CURRENT: Context;
+}
+
+/// Runs `f` with `ctx` as the [`current`] request.
+pub async fn scope<F: std::future::Future>(ctx: Context, f: F) -> F::Output {
+    CURRENT.scope(ctx, f).await
+}
+
+/// The request the current task serves, if any.
+pub fn current() -> Option<Context> {
+    CURRENT.try_with(Context::clone).ok()
+}
+
+/// The client's ID when usable, else a new one.
+pub fn id_for(client: Option<&str>) -> String {
+    if let Some(c) = client
+        && (1..=128).contains(&c.len())
+        && c.bytes().all(|b| b.is_ascii_graphic())
+    {
+        return c.to_string();
+    }
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    // Unique in the process (the counter) and unlikely to repeat across restarts (the
+    // start time's bits above it).
+    format!(
+        "req-{:016x}",
+        (t.rotate_left(20) & !0xFFFFF) | (n & 0xFFFFF)
+    )
+}
+
+/// The record of a generation in progress; reports it when the generation ends, or when
+/// dropped before that (the client went away).
+pub struct RequestLog {
+    ctx: Context,
+    model: String,
+    lane: Lane,
+    started: Instant,
+    first_token: Option<f64>,
+    generated: usize,
+    finish: Vec<Option<FinishReason>>,
+    done: bool,
+}
+
+impl RequestLog {
+    /// A log for a generation of `n` completions on `model`, in the current request's
+    /// context (`None` outside a request, e.g. in library tests).
+    pub fn start(model: &str, lane: Lane, n: usize) -> Option<RequestLog> {
+        Some(RequestLog {
+            ctx: current()?,
+            model: model.to_string(),
+            lane,
+            started: Instant::now(),
+            first_token: None,
+            generated: 0,
+            finish: vec![None; n],
+            done: false,
+        })
+    }
+
+    /// Notes one engine event; reports the record at the request's last one.
+    pub fn see(&mut self, ev: &Event) {
+        match ev {
+            Event::Token { .. } => {
+                self.first_token
+                    .get_or_insert_with(|| self.started.elapsed().as_secs_f64() * 1e3);
+                self.generated += 1;
+            }
+            Event::Done { index, finish, .. } => {
+                if let Some(f) = self.finish.get_mut(*index) {
+                    *f = Some(*finish);
+                }
+            }
+            Event::Finished { usage } => {
+                let (p, c) = (usage.prompt_tokens, usage.cached_tokens);
+                self.report(p, c, None);
+            }
+            Event::Error(e) => self.report(0, 0, Some(e.to_string())),
+        }
+    }
+
+    fn report(&mut self, prompt_tokens: usize, cached_tokens: usize, error: Option<String>) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        let finish = self
+            .finish
+            .iter()
+            .map(|f| match (f, &error) {
+                (_, Some(_)) => "error",
+                (Some(f), None) => crate::bridge::finish_reason(Some(*f)),
+                (None, None) => "disconnected",
+            })
+            .collect::<Vec<_>>()
+            .join(",");
+        let rec = RequestRecord {
+            id: self.ctx.id.clone(),
+            method: self.ctx.method.clone(),
+            path: self.ctx.path.clone(),
+            model: self.model.clone(),
+            lane: self.lane.as_str().to_string(),
+            prompt_tokens,
+            cached_tokens,
+            generated_tokens: self.generated,
+            ttft_ms: self.first_token,
+            total_ms: self.started.elapsed().as_secs_f64() * 1e3,
+            finish,
+            status: if error.is_some() { 500 } else { 200 },
+            error,
+        };
+        self.ctx.state.emit(ServerEvent::Request(rec));
+    }
+}
+
+impl Drop for RequestLog {
+    fn drop(&mut self) {
+        // Ended before the engine finished it: the client went away.
+        self.report(0, 0, None);
+    }
+}

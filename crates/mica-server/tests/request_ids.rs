@@ -1,0 +1,123 @@
+//! Request IDs and per-request records (`mica_server::reqlog`): the `X-Request-Id` response
+//! header carries the client's ID or a new one, and the record the server reports when the
+//! request ends has that ID, the model, lane, token counts, timings, finish reason and
+//! status — for plain and streamed generations, and for a request that fails before
+//! generating (with its error).
+
+mod common;
+
+use common::*;
+use mica_server::reqlog::RequestRecord;
+use mica_server::{AppState, ServerEvent};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+fn start_recording() -> (Server, Arc<Mutex<Vec<RequestRecord>>>) {
+    let seen: Arc<Mutex<Vec<RequestRecord>>> = Arc::default();
+    let s = seen.clone();
+    let observer: mica_server::Observer = Arc::new(move |ev: &ServerEvent| {
+        if let ServerEvent::Request(r) = ev {
+            s.lock().unwrap().push(r.clone());
+        }
+    });
+    let cfg = config(Default::default(), Vec::new());
+    let state = Arc::new(AppState::with_observer(cfg, Some(observer)));
+    let st = state.clone();
+    let server = serve_state(state, move || async move {
+        st.preload(MODEL).await.expect("model loads");
+    });
+    (server, seen)
+}
+
+/// The record with `id`, waiting a little for it (a stream's is reported as it ends).
+fn record(seen: &Mutex<Vec<RequestRecord>>, id: &str) -> RequestRecord {
+    let t0 = Instant::now();
+    loop {
+        if let Some(r) = seen.lock().unwrap().iter().find(|r| r.id == id) {
+            return r.clone();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "no record for {id}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn chat(stream: bool) -> String {
+    serde_json::json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Say hello"}],
+        "max_tokens": 5,
+        "temperature": 0,
+        "stream": stream,
+    })
+    .to_string()
+}
+
+#[test]
+fn ids_reach_the_header_and_the_record() {
+    let (server, seen) = start_recording();
+    let json = [("Content-Type", "application/json")];
+
+    // The client's ID is kept.
+    let mut h = json.to_vec();
+    h.push(("X-Request-Id", "client-abc-123"));
+    let r = request(
+        server.addr,
+        "POST",
+        "/v1/chat/completions",
+        &h,
+        &chat(false),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.header("x-request-id"), Some("client-abc-123"));
+    let rec = record(&seen, "client-abc-123");
+    assert_eq!((rec.status, rec.model.as_str()), (200, MODEL));
+    assert_eq!(rec.path, "/v1/chat/completions");
+    assert_eq!(rec.lane, "interactive");
+    assert_eq!(
+        rec.generated_tokens,
+        r.json()["usage"]["completion_tokens"].as_u64().unwrap() as usize
+    );
+    assert_eq!(
+        rec.prompt_tokens,
+        r.json()["usage"]["prompt_tokens"].as_u64().unwrap() as usize
+    );
+    assert!(rec.ttft_ms.is_some() && rec.total_ms >= rec.ttft_ms.unwrap());
+    assert!(
+        rec.finish == "length" || rec.finish == "stop",
+        "{}",
+        rec.finish
+    );
+    assert!(rec.error.is_none());
+
+    // Without one (or with an unusable one), the server makes one; a stream's record
+    // comes when it ends.
+    for hdr in [None, Some("has space")] {
+        let mut h = json.to_vec();
+        if let Some(v) = hdr {
+            h.push(("X-Request-Id", v));
+        }
+        let r = request(server.addr, "POST", "/v1/chat/completions", &h, &chat(true));
+        assert_eq!(r.status, 200);
+        let id = r.header("x-request-id").expect("an id").to_string();
+        assert!(id.starts_with("req-") && id.len() == 20, "{id}");
+        let rec = record(&seen, &id);
+        assert_eq!(rec.status, 200);
+        assert!(rec.generated_tokens > 0);
+    }
+
+    // A request refused before generating: its record has the status and the cause.
+    let bad = serde_json::json!({"model": MODEL, "messages": [], "max_tokens": -3}).to_string();
+    let r = request(server.addr, "POST", "/v1/chat/completions", &json, &bad);
+    assert_eq!(r.status, 400);
+    let id = r.header("x-request-id").expect("an id").to_string();
+    let rec = record(&seen, &id);
+    assert_eq!(rec.status, 400);
+    assert!(rec.error.as_deref().is_some_and(|e| !e.is_empty()));
+    assert_eq!(rec.generated_tokens, 0);
+    // Two IDs the server made differ.
+    let ids: Vec<String> = seen.lock().unwrap().iter().map(|r| r.id.clone()).collect();
+    let mut uniq = ids.clone();
+    uniq.sort();
+    uniq.dedup();
+    assert_eq!(uniq.len(), ids.len(), "{ids:?}");
+}
