@@ -9,7 +9,9 @@
 //! Shutdown: a stream still running when the grace period ends is ended by the server
 //! ([`stream_body`]'s abort signal): each unfinished completion gets its final event with
 //! the finish reason [`FinishReason::Cancelled`] (`"abort"` on the wire), then the stream's
-//! usage and end marker, as if the engine had finished it.
+//! usage and end marker, as if the engine had finished it. A request cancelled through the
+//! live table ([`crate::reqlog`]) ends the same way, streamed or not, and its sink reports
+//! itself closed so the engine drops it.
 
 use crate::error::ServerError;
 use crate::models::Loaded;
@@ -24,14 +26,16 @@ use std::time::Instant;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio::sync::watch;
 
-struct ChannelSink(UnboundedSender<Event>);
+/// Feeds the request's channel; reports itself closed when the receiver is gone or the
+/// request was cancelled (so the engine cancels it and frees its KV blocks).
+struct ChannelSink(UnboundedSender<Event>, watch::Receiver<bool>);
 
 impl EventSink for ChannelSink {
     fn send(&mut self, event: Event) -> bool {
-        self.0.send(event).is_ok()
+        !*self.1.borrow() && self.0.send(event).is_ok()
     }
     fn is_closed(&self) -> bool {
-        self.0.is_closed()
+        self.0.is_closed() || *self.1.borrow()
     }
 }
 
@@ -59,6 +63,8 @@ pub struct Running {
     pub n: usize,
     /// The request's record, reported when the generation ends ([`crate::reqlog`]).
     pub log: Option<RequestLog>,
+    /// Fires when the request is cancelled through the live table.
+    pub cancel: watch::Receiver<bool>,
 }
 
 impl Running {
@@ -76,14 +82,15 @@ pub fn start(loaded: Arc<Loaded>, req: GenRequest) -> Result<Running, ServerErro
     let (tx, rx) = unbounded_channel();
     let prompt_tokens = req.prompt.len();
     let n = req.n;
-    let log = RequestLog::start(&loaded.name, req.lane, n);
+    let (cancel_tx, cancel) = watch::channel(false);
+    let log = RequestLog::start(&loaded.name, req.lane, n, prompt_tokens, cancel_tx);
     loaded.engine.submit(Request {
         prompt: req.prompt,
         params: req.params,
         lane: req.lane,
         n: req.n,
         logprobs: req.logprobs,
-        sink: Box::new(ChannelSink(tx)),
+        sink: Box::new(ChannelSink(tx, cancel.clone())),
         processors: req.processors,
         proposer: req.proposer,
     })?;
@@ -94,6 +101,7 @@ pub fn start(loaded: Arc<Loaded>, req: GenRequest) -> Result<Running, ServerErro
         prompt_tokens,
         n,
         log,
+        cancel,
     })
 }
 
@@ -117,7 +125,34 @@ pub async fn collect(mut running: Running) -> Result<Collected, ServerError> {
     let n = running.n;
     let mut choices: Vec<ChoiceOut> = (0..n).map(|_| ChoiceOut::default()).collect();
     let mut first_token = None;
-    while let Some(ev) = running.recv().await {
+    let mut cancel = running.cancel.clone();
+    loop {
+        let ev = tokio::select! {
+            biased;
+            ev = running.recv() => ev,
+            () = fired(&mut cancel) => {
+                // Cancelled: the unfinished completions end with `abort`.
+                let generated = choices.iter().map(|c| c.tokens.len()).sum();
+                let progress = Progress {
+                    done: choices.iter().map(|c| c.finish.is_some()).collect(),
+                    completion_tokens: generated,
+                };
+                for ev in progress.ending(running.prompt_tokens) {
+                    if let Some(log) = &mut running.log {
+                        log.see(&ev);
+                    }
+                    match ev {
+                        Event::Done { index, finish, .. } => choices[index].finish = Some(finish),
+                        Event::Finished { usage } => {
+                            return Ok(Collected { choices, usage, first_token });
+                        }
+                        _ => {}
+                    }
+                }
+                return Err(ServerError::EngineStopped);
+            }
+        };
+        let Some(ev) = ev else { break };
         match ev {
             Event::Token {
                 index,
@@ -218,11 +253,17 @@ pub fn stream_body<F: StreamFormat>(
     let state = Some((running, fmt, progress, abort));
     let stream = futures_util::stream::unfold(state, |state| async move {
         let (mut running, mut fmt, mut progress, mut abort) = state?;
+        let mut cancel = running.cancel.clone();
         loop {
             let ev = tokio::select! {
                 biased;
                 ev = running.recv() => ev,
-                () = fired(&mut abort) => {
+                () = async {
+                    tokio::select! {
+                        () = fired(&mut abort) => {}
+                        () = fired(&mut cancel) => {}
+                    }
+                } => {
                     let mut out = String::new();
                     for ev in progress.ending(running.prompt_tokens) {
                         if let Some(log) = &mut running.log {

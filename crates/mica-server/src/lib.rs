@@ -15,6 +15,7 @@
 //! timeouts and graceful shutdown), [`models`] (loading and unloading under a memory
 //! budget; a failed load unloads nothing).
 
+pub mod admin;
 pub mod anthropic;
 pub mod body;
 pub mod bridge;
@@ -69,6 +70,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/show", post(ollama::show))
         .route("/api/ps", get(ollama::ps))
         .route("/api/version", get(ollama::version))
+        .route("/admin/requests", get(admin::list))
+        .route("/admin/requests/{id}", axum::routing::delete(admin::cancel))
         .fallback(|method: Method, uri: Uri| async move {
             ServerError::NoRoute {
                 method,

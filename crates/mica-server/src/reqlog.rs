@@ -8,13 +8,19 @@
 //! record ([`ServerEvent::Request`]) once it ends: finished, failed, or dropped because the
 //! client went away. Requests that fail before generating (a 400, a 404) are recorded by
 //! the `finish` layer with their status and error. No prompt or output text is recorded.
+//!
+//! While a generation runs it is listed in the server's live table ([`Live`], the admin
+//! route `GET /admin/requests`), from which `DELETE /admin/requests/{id}` cancels it: its
+//! completions end with the finish reason `abort` and the engine frees its KV blocks at its
+//! next step.
 
 use crate::state::{AppState, ServerEvent};
 use mica::engine::{Event, FinishReason, Lane};
 use serde::Serialize;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::watch;
 
 /// The request header (and response header) carrying the ID.
 pub const HEADER: &str = "x-request-id";
@@ -42,6 +48,57 @@ pub struct RequestRecord {
     pub status: u16,
     /// The error's message, for failed requests.
     pub error: Option<String>,
+}
+
+/// A running generation, as the live table lists it.
+pub struct Live {
+    pub method: String,
+    pub path: String,
+    pub model: String,
+    pub lane: Lane,
+    pub started: Instant,
+    pub prompt_tokens: usize,
+    /// Tokens generated so far (all completions).
+    pub generated: Arc<AtomicUsize>,
+    /// Set to cancel the generation.
+    pub cancel: watch::Sender<bool>,
+}
+
+/// One row of `GET /admin/requests`.
+#[derive(Serialize)]
+pub struct LiveRow {
+    pub id: String,
+    pub method: String,
+    pub path: String,
+    pub model: String,
+    pub lane: &'static str,
+    /// `waiting` (queued, or its prompt being processed) until the first token, then
+    /// `generating`.
+    pub state: &'static str,
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    pub age_ms: f64,
+}
+
+impl Live {
+    pub fn row(&self, id: &str) -> LiveRow {
+        let generated = self.generated.load(Ordering::Relaxed);
+        LiveRow {
+            id: id.to_string(),
+            method: self.method.clone(),
+            path: self.path.clone(),
+            model: self.model.clone(),
+            lane: self.lane.as_str(),
+            state: if generated > 0 {
+                "generating"
+            } else {
+                "waiting"
+            },
+            prompt_tokens: self.prompt_tokens,
+            generated_tokens: generated,
+            age_ms: self.started.elapsed().as_secs_f64() * 1e3,
+        }
+    }
 }
 
 /// A request's ID and where its record goes, for the handler's task.
@@ -96,22 +153,44 @@ pub struct RequestLog {
     lane: Lane,
     started: Instant,
     first_token: Option<f64>,
-    generated: usize,
+    generated: Arc<AtomicUsize>,
     finish: Vec<Option<FinishReason>>,
     done: bool,
 }
 
 impl RequestLog {
-    /// A log for a generation of `n` completions on `model`, in the current request's
-    /// context (`None` outside a request, e.g. in library tests).
-    pub fn start(model: &str, lane: Lane, n: usize) -> Option<RequestLog> {
+    /// A log for a generation of `n` completions of a `prompt_tokens`-token prompt on
+    /// `model`, in the current request's context (`None` outside a request, e.g. in library
+    /// tests), listed in the live table with `cancel` as its cancel switch.
+    pub fn start(
+        model: &str,
+        lane: Lane,
+        n: usize,
+        prompt_tokens: usize,
+        cancel: watch::Sender<bool>,
+    ) -> Option<RequestLog> {
+        let ctx = current()?;
+        let generated = Arc::new(AtomicUsize::new(0));
+        ctx.state.live().insert(
+            ctx.id.clone(),
+            Live {
+                method: ctx.method.clone(),
+                path: ctx.path.clone(),
+                model: model.to_string(),
+                lane,
+                started: Instant::now(),
+                prompt_tokens,
+                generated: generated.clone(),
+                cancel,
+            },
+        );
         Some(RequestLog {
-            ctx: current()?,
+            ctx,
             model: model.to_string(),
             lane,
             started: Instant::now(),
             first_token: None,
-            generated: 0,
+            generated,
             finish: vec![None; n],
             done: false,
         })
@@ -123,7 +202,7 @@ impl RequestLog {
             Event::Token { .. } => {
                 self.first_token
                     .get_or_insert_with(|| self.started.elapsed().as_secs_f64() * 1e3);
-                self.generated += 1;
+                self.generated.fetch_add(1, Ordering::Relaxed);
             }
             Event::Done { index, finish, .. } => {
                 if let Some(f) = self.finish.get_mut(*index) {
@@ -143,6 +222,7 @@ impl RequestLog {
             return;
         }
         self.done = true;
+        self.ctx.state.live().remove(&self.ctx.id);
         let finish = self
             .finish
             .iter()
@@ -161,7 +241,7 @@ impl RequestLog {
             lane: self.lane.as_str().to_string(),
             prompt_tokens,
             cached_tokens,
-            generated_tokens: self.generated,
+            generated_tokens: self.generated.load(Ordering::Relaxed),
             ttft_ms: self.first_token,
             total_ms: self.started.elapsed().as_secs_f64() * 1e3,
             finish,

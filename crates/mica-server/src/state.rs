@@ -167,6 +167,8 @@ pub struct AppState {
     pub(crate) responses: Mutex<BTreeMap<u16, u64>>,
     observer: Option<Observer>,
     bound: OnceLock<SocketAddr>,
+    /// Generations running, by request ID ([`crate::reqlog`]).
+    live: Mutex<BTreeMap<String, crate::reqlog::Live>>,
 }
 
 impl AppState {
@@ -185,6 +187,7 @@ impl AppState {
             responses: Mutex::new(BTreeMap::new()),
             observer,
             bound: OnceLock::new(),
+            live: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -192,6 +195,11 @@ impl AppState {
         if let Some(o) = &self.observer {
             o(&ev);
         }
+    }
+
+    /// The generations running, by request ID.
+    pub fn live(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, crate::reqlog::Live>> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(crate) fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {

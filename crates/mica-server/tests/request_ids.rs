@@ -121,3 +121,116 @@ fn ids_reach_the_header_and_the_record() {
     uniq.dedup();
     assert_eq!(uniq.len(), ids.len(), "{ids:?}");
 }
+
+/// The live view lists a running stream under its ID; cancelling it ends the stream with
+/// `abort`, frees its KV blocks and leaves its record; an unknown ID is a 404.
+#[test]
+fn live_view_lists_and_cancels_a_stream() {
+    use std::io::BufReader;
+    let (server, seen) = start_recording();
+    let a = server.addr;
+    let body = serde_json::json!({"model": MODEL, "prompt": "Once upon a time",
+        "max_tokens": 1500, "temperature": 0.8, "seed": 1, "stream": true});
+    let s = send(
+        a,
+        "POST",
+        "/v1/completions",
+        &[
+            ("X-Request-Id", "long-1"),
+            ("Content-Type", "application/json"),
+        ],
+        &body.to_string(),
+    );
+    let mut r = BufReader::new(s);
+    let (status, _) = read_head(&mut r);
+    assert_eq!(status, 200);
+    for _ in 0..3 {
+        read_chunk(&mut r).unwrap();
+    }
+    let list = get(a, "/admin/requests").json();
+    let row = list["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["id"] == "long-1")
+        .unwrap_or_else(|| panic!("not listed: {list}"))
+        .clone();
+    assert_eq!(row["state"], "generating");
+    assert_eq!(row["model"], MODEL);
+    assert_eq!(row["lane"], "interactive");
+    assert!(row["generated_tokens"].as_u64().unwrap() >= 1);
+    assert!(metric(a, "mica_kv_blocks_used", MODEL) > 0.0);
+
+    let del = request(a, "DELETE", "/admin/requests/long-1", &[], "");
+    assert_eq!(del.status, 200, "{}", del.body);
+    let mut rest = String::new();
+    while let Some(c) = read_chunk(&mut r) {
+        rest.push_str(&c);
+    }
+    assert!(rest.contains("\"finish_reason\":\"abort\""), "{rest}");
+    assert!(rest.trim_end().ends_with("data: [DONE]"), "{rest}");
+    let rec = record(&seen, "long-1");
+    assert_eq!(rec.finish, "abort");
+    let t = Instant::now();
+    while metric(a, "mica_kv_blocks_used", MODEL) > 0.0 {
+        assert!(t.elapsed() < Duration::from_secs(20), "blocks not freed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let list = get(a, "/admin/requests").json();
+    assert_eq!(list["requests"].as_array().unwrap().len(), 0, "{list}");
+    assert_eq!(
+        request(a, "DELETE", "/admin/requests/long-1", &[], "").status,
+        404
+    );
+}
+
+/// A non-streaming request cancelled while it runs answers with what it generated and the
+/// finish reason `abort`.
+#[test]
+fn a_cancelled_plain_request_answers_with_abort() {
+    let (server, seen) = start_recording();
+    let a = server.addr;
+    let body = serde_json::json!({"model": MODEL, "prompt": "Once upon a time",
+        "max_tokens": 1500, "temperature": 0.8, "seed": 2})
+    .to_string();
+    let waiter = std::thread::spawn(move || {
+        request(
+            a,
+            "POST",
+            "/v1/completions",
+            &[
+                ("X-Request-Id", "long-2"),
+                ("Content-Type", "application/json"),
+            ],
+            &body,
+        )
+    });
+    let t = Instant::now();
+    loop {
+        let list = get(a, "/admin/requests").json();
+        let row = list["requests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["id"] == "long-2")
+            .cloned();
+        if row.is_some_and(|r| r["generated_tokens"].as_u64().unwrap_or(0) > 2) {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "never listed: {list}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        request(a, "DELETE", "/admin/requests/long-2", &[], "").status,
+        200
+    );
+    let r = waiter.join().unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["choices"][0]["finish_reason"], "abort", "{v}");
+    assert!(v["usage"]["completion_tokens"].as_u64().unwrap() > 2);
+    assert_eq!(record(&seen, "long-2").finish, "abort");
+}
