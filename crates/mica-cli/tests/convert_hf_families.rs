@@ -33,6 +33,7 @@ const REFUSED: &[(&str, &str)] = &[
     ("qwen35moe", "Gated DeltaNet"),
     // llama.cpp has no OPT architecture.
     ("opt", "no OPT architecture"),
+    ("opt350", "no OPT architecture"),
     ("codegen", "no CodeGen architecture"),
 ];
 
