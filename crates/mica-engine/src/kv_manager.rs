@@ -24,7 +24,21 @@
 //!   one (e.g. OpenAI's `n` completions of one prompt). When a sequence is about to write
 //!   into a block another sequence still holds, it gets a private copy first: the manager
 //!   returns the `(src, dst)` copy for the engine to perform.
+//! - **Hybrid models** ([`BlockManager::set_checkpoints`]): cached keys and values are of
+//!   use only with the recurrent state at the end of the prefix they hold, so a prompt takes
+//!   cached blocks only up to the last one that has a state checkpoint
+//!   ([`crate::checkpoints`]), and the engine restores that checkpoint into the sequence's
+//!   state ([`BlockManager::take_restore`]). Which states get saved is planned per step
+//!   ([`BlockManager::plan_captures`]): at the last block boundary of the prompt (a repeated
+//!   or extended prompt takes everything before its last block), at the end of the blocks a
+//!   prompt found cached beyond its checkpoint (the point where prompts sharing a system
+//!   prompt part ways, so the next one takes all of it), every `interval` positions of a
+//!   prompt when asked, and at the last block boundary a sequence has generated to (the end
+//!   of a chat turn, which the next turn's prompt extends; each such checkpoint replaces the
+//!   sequence's previous one). They are committed under the block's hash once computed
+//!   ([`BlockManager::commit_captures`]) and dropped with that block.
 
+use crate::checkpoints::{Checkpoints, CkptId};
 use mica_models::blocks::attention::TILED_MIN_TOKENS;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
@@ -42,6 +56,16 @@ pub struct SeqBlocks {
     /// How the computed positions of each block were computed (one entry per block with
     /// at least one computed position).
     arith: Vec<Arith>,
+    /// Hybrid models: the checkpoint (pinned) whose state the sequence must start from.
+    restore: Option<CkptId>,
+    /// Hybrid models: blocks of the prompt found in the prefix cache, with or without a
+    /// checkpoint.
+    matched: usize,
+    /// Hybrid models: checkpoints reserved for states still to compute, `(position,
+    /// checkpoint, generated)`; `generated`: at a boundary past the prompt.
+    captures: Vec<(usize, CkptId, bool)>,
+    /// Hybrid models: the hash of the last checkpoint committed past the prompt.
+    turn_end: Option<u64>,
 }
 
 /// How a block's positions were computed: attention's vector or tiled path (they round
@@ -59,6 +83,12 @@ impl SeqBlocks {
     }
     pub fn is_empty(&self) -> bool {
         self.blocks.is_empty()
+    }
+
+    /// Hybrid models: the checkpoints reserved for states the sequence is still to
+    /// compute, as `(position, checkpoint)`.
+    pub fn captures(&self) -> impl Iterator<Item = (usize, CkptId)> + '_ {
+        self.captures.iter().map(|&(p, c, _)| (p, c))
     }
 }
 
@@ -96,6 +126,10 @@ pub struct BlockManager {
     clock: u64,
     stats: CacheStats,
     prefix_caching: bool,
+    /// Hybrid models: the recurrent-state checkpoints (prefixes are taken only up to one).
+    ckpt: Option<Checkpoints>,
+    /// Hybrid models: capture a prompt's state every this many positions (0: never).
+    ckpt_interval: usize,
 }
 
 /// Hash of a full block: its tokens and arithmetic chained after the hash of everything
@@ -121,7 +155,22 @@ impl BlockManager {
             clock: 0,
             stats: CacheStats::default(),
             prefix_caching: true,
+            ckpt: None,
+            ckpt_interval: 0,
         }
+    }
+
+    /// Makes the cache a hybrid model's: prefixes are taken only up to a block whose end
+    /// has one of `n` recurrent-state checkpoints, captured as the module docs say (also
+    /// every `interval` positions of a prompt, a multiple of the block size; 0: not).
+    pub fn set_checkpoints(&mut self, n: usize, interval: usize) {
+        self.ckpt = Some(Checkpoints::new(n));
+        self.ckpt_interval = interval;
+    }
+
+    /// The checkpoint bookkeeping of a hybrid model's cache.
+    pub fn checkpoints(&self) -> Option<&Checkpoints> {
+        self.ckpt.as_ref()
     }
 
     /// Turns automatic prefix caching off (every block is private, nothing is kept).
@@ -189,6 +238,7 @@ impl BlockManager {
             Arith::Vector
         };
         let mut parent = 0u64;
+        let mut found = Vec::new();
         for chunk in tokens.chunks_exact(self.block_size).take(max_blocks) {
             let h = block_hash(parent, chunk, arith);
             let Some(&b) = self.cached.get(&h) else { break };
@@ -196,13 +246,118 @@ impl BlockManager {
             if m.parent != parent || m.tokens != chunk {
                 break;
             }
+            found.push((b, h));
+            parent = h;
+        }
+        seq.matched = found.len();
+        // A hybrid model's prefix ends at the last block with a state checkpoint.
+        let take = match &mut self.ckpt {
+            None => found.len(),
+            Some(ck) => {
+                let last = found.iter().rposition(|&(_, h)| ck.get(h).is_some());
+                if let Some(i) = last {
+                    let id = ck.get(found[i].1).expect("just found");
+                    ck.pin(id);
+                    seq.restore = Some(id);
+                }
+                last.map_or(0, |i| i + 1)
+            }
+        };
+        for &(b, h) in &found[..take] {
             self.acquire(b);
             seq.blocks.push(b);
             seq.hashes.push(h);
             seq.arith.push(arith);
-            parent = h;
         }
         seq.blocks.len() * self.block_size
+    }
+
+    /// Hybrid models: the checkpoint `seq` must restore its state from before its first
+    /// step (taken once; it may be reused after this).
+    pub fn take_restore(&mut self, seq: &mut SeqBlocks) -> Option<CkptId> {
+        let id = seq.restore.take()?;
+        if let Some(ck) = &mut self.ckpt {
+            ck.unpin(id);
+        }
+        Some(id)
+    }
+
+    /// Hybrid models: reserves checkpoints for the states `seq` (a prompt of `prompt_len`
+    /// tokens) reaches at the block boundaries worth keeping (module docs) within the
+    /// positions `start + 1 ..= start + n` a step computes. The engine asks the cache to
+    /// capture them ([`SeqBlocks::captures`]); a boundary left without one when the pool
+    /// has none to spare is simply not saved.
+    pub fn plan_captures(&mut self, seq: &mut SeqBlocks, start: usize, n: usize, prompt_len: usize) {
+        let Some(ck) = &mut self.ckpt else { return };
+        let bs = self.block_size;
+        let prompt_end = prompt_len.saturating_sub(1) / bs * bs;
+        let end = start + n;
+        let mut c = (start / bs + 1) * bs;
+        while c <= end {
+            let generated = c >= prompt_len;
+            let want = if generated {
+                // Only the last boundary of the step: each replaces the one before.
+                c + bs > end
+            } else {
+                c == prompt_end
+                    || c == seq.matched * bs
+                    || (self.ckpt_interval > 0 && c.is_multiple_of(self.ckpt_interval))
+            };
+            if want && !seq.captures.iter().any(|&(p, _, _)| p == c) {
+                // A new end of the turn replaces the sequence's last one (before it takes
+                // a checkpoint another prefix holds).
+                if generated && let Some(prev) = seq.turn_end.take() {
+                    ck.forget(prev);
+                }
+                let Some(id) = ck.reserve() else { return };
+                seq.captures.push((c, id, generated));
+            }
+            c += bs;
+        }
+    }
+
+    /// Hybrid models: commits the captures of `seq` that its first `n_computed` positions
+    /// completed, under the hash of the block each ends (registered by
+    /// [`BlockManager::cache_full_blocks`] first); a capture whose block did not enter the
+    /// prefix cache, or whose prefix has a checkpoint already, is given back.
+    pub fn commit_captures(&mut self, seq: &mut SeqBlocks, n_computed: usize) {
+        let Some(ck) = &mut self.ckpt else { return };
+        let bs = self.block_size;
+        let mut i = 0;
+        while i < seq.captures.len() {
+            let (at, id, generated) = seq.captures[i];
+            if at > n_computed {
+                i += 1;
+                continue;
+            }
+            seq.captures.swap_remove(i);
+            let h = seq.hashes.get(at / bs - 1).copied();
+            let Some(h) = h.filter(|h| self.cached.contains_key(h)) else {
+                ck.release(id);
+                continue;
+            };
+            if ck.commit(id, h) && generated {
+                if let Some(prev) = seq.turn_end.replace(h) {
+                    ck.forget(prev);
+                }
+            }
+        }
+    }
+
+    /// Gives back the checkpoints `seq` reserved or pinned.
+    fn drop_checkpoints(&mut self, seq: &mut SeqBlocks) {
+        if let Some(ck) = &mut self.ckpt {
+            for (_, id, _) in seq.captures.drain(..) {
+                ck.release(id);
+            }
+            if let Some(id) = seq.restore.take() {
+                ck.unpin(id);
+            }
+        }
+        seq.captures.clear();
+        seq.restore = None;
+        seq.matched = 0;
+        seq.turn_end = None;
     }
 
     /// Counts one prompt's lookup in the hit-rate statistics (called once per request, not
@@ -335,7 +490,12 @@ impl BlockManager {
         for &b in &seq.blocks {
             self.acquire(b);
         }
-        seq.clone()
+        SeqBlocks {
+            restore: None,
+            captures: Vec::new(),
+            turn_end: None,
+            ..seq.clone()
+        }
     }
 
     /// Releases the blocks of `seq`; cached ones stay cached until evicted.
@@ -347,6 +507,7 @@ impl BlockManager {
         seq.blocks.clear();
         seq.hashes.clear();
         seq.arith.clear();
+        self.drop_checkpoints(seq);
     }
 
     /// Drops one reference to `b`; at zero it becomes free (evictable if cached).
@@ -406,6 +567,9 @@ impl BlockManager {
             && self.cached.get(&h) == Some(&b)
         {
             self.cached.remove(&h);
+            if let Some(ck) = &mut self.ckpt {
+                ck.forget(h);
+            }
         }
     }
 }

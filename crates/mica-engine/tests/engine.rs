@@ -54,6 +54,8 @@ fn engine_abandoning(lm: &Arc<LoadedModel>, kv_blocks: usize, abandon_every: u64
         prefix_caching: true,
         max_n: 8,
         abandon_every,
+        state_checkpoints: 0,
+        state_checkpoint_interval: 0,
     };
     EngineHandle::start(lm.clone(), cfg).unwrap()
 }

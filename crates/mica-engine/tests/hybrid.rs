@@ -1,10 +1,12 @@
 //! The serving engine and the session on a hybrid model (the tiny Qwen3.5 fixture quantized
 //! to Q8_0 by llama.cpp: Gated DeltaNet layers with a recurrent state per sequence): 16
 //! concurrent greedy requests give each one's tokens alone; preemption under KV pressure
-//! recomputes from a zeroed state and changes nothing; several completions of one prompt
-//! fork its state; prefix caching is forced off and drafts are refused (a recurrent state
-//! cannot be cut back); a session reuses its cache for a follow-up turn and starts afresh
-//! when the prompt diverges.
+//! recomputes from a zeroed state or a checkpoint and changes nothing; several completions
+//! of one prompt fork its state; prefix caching goes through recurrent-state checkpoints (a
+//! follow-up chat turn and prompts sharing a system prompt start from a saved state, with a
+//! cold run's tokens, also when checkpoints and blocks are evicted), and is off without
+//! checkpoints; drafts are refused (a recurrent state cannot be cut back); a session reuses
+//! its cache for a follow-up turn and starts afresh when the prompt diverges.
 
 mod common;
 
@@ -34,6 +36,16 @@ fn model() -> Arc<LoadedModel> {
 }
 
 fn engine(lm: &Arc<LoadedModel>, kv_blocks: usize, max_running: usize) -> EngineHandle {
+    engine_ckpt(lm, kv_blocks, max_running, 16, 0)
+}
+
+fn engine_ckpt(
+    lm: &Arc<LoadedModel>,
+    kv_blocks: usize,
+    max_running: usize,
+    state_checkpoints: usize,
+    state_checkpoint_interval: usize,
+) -> EngineHandle {
     let cfg = EngineConfig {
         n_threads: 2,
         n_ctx: 256,
@@ -46,6 +58,8 @@ fn engine(lm: &Arc<LoadedModel>, kv_blocks: usize, max_running: usize) -> Engine
         prefix_caching: true,
         max_n: 4,
         abandon_every: 0,
+        state_checkpoints,
+        state_checkpoint_interval,
     };
     EngineHandle::start(lm.clone(), cfg).unwrap()
 }
@@ -132,50 +146,150 @@ fn sixteen_concurrent_requests_match_one_at_a_time() {
     let lm = model();
     let ps = prompts(16);
     let want = alone(&lm, &ps);
-    let e = engine(&lm, 512, 16);
-    assert!(
-        !e.config().prefix_caching,
-        "prefix caching must be off for a hybrid model"
-    );
-    let got = run_all(&e, &ps);
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert_eq!(g, w, "request {i} differs when batched");
+    let e = engine_ckpt(&lm, 512, 16, 48, 0);
+    assert!(e.config().prefix_caching, "on through checkpoints");
+    // The second round starts from the first's checkpoints.
+    for round in 0..2 {
+        let got = run_all(&e, &ps);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g, w, "request {i} differs when batched (round {round})");
+        }
     }
-    assert!(e.metrics().steps.load(Relaxed) < 16 * 24);
+    assert!(e.metrics().steps.load(Relaxed) < 2 * 16 * 24);
+    assert!(e.metrics().cached_prompt_tokens.load(Relaxed) > 0);
+    let off = engine_ckpt(&lm, 512, 16, 0, 0);
+    assert!(
+        !off.config().prefix_caching,
+        "without checkpoints prefix caching is off for a hybrid model"
+    );
+    assert_eq!(run_all(&off, &ps), want);
 }
 
 /// A pool of 12 blocks (192 positions) for 8 sequences of up to 87: the scheduler preempts,
-/// the preempted sequences start again from position 0 with a zeroed state.
+/// the preempted sequences start again from position 0 with a zeroed state (no checkpoints)
+/// or from a checkpoint of theirs still in the cache (a few checkpoints, evicted with their
+/// blocks and by one another).
 #[test]
 fn preemption_recomputes_the_state_and_changes_nothing() {
     let lm = model();
     let ps = prompts(8);
     let want = alone(&lm, &ps);
-    let e = engine(&lm, 12, 8);
-    let got = run_all(&e, &ps);
-    assert!(
-        e.metrics().preemptions.load(Relaxed) > 0,
-        "the pool was meant to force preemption"
-    );
-    assert_eq!(got, want);
+    for ckpts in [0, 3] {
+        let e = engine_ckpt(&lm, 12, 8, ckpts, 0);
+        let got = run_all(&e, &ps);
+        assert!(
+            e.metrics().preemptions.load(Relaxed) > 0,
+            "the pool was meant to force preemption"
+        );
+        assert_eq!(got, want, "{ckpts} checkpoints");
+    }
 }
 
 /// Two completions of one prompt: the second is forked after the prompt, with the first's
-/// recurrent state; greedy, both give the tokens of the prompt alone. A repeated prompt takes
-/// nothing from a prefix cache.
+/// recurrent state; greedy, both give the tokens of the prompt alone. The repeated prompt (29
+/// tokens) starts from the checkpoint at its last block boundary (16), or from nothing
+/// without checkpoints.
 #[test]
-fn forked_completions_continue_the_state_and_nothing_is_cached() {
+fn forked_completions_continue_the_state_and_a_repeat_restores_it() {
     let lm = model();
     let p = prompts(5).remove(4);
+    assert_eq!(p.len(), 29);
     let want = alone(&lm, std::slice::from_ref(&p)).remove(0);
-    let e = engine(&lm, 256, 4);
-    for _ in 0..2 {
-        let (tx, rx) = channel();
-        e.submit(request(p.clone(), 2, tx)).unwrap();
-        let (tokens, cached) = collect(rx, 2);
-        assert_eq!(tokens, [want.clone(), want.clone()]);
-        assert_eq!(cached, 0);
+    for (ckpts, cached_again) in [(16, 16), (0, 0)] {
+        let e = engine_ckpt(&lm, 256, 4, ckpts, 0);
+        for round in 0..2 {
+            let (tx, rx) = channel();
+            e.submit(request(p.clone(), 2, tx)).unwrap();
+            let (tokens, cached) = collect(rx, 2);
+            assert_eq!(tokens, [want.clone(), want.clone()]);
+            assert_eq!(cached, if round == 0 { 0 } else { cached_again });
+        }
     }
+}
+
+/// Runs one request of `max_tokens` greedy tokens; its tokens and cached prompt tokens.
+fn run_one(e: &EngineHandle, prompt: &[u32], max_tokens: usize) -> (Vec<u32>, usize) {
+    let (tx, rx) = channel();
+    let mut req = request(prompt.to_vec(), 1, tx);
+    req.params = greedy(max_tokens);
+    e.submit(req).unwrap();
+    let (mut tokens, cached) = collect(rx, 1);
+    (tokens.remove(0), cached)
+}
+
+/// A two-turn chat: the second turn's prompt is the first's prompt, its answer and three
+/// new tokens (47). The first turn left checkpoints at its prompt's last block boundary (16)
+/// and at the last one it generated to (20 + 23 computed: 32), so the second turn reports 32
+/// tokens cached, computes 15, and gives a cold run's tokens.
+#[test]
+fn a_follow_up_turn_starts_from_the_first_turns_state() {
+    let lm = model();
+    let p: Vec<u32> = (0..20u32).map(|k| 3 + (k * 31 + k * k) % 120).collect();
+    let e = engine(&lm, 256, 4);
+    let (first, cached) = run_one(&e, &p, 24);
+    assert_eq!(cached, 0);
+    assert_eq!(first, alone_n(&lm, &p, 24));
+    let mut turn = p.clone();
+    turn.extend_from_slice(&first);
+    turn.extend_from_slice(&[7, 8, 9]);
+    let (second, cached) = run_one(&e, &turn, 16);
+    assert_eq!(cached, 32, "the first turn's prompt and answer up to a block boundary");
+    assert_eq!(second, alone_n(&lm, &turn, 16));
+    let cold = engine_ckpt(&lm, 256, 4, 0, 0);
+    assert_eq!(run_one(&cold, &turn, 16), (second, 0));
+}
+
+/// Prompts sharing a 40-token system prompt. Without a checkpoint interval the first leaves
+/// a checkpoint at its own last block boundary (48) only; the second finds the shared blocks
+/// (0..32) cached without a state, computes them and leaves a checkpoint where the prompts
+/// part ways; the third starts there. With a 16-position interval the second starts at 32
+/// already. Every one gives a cold run's tokens.
+#[test]
+fn a_shared_system_prompt_is_cached() {
+    let lm = model();
+    let sys: Vec<u32> = (0..40u32).map(|k| 3 + (k * 17 + k * k * 3) % 120).collect();
+    let user = |salt: u32| -> Vec<u32> {
+        let mut p = sys.clone();
+        p.extend((0..10).map(|k| 5 + (salt * 13 + k * 7) % 110));
+        p
+    };
+    let ps = [user(1), user(2), user(3)];
+    let want = alone(&lm, &ps);
+    for (interval, cached) in [(0, [0, 0, 32]), (16, [0, 32, 32])] {
+        let e = engine_ckpt(&lm, 256, 4, 16, interval);
+        for (i, p) in ps.iter().enumerate() {
+            let (got, c) = run_one(&e, p, 24);
+            assert_eq!(c, cached[i], "request {i}, interval {interval}");
+            assert_eq!(got, want[i], "request {i}, interval {interval}");
+        }
+    }
+}
+
+/// Memory pressure: two checkpoints for many prompts, and a pool of 10 blocks that evicts
+/// cached blocks (and the checkpoints keyed by them). A repeated prompt whose checkpoint was
+/// evicted is computed from the start; every answer is a cold run's.
+#[test]
+fn evicted_checkpoints_and_blocks_change_nothing() {
+    let lm = model();
+    let ps = prompts(10);
+    let want = alone(&lm, &ps);
+    let e = engine_ckpt(&lm, 10, 2, 2, 16);
+    let mut hits = 0;
+    for round in 0..2 {
+        for (i, p) in ps.iter().enumerate() {
+            let (got, cached) = run_one(&e, p, 24);
+            assert_eq!(got, want[i], "request {i}, round {round}");
+            hits += usize::from(cached > 0);
+        }
+    }
+    // The last prompt's checkpoints survive; the first ones' were evicted.
+    let (got, cached) = run_one(&e, &ps[9], 24);
+    assert_eq!(got, want[9]);
+    assert!(cached > 0, "the most recent prompt is still cached");
+    let (got, cached) = run_one(&e, &ps[2], 24);
+    assert_eq!(got, want[2]);
+    assert_eq!(cached, 0, "an early prompt's checkpoint was evicted");
+    assert!(hits < 2 * ps.len() - 2, "pressure evicted some checkpoints");
 }
 
 struct Echo;

@@ -179,7 +179,7 @@ fn a_checkpoint_restores_the_state_mid_prompt() {
     let mut kv = KvCache::paged(&m.config, 8, 3, 64);
     kv.set_checkpoints(2);
     let mut ws = Workspace::default();
-    assert!(kv.restore_state(0, 1).is_err(), "nothing captured yet");
+    assert!(kv.restore_state(0, 1, 32).is_err(), "nothing captured yet");
     kv.set_table(0, &[0, 1, 2], 0).unwrap();
     kv.set_table(2, &[5], 0).unwrap();
     kv.capture_state(0, 32, 0).unwrap();
@@ -195,7 +195,8 @@ fn a_checkpoint_restores_the_state_mid_prompt() {
 
     // Sequence 1: blocks 0 and 1 shared (positions 0..32), its own block 3 after them.
     kv.set_table(1, &[0, 1, 3], 32).unwrap();
-    assert_eq!(kv.restore_state(0, 1).unwrap(), 32);
+    assert!(kv.restore_state(0, 1, 16).is_err(), "another position");
+    kv.restore_state(0, 1, 32).unwrap();
     let rest = Batch::for_sequence(&follow[32..], 32, 1, true);
     let got = m.forward(&pool, &rest, &mut kv, &mut ws).unwrap();
     assert_eq!(got, &want[32 * v..], "logits after the restored state");
@@ -205,5 +206,5 @@ fn a_checkpoint_restores_the_state_mid_prompt() {
     let more = Batch::for_sequence(&[5], follow.len(), 1, true);
     m.forward(&pool, &more, &mut kv, &mut ws).unwrap();
     assert_eq!(kv.checkpoint_len(1), None);
-    assert!(kv.restore_state(1, 0).is_err());
+    assert!(kv.restore_state(1, 0, 40).is_err());
 }

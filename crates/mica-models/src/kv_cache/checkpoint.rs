@@ -86,14 +86,18 @@ impl KvCache {
         self.captures.iter_mut().for_each(Vec::clear);
     }
 
-    /// Copies checkpoint `ckpt` into `seq`'s state; `seq` then continues at the returned
-    /// position (its block table must hold the keys and values of the positions before it).
-    pub fn restore_state(&mut self, ckpt: usize, seq: SeqId) -> Result<usize> {
-        let Some(len) = self.checkpoint_len(ckpt) else {
+    /// Copies checkpoint `ckpt`, the state after `at` positions, into `seq`'s state; `seq`
+    /// then continues at `at` (its block table must hold the keys and values of the
+    /// positions before it). An error when the checkpoint holds no state or another
+    /// position's.
+    pub fn restore_state(&mut self, ckpt: usize, seq: SeqId, at: usize) -> Result<()> {
+        let len = self.checkpoint_len(ckpt);
+        if len != Some(at) {
             return Err(ModelError::Batch(format!(
-                "checkpoint {ckpt} holds no recurrent state"
+                "checkpoint {ckpt} holds the recurrent state after {} positions, not {at}",
+                len.unwrap_or(0)
             )));
-        };
+        }
         let n_seq = self.states.len();
         let src = &self.checkpoints[ckpt];
         let dst = self.states.get_mut(seq).ok_or_else(|| {
@@ -103,8 +107,8 @@ impl KvCache {
         })?;
         dst.conv.clone_from(&src.conv);
         dst.ssm.clone_from(&src.ssm);
-        dst.len = len;
-        Ok(len)
+        dst.len = at;
+        Ok(())
     }
 
     /// Called by a DeltaNet layer after it computed position `at - 1` of `seq`: saves the
