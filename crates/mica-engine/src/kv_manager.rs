@@ -287,7 +287,13 @@ impl BlockManager {
     /// positions `start + 1 ..= start + n` a step computes. The engine asks the cache to
     /// capture them ([`SeqBlocks::captures`]); a boundary left without one when the pool
     /// has none to spare is simply not saved.
-    pub fn plan_captures(&mut self, seq: &mut SeqBlocks, start: usize, n: usize, prompt_len: usize) {
+    pub fn plan_captures(
+        &mut self,
+        seq: &mut SeqBlocks,
+        start: usize,
+        n: usize,
+        prompt_len: usize,
+    ) {
         let Some(ck) = &mut self.ckpt else { return };
         let bs = self.block_size;
         let prompt_end = prompt_len.saturating_sub(1) / bs * bs;
@@ -830,6 +836,77 @@ mod tests {
             "the mixed block is private"
         );
         m.free(&mut e);
+        assert_eq!(m.n_used(), 0);
+    }
+
+    /// Computes `prompt` (vector path) in `seq` from position 0, with capture planning and
+    /// committing as the engine does, generating nothing.
+    fn compute(m: &mut BlockManager, seq: &mut SeqBlocks, prompt: &[u32]) {
+        let hit = m.match_prefix(seq, prompt, prompt.len());
+        let n = prompt.len() - hit;
+        assert!(m.allocate(seq, hit, prompt.len(), &mut Vec::new()));
+        m.take_restore(seq);
+        m.plan_captures(seq, hit, n, prompt.len());
+        m.computed(seq, hit, n, false);
+        m.cache_full_blocks(seq, prompt, prompt.len());
+        m.commit_captures(seq, prompt.len());
+    }
+
+    #[test]
+    fn a_hybrid_prefix_ends_at_a_checkpoint_which_goes_with_its_block() {
+        let mut m = BlockManager::new(8, 4);
+        m.set_checkpoints(4, 0);
+        // 11 tokens: blocks 0..8 full, a checkpoint at the last boundary before the last
+        // token (8).
+        let p = toks(11, 1);
+        let mut a = SeqBlocks::default();
+        compute(&mut m, &mut a, &p);
+        assert_eq!(m.n_cached(), 2);
+        assert_eq!(m.checkpoints().unwrap().n_committed(), 1);
+        m.free(&mut a);
+        // The same prompt takes both blocks and the checkpoint; one that shares only block
+        // 0 finds it cached but has no state there: nothing is taken, and it checkpoints
+        // where it leaves the first prompt (4) besides its own end.
+        let mut b = SeqBlocks::default();
+        assert_eq!(m.match_prefix(&mut b, &p, p.len()), 8);
+        let ck = m.take_restore(&mut b).expect("a checkpoint to restore");
+        assert_eq!(m.checkpoints().unwrap().get(b.hashes[1]), Some(ck));
+        m.free(&mut b);
+        let mut q = p[..4].to_vec();
+        q.extend(toks(7, 50));
+        let mut c = SeqBlocks::default();
+        assert_eq!(m.match_prefix(&mut c, &q, q.len()), 0);
+        assert!(m.take_restore(&mut c).is_none());
+        m.free(&mut c);
+        let mut c = SeqBlocks::default();
+        compute(&mut m, &mut c, &q);
+        assert_eq!(
+            m.checkpoints().unwrap().n_committed(),
+            3,
+            "at 8 (p), 4 and 8 (q)"
+        );
+        m.free(&mut c);
+        let mut r = p[..4].to_vec();
+        r.extend(toks(5, 90));
+        let mut d = SeqBlocks::default();
+        assert_eq!(m.match_prefix(&mut d, &r, r.len()), 4, "the shared start");
+        assert!(m.take_restore(&mut d).is_some());
+        m.free(&mut d);
+        // Evicting the blocks drops the checkpoints keyed by them.
+        let mut e = SeqBlocks::default();
+        assert!(m.allocate(&mut e, 0, 32, &mut Vec::new()));
+        assert_eq!(m.n_cached(), 0);
+        assert_eq!(m.checkpoints().unwrap().n_committed(), 0);
+        m.free(&mut e);
+        // A fork neither restores nor captures for its parent.
+        let mut f = SeqBlocks::default();
+        assert!(m.allocate(&mut f, 0, 11, &mut Vec::new()));
+        m.plan_captures(&mut f, 0, 11, 11);
+        assert_eq!(f.captures().count(), 1);
+        let mut g = m.fork(&f);
+        assert_eq!(g.captures().count(), 0);
+        m.free(&mut g);
+        m.free(&mut f);
         assert_eq!(m.n_used(), 0);
     }
 }

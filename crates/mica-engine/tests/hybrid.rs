@@ -233,7 +233,10 @@ fn a_follow_up_turn_starts_from_the_first_turns_state() {
     turn.extend_from_slice(&first);
     turn.extend_from_slice(&[7, 8, 9]);
     let (second, cached) = run_one(&e, &turn, 16);
-    assert_eq!(cached, 32, "the first turn's prompt and answer up to a block boundary");
+    assert_eq!(
+        cached, 32,
+        "the first turn's prompt and answer up to a block boundary"
+    );
     assert_eq!(second, alone_n(&lm, &turn, 16));
     let cold = engine_ckpt(&lm, 256, 4, 0, 0);
     assert_eq!(run_one(&cold, &turn, 16), (second, 0));

@@ -50,11 +50,8 @@ impl Default for EngineOptions {
 impl EngineOptions {
     /// The engine configuration these options give for `model`.
     pub fn to_config(&self, model: &Model) -> EngineConfig {
-        let mem = EngineConfig::memory_plan(
-            model.loaded(),
-            self.kv_bytes,
-            self.scheduler.max_running,
-        );
+        let mem =
+            EngineConfig::memory_plan(model.loaded(), self.kv_bytes, self.scheduler.max_running);
         EngineConfig {
             n_threads: self
                 .threads
