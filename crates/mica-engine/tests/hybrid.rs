@@ -390,3 +390,64 @@ fn kv_memory_pays_for_the_recurrent_states_first() {
     );
     assert_eq!(EngineConfig::blocks_for_memory(&lm, state, 2), 0);
 }
+
+/// The second turn of a chat with and without state checkpoints: its time to first token
+/// (prompt processing) and its cached tokens, printed. A measurement, not a check of speed:
+/// run by hand, on the fixture or on the model at `MICA_HYBRID_TIMING_GGUF` (e.g. random
+/// weights with Qwen3.5-0.8B's shapes), with `MICA_HYBRID_TIMING_SHAPE=PROMPT,ANSWER,NEW`
+/// token counts (default 20,24,3: under attention's tiled-path threshold, so the answer's
+/// blocks are shared too; at 64 tokens or more a prompt is computed on the tiled path and
+/// shares only the first turn's prompt blocks).
+#[test]
+#[ignore = "a measurement: run by hand with --ignored --nocapture"]
+fn second_turn_timing() {
+    use std::time::Instant;
+    let lm = match std::env::var_os("MICA_HYBRID_TIMING_GGUF") {
+        Some(p) => Arc::new(LoadedModel::open(std::path::Path::new(&p)).unwrap()),
+        None => model(),
+    };
+    let shape: Vec<usize> = std::env::var("MICA_HYBRID_TIMING_SHAPE")
+        .unwrap_or_else(|_| "20,24,3".into())
+        .split(',')
+        .map(|s| s.trim().parse().unwrap())
+        .collect();
+    let (np, na, nn) = (shape[0], shape[1], shape[2]);
+    let vocab = lm.model.config.n_vocab as u32;
+    let p: Vec<u32> = (0..np as u32)
+        .map(|k| 3 + (k * 31 + k * k) % (vocab - 3))
+        .collect();
+    let state = mica_models::KvCache::state_bytes_per_seq(&lm.model.config);
+    eprintln!("recurrent state (one checkpoint): {state} bytes");
+    for ckpts in [16, 0] {
+        let cfg = EngineConfig {
+            n_threads: 2,
+            n_ctx: 4096,
+            kv_blocks: 512,
+            scheduler: SchedulerConfig {
+                max_running: 4,
+                max_batch_tokens: 512,
+                ..SchedulerConfig::default()
+            },
+            max_waiting_per_lane: 64,
+            prefix_caching: true,
+            max_n: 1,
+            abandon_every: 0,
+            state_checkpoints: ckpts,
+            state_checkpoint_interval: 0,
+        };
+        let e = EngineHandle::start(lm.clone(), cfg).unwrap();
+        let (first, _) = run_one(&e, &p, na);
+        let mut turn = p.clone();
+        turn.extend_from_slice(&first);
+        turn.extend((0..nn as u32).map(|k| 5 + k % (vocab - 5)));
+        let t = Instant::now();
+        let (second, cached) = run_one(&e, &turn, 1);
+        let ttft = t.elapsed();
+        eprintln!(
+            "{ckpts} checkpoints: second turn of {} tokens, {cached} cached, first token in \
+             {:.1} ms (token {second:?})",
+            turn.len(),
+            ttft.as_secs_f64() * 1e3
+        );
+    }
+}
