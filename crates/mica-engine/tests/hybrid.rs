@@ -451,3 +451,54 @@ fn second_turn_timing() {
         );
     }
 }
+
+/// A sink whose client goes away after `left` tokens.
+struct HangUp(Sender<Event>, usize);
+impl EventSink for HangUp {
+    fn send(&mut self, ev: Event) -> bool {
+        if matches!(ev, Event::Token { .. }) {
+            if self.1 == 0 {
+                return false;
+            }
+            self.1 -= 1;
+        }
+        self.0.send(ev).is_ok()
+    }
+    fn is_closed(&self) -> bool {
+        self.1 == 0
+    }
+}
+
+/// Requests cancelled part-way (their clients gone), with two checkpoints to go round: a
+/// cancelled request keeps the checkpoint its prompt completed (a repeat starts from it),
+/// and what it reserved or pinned comes back, so later prompts still checkpoint; every
+/// answer is a cold run's.
+#[test]
+fn cancelled_requests_give_their_checkpoints_back() {
+    let lm = model();
+    let ps = prompts(6);
+    let want = alone(&lm, &ps);
+    let e = engine_ckpt(&lm, 64, 4, 2, 0);
+    for (i, p) in ps.iter().enumerate() {
+        let (tx, rx) = channel();
+        let mut req = request(p.clone(), 1, tx.clone());
+        req.sink = Box::new(HangUp(tx, 2 + i));
+        e.submit(req).unwrap();
+        let got: Vec<u32> = rx
+            .iter()
+            .filter_map(|ev| match ev {
+                Event::Token { token, .. } => Some(token),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(got[..], want[i][..2 + i], "request {i} before it was cancelled");
+    }
+    let p = &ps[4];
+    assert_eq!(p.len(), 29);
+    assert_eq!(run_one(&e, p, 24), (want[4].clone(), 16));
+    let q = &ps[1];
+    assert_eq!(q.len(), 40);
+    assert_eq!(run_one(&e, q, 24), (want[1].clone(), 0));
+    assert_eq!(run_one(&e, q, 24), (want[1].clone(), 32));
+    assert_eq!(run_one(&e, p, 24), (want[4].clone(), 0), "evicted by q's two");
+}
