@@ -491,7 +491,11 @@ fn cancelled_requests_give_their_checkpoints_back() {
                 _ => None,
             })
             .collect();
-        assert_eq!(got[..], want[i][..2 + i], "request {i} before it was cancelled");
+        assert_eq!(
+            got[..],
+            want[i][..2 + i],
+            "request {i} before it was cancelled"
+        );
     }
     let p = &ps[4];
     assert_eq!(p.len(), 29);
@@ -500,5 +504,12 @@ fn cancelled_requests_give_their_checkpoints_back() {
     assert_eq!(q.len(), 40);
     assert_eq!(run_one(&e, q, 24), (want[1].clone(), 0));
     assert_eq!(run_one(&e, q, 24), (want[1].clone(), 32));
-    assert_eq!(run_one(&e, p, 24), (want[4].clone(), 0), "evicted by q's two");
+    assert_eq!(
+        run_one(&e, p, 24),
+        (want[4].clone(), 0),
+        "evicted by q's two"
+    );
+    let m = e.metrics();
+    assert_eq!(m.state_checkpoints_total.load(Relaxed), 2);
+    assert_eq!(m.state_checkpoints_cached.load(Relaxed), 2);
 }
