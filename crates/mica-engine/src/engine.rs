@@ -6,12 +6,15 @@
 //! out), so it needs no async runtime. Each iteration of its loop is vLLM v1's step:
 //! 1. **schedule** — [`Scheduler::schedule`] picks how many tokens each sequence gets under
 //!    the token budget (priority lanes, chunked prompts, preemption when KV runs out);
-//! 2. **execute** — block copies for copy-on-write, block tables into the paged
-//!    [`KvCache`], and one ragged [`Batch`] of every scheduled token through the forward
-//!    pass (attention per sequence, [`AttentionPolicy::PerSequence`], so results do not
-//!    depend on the rest of the batch);
+//! 2. **execute** — block copies for copy-on-write, a hybrid model's recurrent states
+//!    restored from checkpoints for sequences starting from a cached prefix (and the
+//!    states to checkpoint named to the cache, see [`crate::checkpoints`]), block tables
+//!    into the paged [`KvCache`], and one ragged [`Batch`] of every scheduled token through
+//!    the forward pass (attention per sequence, [`AttentionPolicy::PerSequence`], so results
+//!    do not depend on the rest of the batch);
 //! 3. **update** ([`update`]) — per sequence: record computed tokens (full blocks enter the
-//!    prefix cache, generated ones too), choose tokens with the sequence's own
+//!    prefix cache, generated ones too, and so do the state checkpoints the step
+//!    completed), choose tokens with the sequence's own
 //!    [`SequenceDecoder`](crate::decoder::SequenceDecoder) (processors, seeded sampler, stop
 //!    strings, finish on EOS / stop / max tokens / context), stream them, and free.
 //!

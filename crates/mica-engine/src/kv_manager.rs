@@ -342,10 +342,11 @@ impl BlockManager {
                 ck.release(id);
                 continue;
             };
-            if ck.commit(id, h) && generated {
-                if let Some(prev) = seq.turn_end.replace(h) {
-                    ck.forget(prev);
-                }
+            if ck.commit(id, h)
+                && generated
+                && let Some(prev) = seq.turn_end.replace(h)
+            {
+                ck.forget(prev);
             }
         }
     }
