@@ -371,7 +371,7 @@ fn a_hybrid_draft_model_is_refused() {
 }
 
 /// A KV memory budget holds the recurrent states of the running sequences first: the blocks
-/// are what is left after `max_running` states.
+/// are what is left after `max_running` states (and, with checkpoints, after those).
 #[test]
 fn kv_memory_pays_for_the_recurrent_states_first() {
     use mica_models::KvCache;
@@ -389,6 +389,19 @@ fn kv_memory_pays_for_the_recurrent_states_first() {
         bytes / block
     );
     assert_eq!(EngineConfig::blocks_for_memory(&lm, state, 2), 0);
+    // With checkpoints: a quarter of what the running states leave, the blocks the rest.
+    let plan = EngineConfig::memory_plan(&lm, bytes, 8);
+    assert_eq!(plan.state_checkpoints, 64 * block / 4 / state);
+    assert!(plan.state_checkpoints > 0);
+    assert_eq!(
+        plan.kv_blocks,
+        (64 * block - plan.state_checkpoints * state) / block
+    );
+    // At most two per running sequence.
+    assert_eq!(
+        EngineConfig::memory_plan(&lm, 100 * state, 1).state_checkpoints,
+        2
+    );
 }
 
 /// The second turn of a chat with and without state checkpoints: its time to first token
@@ -512,4 +525,33 @@ fn cancelled_requests_give_their_checkpoints_back() {
     let m = e.metrics();
     assert_eq!(m.state_checkpoints_total.load(Relaxed), 2);
     assert_eq!(m.state_checkpoints_cached.load(Relaxed), 2);
+}
+
+/// A checkpoint interval must fall on block boundaries.
+#[test]
+fn a_checkpoint_interval_off_the_blocks_is_refused() {
+    let lm = model();
+    let cfg = EngineConfig {
+        n_threads: 1,
+        n_ctx: 256,
+        kv_blocks: 64,
+        scheduler: SchedulerConfig::default(),
+        max_waiting_per_lane: 4,
+        prefix_caching: true,
+        max_n: 1,
+        abandon_every: 0,
+        state_checkpoints: 4,
+        state_checkpoint_interval: 24,
+    };
+    let err = EngineHandle::start(lm, cfg).err().expect("refused");
+    assert!(
+        matches!(
+            err,
+            mica_engine::EngineError::Config(mica_engine::ConfigError::CheckpointInterval {
+                interval: 24,
+                block_size: 16
+            })
+        ),
+        "{err}"
+    );
 }
