@@ -6,12 +6,15 @@
 //! out), so it needs no async runtime. Each iteration of its loop is vLLM v1's step:
 //! 1. **schedule** — [`Scheduler::schedule`] picks how many tokens each sequence gets under
 //!    the token budget (priority lanes, chunked prompts, preemption when KV runs out);
-//! 2. **execute** — block copies for copy-on-write, block tables into the paged
-//!    [`KvCache`], and one ragged [`Batch`] of every scheduled token through the forward
-//!    pass (attention per sequence, [`AttentionPolicy::PerSequence`], so results do not
-//!    depend on the rest of the batch);
+//! 2. **execute** — block copies for copy-on-write, a hybrid model's recurrent states
+//!    restored from checkpoints for sequences starting from a cached prefix (and the
+//!    states to checkpoint named to the cache, see [`crate::checkpoints`]), block tables
+//!    into the paged [`KvCache`], and one ragged [`Batch`] of every scheduled token through
+//!    the forward pass (attention per sequence, [`AttentionPolicy::PerSequence`], so results
+//!    do not depend on the rest of the batch);
 //! 3. **update** ([`update`]) — per sequence: record computed tokens (full blocks enter the
-//!    prefix cache, generated ones too), choose tokens with the sequence's own
+//!    prefix cache, generated ones too, and so do the state checkpoints the step
+//!    completed), choose tokens with the sequence's own
 //!    [`SequenceDecoder`](crate::decoder::SequenceDecoder) (processors, seeded sampler, stop
 //!    strings, finish on EOS / stop / max tokens / context), stream them, and free.
 //!
@@ -74,11 +77,19 @@ pub struct EngineConfig {
     pub scheduler: SchedulerConfig,
     /// Requests per lane that may wait for a slot before new ones are refused.
     pub max_waiting_per_lane: usize,
-    /// Reuse the KV blocks of prompt prefixes computed before. Forced off for a hybrid
-    /// model (Qwen3.5's recurrent layers): a cached prefix's keys and values come without
-    /// the recurrent state at its end, so every prompt is computed from its first token
-    /// ([`EngineHandle::config`] reports the setting in force).
+    /// Reuse the KV blocks of prompt prefixes computed before. A hybrid model (Qwen3.5's
+    /// recurrent layers) reuses a prefix only up to a recurrent-state checkpoint
+    /// ([`crate::checkpoints`]), and only with `state_checkpoints` > 0: without any it is
+    /// forced off ([`EngineHandle::config`] reports the setting in force).
     pub prefix_caching: bool,
+    /// Hybrid models: recurrent-state checkpoints kept for prefix caching, least recently
+    /// used evicted first; each takes [`KvCache::state_bytes_per_seq`] bytes
+    /// ([`EngineConfig::memory_plan`] sizes them with the blocks). Ignored for other models.
+    pub state_checkpoints: usize,
+    /// Hybrid models: also checkpoint a prompt's state every this many positions (a
+    /// multiple of [`BLOCK_SIZE`]; 0: only at the points `crate::kv_manager` describes), so
+    /// prompts sharing a long prefix take most of it even from the first one.
+    pub state_checkpoint_interval: usize,
     /// Most completions per request (`n`).
     pub max_n: usize,
     /// Diagnostics: abandon every N-th step half-way through its forward pass, as if a
@@ -87,7 +98,35 @@ pub struct EngineConfig {
     pub abandon_every: u64,
 }
 
+/// How a KV memory budget is split ([`EngineConfig::memory_plan`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryPlan {
+    pub kv_blocks: usize,
+    pub state_checkpoints: usize,
+}
+
 impl EngineConfig {
+    /// Splits `bytes` of KV memory for `model` with up to `max_running` sequences running:
+    /// a hybrid model's running states first, then recurrent-state checkpoints (a quarter
+    /// of what is left, at most two per running sequence), then blocks for the rest. An
+    /// attention-only model gets [`EngineConfig::blocks_for_memory`] and no checkpoints.
+    pub fn memory_plan(model: &LoadedModel, bytes: usize, max_running: usize) -> MemoryPlan {
+        let cfg = &model.model.config;
+        let state = KvCache::state_bytes_per_seq(cfg);
+        if state == 0 {
+            return MemoryPlan {
+                kv_blocks: Self::blocks_for_memory(model, bytes, max_running),
+                state_checkpoints: 0,
+            };
+        }
+        let rest = bytes.saturating_sub(max_running.saturating_mul(state));
+        let state_checkpoints = (rest / 4 / state).min(2 * max_running.max(1));
+        MemoryPlan {
+            kv_blocks: (rest - state_checkpoints * state) / KvCache::bytes_per_block(cfg),
+            state_checkpoints,
+        }
+    }
+
     /// Blocks that fit in `bytes` of KV memory for `model` with up to `max_running`
     /// sequences running: a hybrid model's recurrent states (one per running sequence,
     /// [`KvCache::state_bytes_per_seq`]) come out of the same bytes first.
@@ -150,9 +189,19 @@ impl EngineHandle {
         if cfg.n_threads == 0 {
             return Err(ConfigError::NoThreads.into());
         }
-        // A recurrent state cannot be cut back to a cached prefix (docs/families.md).
+        if !cfg.state_checkpoint_interval.is_multiple_of(BLOCK_SIZE) {
+            return Err(ConfigError::CheckpointInterval {
+                interval: cfg.state_checkpoint_interval,
+                block_size: BLOCK_SIZE,
+            }
+            .into());
+        }
+        // A recurrent state cannot be cut back to a cached prefix: a hybrid model reuses
+        // prefixes only through state checkpoints (docs/families.md).
         let recurrent = model.model.config.has_recurrent_state();
-        if recurrent {
+        if !recurrent {
+            cfg.state_checkpoints = 0;
+        } else if cfg.state_checkpoints == 0 {
             cfg.prefix_caching = false;
         }
         let n_vocab = model.model.config.n_vocab;
@@ -345,9 +394,13 @@ impl Core {
         pool: Arc<ThreadPool>,
     ) -> Core {
         let mcfg = &model.model.config;
-        let kv = KvCache::paged(mcfg, cfg.kv_blocks, cfg.scheduler.max_running, cfg.n_ctx);
+        let mut kv = KvCache::paged(mcfg, cfg.kv_blocks, cfg.scheduler.max_running, cfg.n_ctx);
         let mut blocks = BlockManager::new(cfg.kv_blocks, BLOCK_SIZE);
         blocks.set_prefix_caching(cfg.prefix_caching);
+        if kv.has_state() && cfg.prefix_caching {
+            kv.set_checkpoints(cfg.state_checkpoints);
+            blocks.set_checkpoints(cfg.state_checkpoints, cfg.state_checkpoint_interval);
+        }
         let mut ws = Workspace::default();
         ws.attention = AttentionPolicy::PerSequence;
         Core {
@@ -522,6 +575,20 @@ impl Core {
         }
         self.batch.clear();
         self.ws.tiled_seqs.clear();
+        // Hybrid models: a sequence starting from a cached prefix restores the state there;
+        // the states worth keeping are captured on the way.
+        self.kv.clear_captures();
+        for s in &plan.seqs {
+            if let Some(ckpt) = self.sched.take_restore(s.id) {
+                self.kv.restore_state(ckpt, s.slot, s.start)?;
+            }
+            let seq = self.sched.get(s.id).expect("scheduled");
+            for (at, ckpt) in seq.blocks.captures() {
+                if at > s.start && at <= s.start + s.n {
+                    self.kv.capture_state(s.slot, at, ckpt)?;
+                }
+            }
+        }
         for s in &plan.seqs {
             if s.tiled {
                 self.ws.tiled_seqs.push(s.slot);

@@ -212,4 +212,8 @@ pub enum ConfigError {
     AbandonEveryStep,
     #[error("the thread count must be positive")]
     NoThreads,
+    #[error(
+        "the state checkpoint interval ({interval}) must be a multiple of the {block_size}-position KV block"
+    )]
+    CheckpointInterval { interval: usize, block_size: usize },
 }

@@ -24,7 +24,21 @@
 //!   one (e.g. OpenAI's `n` completions of one prompt). When a sequence is about to write
 //!   into a block another sequence still holds, it gets a private copy first: the manager
 //!   returns the `(src, dst)` copy for the engine to perform.
+//! - **Hybrid models** ([`BlockManager::set_checkpoints`]): cached keys and values are of
+//!   use only with the recurrent state at the end of the prefix they hold, so a prompt takes
+//!   cached blocks only up to the last one that has a state checkpoint
+//!   ([`crate::checkpoints`]), and the engine restores that checkpoint into the sequence's
+//!   state ([`BlockManager::take_restore`]). Which states get saved is planned per step
+//!   ([`BlockManager::plan_captures`]): at the last block boundary of the prompt (a repeated
+//!   or extended prompt takes everything before its last block), at the end of the blocks a
+//!   prompt found cached beyond its checkpoint (the point where prompts sharing a system
+//!   prompt part ways, so the next one takes all of it), every `interval` positions of a
+//!   prompt when asked, and at the last block boundary a sequence has generated to (the end
+//!   of a chat turn, which the next turn's prompt extends; each such checkpoint replaces the
+//!   sequence's previous one). They are committed under the block's hash once computed
+//!   ([`BlockManager::commit_captures`]) and dropped with that block.
 
+use crate::checkpoints::{Checkpoints, CkptId};
 use mica_models::blocks::attention::TILED_MIN_TOKENS;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
@@ -42,6 +56,16 @@ pub struct SeqBlocks {
     /// How the computed positions of each block were computed (one entry per block with
     /// at least one computed position).
     arith: Vec<Arith>,
+    /// Hybrid models: the checkpoint (pinned) whose state the sequence must start from.
+    restore: Option<CkptId>,
+    /// Hybrid models: blocks of the prompt found in the prefix cache, with or without a
+    /// checkpoint.
+    matched: usize,
+    /// Hybrid models: checkpoints reserved for states still to compute, `(position,
+    /// checkpoint, generated)`; `generated`: at a boundary past the prompt.
+    captures: Vec<(usize, CkptId, bool)>,
+    /// Hybrid models: the hash of the last checkpoint committed past the prompt.
+    turn_end: Option<u64>,
 }
 
 /// How a block's positions were computed: attention's vector or tiled path (they round
@@ -59,6 +83,12 @@ impl SeqBlocks {
     }
     pub fn is_empty(&self) -> bool {
         self.blocks.is_empty()
+    }
+
+    /// Hybrid models: the checkpoints reserved for states the sequence is still to
+    /// compute, as `(position, checkpoint)`.
+    pub fn captures(&self) -> impl Iterator<Item = (usize, CkptId)> + '_ {
+        self.captures.iter().map(|&(p, c, _)| (p, c))
     }
 }
 
@@ -96,6 +126,10 @@ pub struct BlockManager {
     clock: u64,
     stats: CacheStats,
     prefix_caching: bool,
+    /// Hybrid models: the recurrent-state checkpoints (prefixes are taken only up to one).
+    ckpt: Option<Checkpoints>,
+    /// Hybrid models: capture a prompt's state every this many positions (0: never).
+    ckpt_interval: usize,
 }
 
 /// Hash of a full block: its tokens and arithmetic chained after the hash of everything
@@ -121,7 +155,22 @@ impl BlockManager {
             clock: 0,
             stats: CacheStats::default(),
             prefix_caching: true,
+            ckpt: None,
+            ckpt_interval: 0,
         }
+    }
+
+    /// Makes the cache a hybrid model's: prefixes are taken only up to a block whose end
+    /// has one of `n` recurrent-state checkpoints, captured as the module docs say (also
+    /// every `interval` positions of a prompt, a multiple of the block size; 0: not).
+    pub fn set_checkpoints(&mut self, n: usize, interval: usize) {
+        self.ckpt = Some(Checkpoints::new(n));
+        self.ckpt_interval = interval;
+    }
+
+    /// The checkpoint bookkeeping of a hybrid model's cache.
+    pub fn checkpoints(&self) -> Option<&Checkpoints> {
+        self.ckpt.as_ref()
     }
 
     /// Turns automatic prefix caching off (every block is private, nothing is kept).
@@ -189,6 +238,7 @@ impl BlockManager {
             Arith::Vector
         };
         let mut parent = 0u64;
+        let mut found = Vec::new();
         for chunk in tokens.chunks_exact(self.block_size).take(max_blocks) {
             let h = block_hash(parent, chunk, arith);
             let Some(&b) = self.cached.get(&h) else { break };
@@ -196,13 +246,125 @@ impl BlockManager {
             if m.parent != parent || m.tokens != chunk {
                 break;
             }
+            found.push((b, h));
+            parent = h;
+        }
+        seq.matched = found.len();
+        // A hybrid model's prefix ends at the last block with a state checkpoint.
+        let take = match &mut self.ckpt {
+            None => found.len(),
+            Some(ck) => {
+                let last = found.iter().rposition(|&(_, h)| ck.get(h).is_some());
+                if let Some(i) = last {
+                    let id = ck.get(found[i].1).expect("just found");
+                    ck.pin(id);
+                    seq.restore = Some(id);
+                }
+                last.map_or(0, |i| i + 1)
+            }
+        };
+        for &(b, h) in &found[..take] {
             self.acquire(b);
             seq.blocks.push(b);
             seq.hashes.push(h);
             seq.arith.push(arith);
-            parent = h;
         }
         seq.blocks.len() * self.block_size
+    }
+
+    /// Hybrid models: the checkpoint `seq` must restore its state from before its first
+    /// step (taken once; it may be reused after this).
+    pub fn take_restore(&mut self, seq: &mut SeqBlocks) -> Option<CkptId> {
+        let id = seq.restore.take()?;
+        if let Some(ck) = &mut self.ckpt {
+            ck.unpin(id);
+        }
+        Some(id)
+    }
+
+    /// Hybrid models: reserves checkpoints for the states `seq` (a prompt of `prompt_len`
+    /// tokens) reaches at the block boundaries worth keeping (module docs) within the
+    /// positions `start + 1 ..= start + n` a step computes. The engine asks the cache to
+    /// capture them ([`SeqBlocks::captures`]); a boundary left without one when the pool
+    /// has none to spare is simply not saved.
+    pub fn plan_captures(
+        &mut self,
+        seq: &mut SeqBlocks,
+        start: usize,
+        n: usize,
+        prompt_len: usize,
+    ) {
+        let Some(ck) = &mut self.ckpt else { return };
+        let bs = self.block_size;
+        let prompt_end = prompt_len.saturating_sub(1) / bs * bs;
+        let end = start + n;
+        let mut c = (start / bs + 1) * bs;
+        while c <= end {
+            let generated = c >= prompt_len;
+            let want = if generated {
+                // Only the last boundary of the step: each replaces the one before.
+                c + bs > end
+            } else {
+                c == prompt_end
+                    || c == seq.matched * bs
+                    || (self.ckpt_interval > 0 && c.is_multiple_of(self.ckpt_interval))
+            };
+            if want && !seq.captures.iter().any(|&(p, _, _)| p == c) {
+                // A new end of the turn replaces the sequence's last one (before it takes
+                // a checkpoint another prefix holds).
+                if generated && let Some(prev) = seq.turn_end.take() {
+                    ck.forget(prev);
+                }
+                let Some(id) = ck.reserve() else { return };
+                seq.captures.push((c, id, generated));
+            }
+            c += bs;
+        }
+    }
+
+    /// Hybrid models: commits the captures of `seq` that its first `n_computed` positions
+    /// completed, under the hash of the block each ends (registered by
+    /// [`BlockManager::cache_full_blocks`] first); a capture whose block did not enter the
+    /// prefix cache, or whose prefix has a checkpoint already, is given back.
+    pub fn commit_captures(&mut self, seq: &mut SeqBlocks, n_computed: usize) {
+        let Some(ck) = &mut self.ckpt else { return };
+        let bs = self.block_size;
+        let mut i = 0;
+        while i < seq.captures.len() {
+            let (at, id, generated) = seq.captures[i];
+            if at > n_computed {
+                i += 1;
+                continue;
+            }
+            seq.captures.swap_remove(i);
+            let h = seq.hashes.get(at / bs - 1).copied();
+            let Some(h) = h.filter(|h| self.cached.contains_key(h)) else {
+                ck.release(id);
+                continue;
+            };
+            if ck.commit(id, h)
+                && generated
+                && let Some(prev) = seq.turn_end.replace(h)
+            {
+                ck.forget(prev);
+            }
+        }
+    }
+
+    /// Gives back the checkpoints `seq` reserved or pinned.
+    fn drop_checkpoints(&mut self, seq: &mut SeqBlocks) {
+        if let Some(ck) = &mut self.ckpt {
+            for (_, id, _) in seq.captures.drain(..) {
+                ck.release(id);
+            }
+            if let Some(id) = seq.restore.take() {
+                ck.unpin(id);
+            }
+        }
+        seq.captures.clear();
+        seq.restore = None;
+        seq.matched = 0;
+        seq.turn_end = None;
     }
 
     /// Counts one prompt's lookup in the hit-rate statistics (called once per request, not
@@ -335,7 +497,12 @@ impl BlockManager {
         for &b in &seq.blocks {
             self.acquire(b);
         }
-        seq.clone()
+        SeqBlocks {
+            restore: None,
+            captures: Vec::new(),
+            turn_end: None,
+            ..seq.clone()
+        }
     }
 
     /// Releases the blocks of `seq`; cached ones stay cached until evicted.
@@ -347,6 +514,7 @@ impl BlockManager {
         seq.blocks.clear();
         seq.hashes.clear();
         seq.arith.clear();
+        self.drop_checkpoints(seq);
     }
 
     /// Drops one reference to `b`; at zero it becomes free (evictable if cached).
@@ -406,6 +574,9 @@ impl BlockManager {
             && self.cached.get(&h) == Some(&b)
         {
             self.cached.remove(&h);
+            if let Some(ck) = &mut self.ckpt {
+                ck.forget(h);
+            }
         }
     }
 }
@@ -666,6 +837,77 @@ mod tests {
             "the mixed block is private"
         );
         m.free(&mut e);
+        assert_eq!(m.n_used(), 0);
+    }
+
+    /// Computes `prompt` (vector path) in `seq` from position 0, with capture planning and
+    /// committing as the engine does, generating nothing.
+    fn compute(m: &mut BlockManager, seq: &mut SeqBlocks, prompt: &[u32]) {
+        let hit = m.match_prefix(seq, prompt, prompt.len());
+        let n = prompt.len() - hit;
+        assert!(m.allocate(seq, hit, prompt.len(), &mut Vec::new()));
+        m.take_restore(seq);
+        m.plan_captures(seq, hit, n, prompt.len());
+        m.computed(seq, hit, n, false);
+        m.cache_full_blocks(seq, prompt, prompt.len());
+        m.commit_captures(seq, prompt.len());
+    }
+
+    #[test]
+    fn a_hybrid_prefix_ends_at_a_checkpoint_which_goes_with_its_block() {
+        let mut m = BlockManager::new(8, 4);
+        m.set_checkpoints(4, 0);
+        // 11 tokens: blocks 0..8 full, a checkpoint at the last boundary before the last
+        // token (8).
+        let p = toks(11, 1);
+        let mut a = SeqBlocks::default();
+        compute(&mut m, &mut a, &p);
+        assert_eq!(m.n_cached(), 2);
+        assert_eq!(m.checkpoints().unwrap().n_committed(), 1);
+        m.free(&mut a);
+        // The same prompt takes both blocks and the checkpoint; one that shares only block
+        // 0 finds it cached but has no state there: nothing is taken, and it checkpoints
+        // where it leaves the first prompt (4) besides its own end.
+        let mut b = SeqBlocks::default();
+        assert_eq!(m.match_prefix(&mut b, &p, p.len()), 8);
+        let ck = m.take_restore(&mut b).expect("a checkpoint to restore");
+        assert_eq!(m.checkpoints().unwrap().get(b.hashes[1]), Some(ck));
+        m.free(&mut b);
+        let mut q = p[..4].to_vec();
+        q.extend(toks(7, 50));
+        let mut c = SeqBlocks::default();
+        assert_eq!(m.match_prefix(&mut c, &q, q.len()), 0);
+        assert!(m.take_restore(&mut c).is_none());
+        m.free(&mut c);
+        let mut c = SeqBlocks::default();
+        compute(&mut m, &mut c, &q);
+        assert_eq!(
+            m.checkpoints().unwrap().n_committed(),
+            3,
+            "at 8 (p), 4 and 8 (q)"
+        );
+        m.free(&mut c);
+        let mut r = p[..4].to_vec();
+        r.extend(toks(5, 90));
+        let mut d = SeqBlocks::default();
+        assert_eq!(m.match_prefix(&mut d, &r, r.len()), 4, "the shared start");
+        assert!(m.take_restore(&mut d).is_some());
+        m.free(&mut d);
+        // Evicting the blocks drops the checkpoints keyed by them.
+        let mut e = SeqBlocks::default();
+        assert!(m.allocate(&mut e, 0, 32, &mut Vec::new()));
+        assert_eq!(m.n_cached(), 0);
+        assert_eq!(m.checkpoints().unwrap().n_committed(), 0);
+        m.free(&mut e);
+        // A fork neither restores nor captures for its parent.
+        let mut f = SeqBlocks::default();
+        assert!(m.allocate(&mut f, 0, 11, &mut Vec::new()));
+        m.plan_captures(&mut f, 0, 11, 11);
+        assert_eq!(f.captures().count(), 1);
+        let mut g = m.fork(&f);
+        assert_eq!(g.captures().count(), 0);
+        m.free(&mut g);
+        m.free(&mut f);
         assert_eq!(m.n_used(), 0);
     }
 }

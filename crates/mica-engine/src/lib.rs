@@ -7,6 +7,7 @@
 //! forward pass per step; and embeddings pooled from the final hidden states.
 
 pub mod bench;
+pub mod checkpoints;
 pub mod decoder;
 pub mod dry;
 pub mod embed;

@@ -113,6 +113,10 @@ pub struct EngineMetrics {
     pub kv_blocks_total: AtomicU64,
     pub kv_blocks_used: AtomicU64,
     pub kv_blocks_cached: AtomicU64,
+    /// Hybrid models: recurrent-state checkpoints the prefix cache may hold.
+    pub state_checkpoints_total: AtomicU64,
+    /// Hybrid models: of those, checkpoints holding a cached prefix's state.
+    pub state_checkpoints_cached: AtomicU64,
     pub prefix_queried_tokens: AtomicU64,
     pub prefix_hit_tokens: AtomicU64,
     pub preemptions: AtomicU64,
@@ -140,6 +144,8 @@ impl Default for EngineMetrics {
             kv_blocks_total: z(),
             kv_blocks_used: z(),
             kv_blocks_cached: z(),
+            state_checkpoints_total: z(),
+            state_checkpoints_cached: z(),
             prefix_queried_tokens: z(),
             prefix_hit_tokens: z(),
             preemptions: z(),
@@ -276,6 +282,18 @@ impl EngineMetrics {
                 "KV cache blocks in the prefix cache.",
                 "gauge",
                 self.kv_blocks_cached.load(Relaxed),
+            ),
+            (
+                "mica_state_checkpoints_total",
+                "Recurrent-state checkpoints the prefix cache may hold (hybrid models).",
+                "gauge",
+                self.state_checkpoints_total.load(Relaxed),
+            ),
+            (
+                "mica_state_checkpoints_cached",
+                "Recurrent-state checkpoints holding a cached prefix's state (hybrid models).",
+                "gauge",
+                self.state_checkpoints_cached.load(Relaxed),
             ),
             (
                 "mica_prefix_cache_queried_tokens_total",

@@ -512,7 +512,21 @@ impl Scheduler {
                 .min()
                 .map(|l| Lane::ALL[l]);
         }
+        // Hybrid models: the recurrent states worth keeping that the step computes.
+        for p in &plan.seqs {
+            if let Some(s) = self.seqs.get_mut(&p.id) {
+                self.kv
+                    .plan_captures(&mut s.blocks, p.start, p.n, s.prompt_len);
+            }
+        }
         plan
+    }
+
+    /// Hybrid models: the checkpoint running sequence `id` must restore its recurrent state
+    /// from before its first step, if it starts from a cached prefix (given once).
+    pub fn take_restore(&mut self, id: ReqId) -> Option<crate::checkpoints::CkptId> {
+        let s = self.seqs.get_mut(&id)?;
+        self.kv.take_restore(&mut s.blocks)
     }
 
     /// Gives running sequence `id` room for `n` more tokens and schedules it, if the pool
@@ -700,6 +714,7 @@ impl Scheduler {
             let confirmed = s.n_computed.min(s.tokens.len() - s.n_draft);
             self.kv
                 .cache_full_blocks(&mut s.blocks, &s.tokens, confirmed);
+            self.kv.commit_captures(&mut s.blocks, confirmed);
         }
     }
 

@@ -54,6 +54,8 @@ fn engine_abandoning(lm: &Arc<LoadedModel>, kv_blocks: usize, abandon_every: u64
         prefix_caching: true,
         max_n: 8,
         abandon_every,
+        state_checkpoints: 0,
+        state_checkpoint_interval: 0,
     };
     EngineHandle::start(lm.clone(), cfg).unwrap()
 }
@@ -775,4 +777,33 @@ fn a_cached_prefix_never_changes_the_tokens() {
     );
     let out = collect(submit(&e, copy.clone(), greedy(n_gen), 1), 1);
     assert_eq!(out.tokens[0], want_copy, "after the short prompt");
+}
+
+/// An attention-only model's memory plan is all blocks: no recurrent states, no checkpoints
+/// (and an engine asked for checkpoints reports none).
+#[test]
+fn an_attention_model_plans_no_state_checkpoints() {
+    let lm = model();
+    let bytes = 64 << 20;
+    let plan = EngineConfig::memory_plan(&lm, bytes, 8);
+    assert_eq!(plan.state_checkpoints, 0);
+    assert_eq!(
+        plan.kv_blocks,
+        EngineConfig::blocks_for_memory(&lm, bytes, 8)
+    );
+    let cfg = EngineConfig {
+        n_threads: 1,
+        n_ctx: 256,
+        kv_blocks: 64,
+        scheduler: SchedulerConfig::default(),
+        max_waiting_per_lane: 4,
+        prefix_caching: true,
+        max_n: 1,
+        abandon_every: 0,
+        state_checkpoints: 8,
+        state_checkpoint_interval: 16,
+    };
+    let e = EngineHandle::start(lm.clone(), cfg).unwrap();
+    assert_eq!(e.config().state_checkpoints, 0);
+    assert!(e.config().prefix_caching);
 }

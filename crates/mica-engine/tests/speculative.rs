@@ -294,6 +294,8 @@ fn concurrent_speculative_requests_match_plain_ones() {
         prefix_caching: true,
         max_n: 4,
         abandon_every: 0,
+        state_checkpoints: 0,
+        state_checkpoint_interval: 0,
     };
     let e = EngineHandle::start(lm.clone(), cfg).unwrap();
     let adaptive = SpecConfig::ngram(8);

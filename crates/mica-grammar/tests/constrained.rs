@@ -454,6 +454,8 @@ fn engine_batch(speculate: bool) {
         prefix_caching: true,
         max_n: 4,
         abandon_every: 0,
+        state_checkpoints: 0,
+        state_checkpoint_interval: 0,
     };
     let engine = EngineHandle::start(m.clone(), cfg).unwrap();
     let constraints = [

@@ -26,12 +26,16 @@
 //! layers store no keys or values (width 0 in the pools). The state summarizes every position
 //! so far and cannot be cut back: a sequence may continue only where its state ends, or
 //! start again from position 0 (which zeroes it); truncating to a shorter non-zero length
-//! makes the next forward pass of that sequence an error.
+//! makes the next forward pass of that sequence an error. What rewinds it is a *checkpoint*
+//! ([`checkpoint`]): a copy of a sequence's whole state at a chosen position, taken during a
+//! forward pass and restored into any sequence later (prefix caching for hybrid models).
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use half::f16;
 use mica_kernels::attention::KvElem;
+
+mod checkpoint;
 
 /// Identifies a sequence in the cache and in a [`crate::Batch`].
 pub type SeqId = usize;
@@ -199,6 +203,11 @@ pub struct KvCache {
     state_layout: Option<StateLayout>,
     /// `[n_seq]` each sequence's recurrent state (hybrid models only).
     states: Vec<SeqState>,
+    /// Saved recurrent states ([`KvCache::set_checkpoints`]); each allocated when first
+    /// written, `len` 0 while empty.
+    checkpoints: Vec<SeqState>,
+    /// `[n_seq]` the captures asked of the next forward pass: `(position, checkpoint)`.
+    captures: Vec<Vec<(usize, usize)>>,
 }
 
 /// The keys and values of one sequence in one layer, read through its block table.
@@ -283,6 +292,8 @@ impl KvCache {
             free: Some((0..n_blocks as u32).rev().collect()),
             state_layout: state_layout(cfg),
             states: vec![SeqState::default(); n_seq],
+            checkpoints: Vec::new(),
+            captures: vec![Vec::new(); n_seq],
         }
     }
 
@@ -299,6 +310,8 @@ impl KvCache {
             free: None,
             state_layout: state_layout(cfg),
             states: vec![SeqState::default(); n_seq.max(1)],
+            checkpoints: Vec::new(),
+            captures: vec![Vec::new(); n_seq.max(1)],
         }
     }
 
@@ -321,6 +334,10 @@ impl KvCache {
     /// Checks that `seq`'s recurrent state ends at `start`, where its next tokens begin; at
     /// position 0 the state is (allocated and) zeroed. Nothing to do without a state.
     pub(crate) fn begin_state(&mut self, seq: SeqId, start: usize) -> Result<()> {
+        if self.state_layout.is_none() {
+            return Ok(());
+        }
+        self.begin_captures(seq, start);
         let Some(l) = &self.state_layout else {
             return Ok(());
         };
@@ -359,6 +376,7 @@ impl KvCache {
     pub(crate) fn end_state(&mut self, seq: SeqId, len: usize) {
         if self.state_layout.is_some() {
             self.states[seq].len = len;
+            self.end_captures(seq, len);
         }
     }
 

@@ -354,7 +354,7 @@ impl Model {
                     &mut ws.acts,
                     &layer.wq,
                     (xn, n),
-                    &batch.seq,
+                    (&batch.seq, &batch.pos),
                     (kv, l),
                     (cfg.norm_eps, cfg.numerics),
                     &mut ws.delta,

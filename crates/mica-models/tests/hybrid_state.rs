@@ -160,3 +160,51 @@ fn multi_token_prediction_layers_are_not_run() {
     let pool = ThreadPool::new(2);
     assert_eq!(alone(&with_mtp, &pool, &A), alone(&model(), &pool, &A));
 }
+
+/// A checkpoint taken in the middle of a batch (position 32 of a 44-token prompt, another
+/// sequence interleaved) and restored into a second sequence that shares the first's blocks
+/// up to there: the second computes only the rest, with the logits of a whole run bit for
+/// bit. A pass that starts past a capture's position drops it; an empty checkpoint cannot
+/// be restored.
+#[test]
+fn a_checkpoint_restores_the_state_mid_prompt() {
+    let m = model();
+    let pool = ThreadPool::new(2);
+    let v = m.config.n_vocab;
+    let long: Vec<u32> = (0..44u32).map(|i| 3 + (i * 29 + i * i) % 120).collect();
+    let mut follow = long.clone();
+    follow.extend_from_slice(&[9, 8, 7]);
+    let want = alone(&m, &pool, &follow);
+
+    let mut kv = KvCache::paged(&m.config, 8, 3, 64);
+    kv.set_checkpoints(2);
+    let mut ws = Workspace::default();
+    assert!(kv.restore_state(0, 1, 32).is_err(), "nothing captured yet");
+    kv.set_table(0, &[0, 1, 2], 0).unwrap();
+    kv.set_table(2, &[5], 0).unwrap();
+    kv.capture_state(0, 32, 0).unwrap();
+    let mut batch = Batch::new();
+    for (p, &t) in long.iter().enumerate() {
+        batch.push(t, p, 0, false);
+        if p < B.len() {
+            batch.push(B[p], p, 2, false);
+        }
+    }
+    m.forward(&pool, &batch, &mut kv, &mut ws).unwrap();
+    assert_eq!(kv.checkpoint_len(0), Some(32));
+
+    // Sequence 1: blocks 0 and 1 shared (positions 0..32), its own block 3 after them.
+    kv.set_table(1, &[0, 1, 3], 32).unwrap();
+    assert!(kv.restore_state(0, 1, 16).is_err(), "another position");
+    kv.restore_state(0, 1, 32).unwrap();
+    let rest = Batch::for_sequence(&follow[32..], 32, 1, true);
+    let got = m.forward(&pool, &rest, &mut kv, &mut ws).unwrap();
+    assert_eq!(got, &want[32 * v..], "logits after the restored state");
+
+    // A capture the next pass starts past is dropped, and the checkpoint stays empty.
+    kv.capture_state(1, 40, 1).unwrap();
+    let more = Batch::for_sequence(&[5], follow.len(), 1, true);
+    m.forward(&pool, &more, &mut kv, &mut ws).unwrap();
+    assert_eq!(kv.checkpoint_len(1), None);
+    assert!(kv.restore_state(1, 0, 40).is_err());
+}

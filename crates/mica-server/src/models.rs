@@ -203,15 +203,18 @@ fn start(
     let n_ctx = cfg
         .n_ctx
         .unwrap_or(model.model.config.n_ctx_train.min(4096));
+    let mem = EngineConfig::memory_plan(&model, cfg.kv_mem, cfg.scheduler.max_running);
     let ecfg = EngineConfig {
         n_threads: cfg.n_threads,
         n_ctx,
-        kv_blocks: EngineConfig::blocks_for_memory(&model, cfg.kv_mem, cfg.scheduler.max_running),
+        kv_blocks: mem.kv_blocks,
         scheduler: cfg.scheduler.clone(),
         max_waiting_per_lane: cfg.max_waiting_per_lane,
         prefix_caching: true,
         max_n: crate::params::MAX_N,
         abandon_every: 0,
+        state_checkpoints: mem.state_checkpoints,
+        state_checkpoint_interval: 0,
     };
     let mut spec = cfg.spec.clone();
     // A hybrid model's recurrent state cannot drop rejected drafts: no speculation for it

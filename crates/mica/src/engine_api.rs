@@ -50,21 +50,21 @@ impl Default for EngineOptions {
 impl EngineOptions {
     /// The engine configuration these options give for `model`.
     pub fn to_config(&self, model: &Model) -> EngineConfig {
+        let mem =
+            EngineConfig::memory_plan(model.loaded(), self.kv_bytes, self.scheduler.max_running);
         EngineConfig {
             n_threads: self
                 .threads
                 .unwrap_or_else(mica_kernels::pool::physical_cores),
             n_ctx: self.n_ctx.unwrap_or_else(|| model.default_n_ctx()),
-            kv_blocks: EngineConfig::blocks_for_memory(
-                model.loaded(),
-                self.kv_bytes,
-                self.scheduler.max_running,
-            ),
+            kv_blocks: mem.kv_blocks,
             scheduler: self.scheduler.clone(),
             max_waiting_per_lane: self.max_waiting_per_lane,
             prefix_caching: self.prefix_caching,
             max_n: self.max_n,
             abandon_every: 0,
+            state_checkpoints: mem.state_checkpoints,
+            state_checkpoint_interval: 0,
         }
     }
 }

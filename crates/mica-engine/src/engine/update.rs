@@ -333,6 +333,12 @@ impl Core {
         let kv = self.sched.kv();
         m.kv_blocks_used.store(kv.n_used() as u64, Relaxed);
         m.kv_blocks_cached.store(kv.n_cached() as u64, Relaxed);
+        if let Some(ck) = kv.checkpoints() {
+            m.state_checkpoints_total
+                .store(ck.capacity() as u64, Relaxed);
+            m.state_checkpoints_cached
+                .store(ck.n_committed() as u64, Relaxed);
+        }
         let st = kv.stats();
         m.prefix_queried_tokens.store(st.queried_tokens, Relaxed);
         m.prefix_hit_tokens.store(st.hit_tokens, Relaxed);

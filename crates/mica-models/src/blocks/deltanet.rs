@@ -76,8 +76,10 @@ pub struct DeltaBufs {
 
 impl DeltaNet {
     /// Runs the layer's token mixing over `n` rows of normed input `xn` (`[n, n_embd]`),
-    /// row `t` belonging to sequence `seq[t]`, through the layer's input projection `wqkv`;
-    /// updates the sequences' states in `kv` (layer `layer`) and writes the gated, normed
+    /// row `t` belonging to sequence `seq[t]` at position `pos[t]`, through the layer's input
+    /// projection `wqkv`; updates the sequences' states in `kv` (layer `layer`), saving the
+    /// layer's part of a state into a checkpoint where [`KvCache::capture_state`] asked for
+    /// one, and writes the gated, normed
     /// head outputs to `out` (`[n, value_dim]`, before the output projection). `eps` is the
     /// RMSNorm epsilon; `numerics` picks the L2 normalization's formula (llama.cpp's or
     /// transformers'; they differ for small vectors).
@@ -89,7 +91,7 @@ impl DeltaNet {
         acts: &mut ActCache,
         wqkv: &Linear,
         (xn, n): (&[f32], usize),
-        seq: &[SeqId],
+        (seq, pos): (&[SeqId], &[usize]),
         (kv, layer): (&mut KvCache, usize),
         (eps, numerics): (f32, Numerics),
         b: &mut DeltaBufs,
@@ -115,6 +117,7 @@ impl DeltaNet {
             let (beta, alpha) = (&b.beta[t * nv..], &b.alpha[t * nv..]);
             self.recur(c, x, (beta, alpha), state, (tmp, numerics), o);
             gated_norm(c, &self.norm, &b.z[t * vd..(t + 1) * vd], eps, tmp, o);
+            kv.capture_layer(layer, seq[t], pos[t] + 1);
         }
     }
 
