@@ -182,6 +182,35 @@ fn matrix_kernels_cover_token_tiles() {
     }
 }
 
+/// Every token count of a speculative verification pass (1..=9 tokens, run through the
+/// one-token paths), where the kernels group tokens by four (`vec_dot` of the k-quants, the
+/// legacy micro-kernels with their lane offsets shifted once per call) and finish with the
+/// remainder: each output equals its per-output dot product, bit for bit, in every table.
+#[test]
+fn matrix_kernels_cover_every_small_token_count() {
+    let mut r = rng(34);
+    for (name, k) in Kernels::all() {
+        let Some(k) = k else { continue };
+        for t in [
+            DType::Q4_0,
+            DType::Q5_0,
+            DType::Q5_1,
+            DType::Q8_0,
+            DType::Q2_K,
+            DType::Q4_K,
+            DType::Q5_K,
+            DType::Q6_K,
+        ] {
+            for toks in 1..=9 {
+                for (nblocks, rows) in [(1, 1), (3, 7), (2, 13)] {
+                    check(k, t, DotPath::VecDot, nblocks * t.block_size(), rows, toks, &mut r);
+                }
+            }
+            println!("{name:>6} {t:>4}: 1..=9 tokens bit-identical");
+        }
+    }
+}
+
 /// Load-time repacked weights give the same outputs, bit for bit, as the file's layout, in
 /// every table that packs (row counts not a multiple of 4, row ranges, many tokens), and
 /// through `matmul` with a thread pool.
@@ -211,6 +240,12 @@ fn packed_weights_equal_row_major_bit_for_bit() {
                 (32, 1),
                 (16, 6),
                 (40, 9),
+                // Every remainder of the four-token micro-kernels.
+                (7, 2),
+                (9, 3),
+                (12, 4),
+                (11, 6),
+                (10, 7),
             ] {
                 let w = weights(t, rows, 7, rows, &mut r);
                 let packed = k.pack(t, n, rows, &w).unwrap();
