@@ -85,7 +85,9 @@ fn main() {
         for _ in 0..rounds {
             for (i, c) in cases.iter().enumerate() {
                 let w = match &c.packed {
-                    Some(p) => WeightRows::packed(c.dtype, c.cols, c.rows, k.pack_group(c.dtype), p),
+                    Some(p) => {
+                        WeightRows::packed(c.dtype, c.cols, c.rows, k.pack_group(c.dtype), p)
+                    }
                     None => WeightRows::new(c.dtype, c.cols, c.rows, &c.data),
                 };
                 let o = &mut out[..n * c.rows];

@@ -203,7 +203,15 @@ fn matrix_kernels_cover_every_small_token_count() {
         ] {
             for toks in 1..=9 {
                 for (nblocks, rows) in [(1, 1), (3, 7), (2, 13)] {
-                    check(k, t, DotPath::VecDot, nblocks * t.block_size(), rows, toks, &mut r);
+                    check(
+                        k,
+                        t,
+                        DotPath::VecDot,
+                        nblocks * t.block_size(),
+                        rows,
+                        toks,
+                        &mut r,
+                    );
                 }
             }
             println!("{name:>6} {t:>4}: 1..=9 tokens bit-identical");
