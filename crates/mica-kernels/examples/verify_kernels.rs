@@ -66,7 +66,7 @@ fn main() {
     ];
     let k = kernels();
     println!("{} tier, 1 thread, {rounds} rounds", k.isa());
-    for n in 1..=8 {
+    for n in (1..=8).chain([12, 16]) {
         let mut times: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
         let acts: Vec<QActs> = cases
             .iter()

@@ -148,8 +148,9 @@ fn matrix_kernels_equal_per_output_dots_bit_for_bit() {
 }
 
 /// Large-ish products that cross the kernels' token tiles (64) and row groups, and the
-/// batch sizes where the legacy formats switch to the decoded prefill path (8 tokens): odd
-/// block counts, row counts that are not a multiple of the row groups (4, 8).
+/// batch sizes where the legacy formats and the k-quants switch to their decoded prefill
+/// paths (8 tokens; 16 for the AVX-512 tier's legacy formats): odd block counts, row counts that are not a multiple of
+/// the row groups (4, 8).
 #[test]
 fn matrix_kernels_cover_token_tiles() {
     let mut r = rng(32);
@@ -175,7 +176,14 @@ fn matrix_kernels_cover_token_tiles() {
     ] {
         for path in paths(t) {
             check(k, t, path, 2 * 256, 21, 70, &mut r);
-            for (nblocks, rows, toks) in [(1, 8, 8), (3, 13, 8), (17, 7, 11), (33, 9, 135)] {
+            for (nblocks, rows, toks) in [
+                (1, 8, 8),
+                (3, 13, 8),
+                (17, 7, 11),
+                (3, 5, 15),
+                (2, 9, 16),
+                (33, 9, 135),
+            ] {
                 check(k, t, path, nblocks * t.block_size(), rows, toks, &mut r);
             }
         }

@@ -429,8 +429,10 @@ pub(super) unsafe fn legacy<F: Legacy, const PACKED: bool>(
 // of four rows. Per output, the arithmetic is `tile`'s, operation for operation.
 
 /// Token batches from this size on take the decoded path (fewer tokens do not repay the
-/// decoding).
-const DECODE_MIN_TOKENS: usize = 8;
+/// decoding: with 8 and 12 tokens, the four-token micro-kernels ran 10-16% and 5-7% faster
+/// than the decoded path on Q5_0 at Qwen2.5-Coder-0.5B's shapes, `examples/verify_kernels.rs`,
+/// AMD EPYC, one thread; speculative verification passes have a handful of tokens).
+const DECODE_MIN_TOKENS: usize = 16;
 
 /// Token tiles from this size on have their lane offsets shifted once per call.
 const PRESHIFT_MIN_TOKENS: usize = 2;
