@@ -148,8 +148,9 @@ fn matrix_kernels_equal_per_output_dots_bit_for_bit() {
 }
 
 /// Large-ish products that cross the kernels' token tiles (64) and row groups, and the
-/// batch sizes where the legacy formats switch to the decoded prefill path (8 tokens): odd
-/// block counts, row counts that are not a multiple of the row groups (4, 8).
+/// batch sizes where the legacy formats and the k-quants switch to their decoded prefill
+/// paths (8 tokens; 16 for the AVX-512 tier's legacy formats): odd block counts, row counts that are not a multiple of
+/// the row groups (4, 8).
 #[test]
 fn matrix_kernels_cover_token_tiles() {
     let mut r = rng(32);
@@ -175,9 +176,53 @@ fn matrix_kernels_cover_token_tiles() {
     ] {
         for path in paths(t) {
             check(k, t, path, 2 * 256, 21, 70, &mut r);
-            for (nblocks, rows, toks) in [(1, 8, 8), (3, 13, 8), (17, 7, 11), (33, 9, 135)] {
+            for (nblocks, rows, toks) in [
+                (1, 8, 8),
+                (3, 13, 8),
+                (17, 7, 11),
+                (3, 5, 15),
+                (2, 9, 16),
+                (33, 9, 135),
+            ] {
                 check(k, t, path, nblocks * t.block_size(), rows, toks, &mut r);
             }
+        }
+    }
+}
+
+/// Every token count of a speculative verification pass (1..=9 tokens, run through the
+/// one-token paths), where the kernels group tokens by four (`vec_dot` of the k-quants, the
+/// legacy micro-kernels with their lane offsets shifted once per call) and finish with the
+/// remainder: each output equals its per-output dot product, bit for bit, in every table.
+#[test]
+fn matrix_kernels_cover_every_small_token_count() {
+    let mut r = rng(34);
+    for (name, k) in Kernels::all() {
+        let Some(k) = k else { continue };
+        for t in [
+            DType::Q4_0,
+            DType::Q5_0,
+            DType::Q5_1,
+            DType::Q8_0,
+            DType::Q2_K,
+            DType::Q4_K,
+            DType::Q5_K,
+            DType::Q6_K,
+        ] {
+            for toks in 1..=9 {
+                for (nblocks, rows) in [(1, 1), (3, 7), (2, 13)] {
+                    check(
+                        k,
+                        t,
+                        DotPath::VecDot,
+                        nblocks * t.block_size(),
+                        rows,
+                        toks,
+                        &mut r,
+                    );
+                }
+            }
+            println!("{name:>6} {t:>4}: 1..=9 tokens bit-identical");
         }
     }
 }
@@ -211,6 +256,12 @@ fn packed_weights_equal_row_major_bit_for_bit() {
                 (32, 1),
                 (16, 6),
                 (40, 9),
+                // Every remainder of the four-token micro-kernels.
+                (7, 2),
+                (9, 3),
+                (12, 4),
+                (11, 6),
+                (10, 7),
             ] {
                 let w = weights(t, rows, 7, rows, &mut r);
                 let packed = k.pack(t, n, rows, &w).unwrap();

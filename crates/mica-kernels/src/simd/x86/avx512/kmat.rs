@@ -13,7 +13,8 @@
 //! once (4 rows × 4 tokens, 8 × 2 or 16 × 1): the i32 lanes of the 16 outputs are reduced
 //! together by a transposing add tree, and the FMAs run with one output per f32 lane, each
 //! lane doing exactly the scalar sequence. `vec_dot` keeps llama.cpp's eight `sumi` lanes per
-//! output (`dot.rs`), four rows per step.
+//! output (`dot.rs`), four rows × up to four tokens per step (each super-block unpacked once
+//! for the tokens: a speculative verification pass sends several through this path).
 //!
 //! Every kernel reads the rows in the file's layout or in Q4_K's packed layout
 //! (`kpacked.rs`, sixteen rows per group: one sequential stream for the decode
@@ -488,71 +489,108 @@ impl<'a, F: KFormat> Rows<'a, F> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// vec_dot: llama.cpp's eight `sumi` lanes per output, four rows per step.
+// vec_dot: llama.cpp's eight `sumi` lanes per output, four rows × up to four tokens per step.
 
-/// Four rows × one token: llama.cpp's `vec_dot` per row ([`VecKind`]).
+/// Tokens per `vec_dot` micro-kernel: each super-block of its four rows is unpacked once for
+/// all of them (a verification pass runs several tokens through this path).
+const VEC_TOKENS: usize = 4;
+
+/// Four rows × `C` tokens: llama.cpp's `vec_dot` per output ([`VecKind`]); result `[c][r]`.
+/// Each output's float steps are those of a one-token call, in the same order: only the
+/// unpacking of a row's super-block is shared by the tokens.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn vec_dot_rows<F: KFormat>(
+unsafe fn vec_dot_rows<F: KFormat, const C: usize>(
     w: [*const u8; 4],
     step: usize,
-    x: *const u8,
+    x: [*const u8; C],
     nb: usize,
-) -> [f32; 4] {
+) -> [[f32; 4]; C] {
     let kind = F::VEC.expect("a vec_dot kind");
-    let mut acc = [_mm256_setzero_ps(); 4];
-    let mut acc_m = [_mm_setzero_ps(); 4];
-    let mut summs = [0f32; 4];
+    let mut acc = [[_mm256_setzero_ps(); 4]; C];
+    let mut acc_m = [[_mm_setzero_ps(); 4]; C];
+    let mut summs = [[0f32; 4]; C];
     let f16 = |p: *const u8| {
         // SAFETY: the caller passes a readable f16 field.
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(unsafe { rd16(p) } as i32)))
     };
     for b in 0..nb {
-        // SAFETY: every pointer stays inside its row (checked by the driver).
+        // SAFETY: every pointer stays inside its row or token (checked by the driver).
         unsafe {
-            let xb = x.add(b * XB);
-            let dx = xb.cast::<f32>().read_unaligned();
+            let xb = x.map(|p| p.add(b * XB));
+            let dx = xb.map(|p| p.cast::<f32>().read_unaligned());
             for r in 0..4 {
                 let wb = w[r].add(b * step);
                 let u = F::unpack(wb);
-                let d = dx * f16(wb.add(F::D));
-                let s = fold(lanes16(&u, xb));
-                let g = group_lanes(&u, xb);
-                // -d_x·dmin, as llama.cpp forms it.
-                let dmin = || -dx * f16(wb.add(F::DMIN));
-                let sumi = match kind {
-                    VecKind::Q2 => {
-                        let m = _mm256_cvtepi32_ps(g);
-                        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dmin()), m, acc[r]);
-                        s
-                    }
-                    VecKind::Q4 => {
-                        let lo = _mm256_castsi256_si128(g);
-                        let mins = _mm_hadd_epi32(lo, _mm256_extracti128_si256(g, 1));
-                        let m = _mm_cvtepi32_ps(mins);
-                        acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(dmin()), m, acc_m[r]);
-                        s
-                    }
-                    VecKind::Q5 => {
-                        let t = _mm_add_epi32(
-                            _mm256_castsi256_si128(g),
-                            _mm256_extracti128_si256(g, 1),
-                        );
-                        let t = hsum_i32x4(t);
-                        summs[r] = dmin().mul_add(t as f32, summs[r]);
-                        s
-                    }
-                    VecKind::Q6 => _mm256_add_epi32(s, g),
-                };
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
+                let dw = f16(wb.add(F::D));
+                for c in 0..C {
+                    let d = dx[c] * dw;
+                    let s = fold(lanes16(&u, xb[c]));
+                    let g = group_lanes(&u, xb[c]);
+                    // -d_x·dmin, as llama.cpp forms it.
+                    let dmin = || -dx[c] * f16(wb.add(F::DMIN));
+                    let acc = &mut acc[c][r];
+                    let sumi = match kind {
+                        VecKind::Q2 => {
+                            let m = _mm256_cvtepi32_ps(g);
+                            *acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin()), m, *acc);
+                            s
+                        }
+                        VecKind::Q4 => {
+                            let lo = _mm256_castsi256_si128(g);
+                            let mins = _mm_hadd_epi32(lo, _mm256_extracti128_si256(g, 1));
+                            let m = _mm_cvtepi32_ps(mins);
+                            let am = &mut acc_m[c][r];
+                            *am = _mm_fmadd_ps(_mm_set1_ps(dmin()), m, *am);
+                            s
+                        }
+                        VecKind::Q5 => {
+                            let t = _mm_add_epi32(
+                                _mm256_castsi256_si128(g),
+                                _mm256_extracti128_si256(g, 1),
+                            );
+                            let t = hsum_i32x4(t);
+                            summs[c][r] = dmin().mul_add(t as f32, summs[c][r]);
+                            s
+                        }
+                        VecKind::Q6 => _mm256_add_epi32(s, g),
+                    };
+                    *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), *acc);
+                }
             }
         }
     }
-    std::array::from_fn(|r| match kind {
-        VecKind::Q4 => finish_q4k(acc[r], acc_m[r]),
-        VecKind::Q5 => hsum_f32(acc[r]) + summs[r],
-        VecKind::Q2 | VecKind::Q6 => hsum_f32(acc[r]),
+    std::array::from_fn(|c| {
+        std::array::from_fn(|r| match kind {
+            VecKind::Q4 => finish_q4k(acc[c][r], acc_m[c][r]),
+            VecKind::Q5 => hsum_f32(acc[c][r]) + summs[c][r],
+            VecKind::Q2 | VecKind::Q6 => hsum_f32(acc[c][r]),
+        })
     })
+}
+
+/// Runs [`vec_dot_rows`] for `C` tokens from `t` and stores the `nr` valid rows from `r0`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn vec_dot_tokens<F: KFormat, const C: usize>(
+    wp: [*const u8; 4],
+    step: usize,
+    x: &ActRows,
+    t: usize,
+    out: &mut MatOut,
+    r0: usize,
+    nr: usize,
+    nb: usize,
+) {
+    // SAFETY: tokens t..t+C exist (the driver checks).
+    let xp = std::array::from_fn(|c| unsafe { x.data.as_ptr().add((t + c) * nb * XB) });
+    // SAFETY: as above; the rows are checked by the driver.
+    let res = unsafe { vec_dot_rows::<F, C>(wp, step, xp, nb) };
+    for (c, res) in res.iter().enumerate() {
+        for (i, &v) in res[..nr].iter().enumerate() {
+            out.set(t + c, r0 + i, v);
+        }
+    }
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -560,15 +598,24 @@ pub(super) unsafe fn vec_dot<F: KFormat>(w: &WeightRows, x: &ActRows, out: &mut 
     check::<F>(w, x);
     let nb = w.n / QK_K;
     let rows = Rows::<F>::new(w);
-    for t in 0..x.n {
+    for t0 in (0..x.n).step_by(TOK_TILE) {
+        let t1 = (t0 + TOK_TILE).min(x.n);
         for r0 in (0..w.rows).step_by(4) {
             let nr = (w.rows - r0).min(4);
             let wp = std::array::from_fn(|i| rows.at(r0 + i.min(nr - 1)));
-            // SAFETY: rows r0..r0+nr and token t exist.
-            let res =
-                unsafe { vec_dot_rows::<F>(wp, rows.step, x.data.as_ptr().add(t * nb * XB), nb) };
-            for (i, &v) in res[..nr].iter().enumerate() {
-                out.set(t, r0 + i, v);
+            let mut t = t0;
+            // SAFETY (all calls): rows r0..r0+nr and tokens t..t+C < t1 <= x.n exist.
+            unsafe {
+                while t + VEC_TOKENS <= t1 {
+                    vec_dot_tokens::<F, VEC_TOKENS>(wp, rows.step, x, t, out, r0, nr, nb);
+                    t += VEC_TOKENS;
+                }
+                match t1 - t {
+                    3 => vec_dot_tokens::<F, 3>(wp, rows.step, x, t, out, r0, nr, nb),
+                    2 => vec_dot_tokens::<F, 2>(wp, rows.step, x, t, out, r0, nr, nb),
+                    1 => vec_dot_tokens::<F, 1>(wp, rows.step, x, t, out, r0, nr, nb),
+                    _ => {}
+                }
             }
         }
     }

@@ -206,17 +206,19 @@ fn spread(v: __m128, wide: bool) -> (__m512, __m512) {
 }
 
 /// Four rows × `C` tokens over all `nb` blocks. `x[c]` is token c's first activation block
-/// (Q8_0 or Q8_1 bytes, `xb` bytes per block, quants at `xq`), `a[c]` its block data.
-/// Returns the four results of each token.
+/// (Q8_0 or Q8_1 bytes, `xb` bytes per block, quants at `xq`), `a[c]` its block data; with
+/// `PRE`, `o[c]` its lane offsets `-2^SHIFT · Σy` per block, already shifted (signed formats;
+/// otherwise they are shifted here, per block). Returns the four results of each token.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tile<F: Legacy, const PACKED: bool, const C: usize>(
+unsafe fn tile<F: Legacy, const PACKED: bool, const C: usize, const PRE: bool>(
     w: &Rows4,
     nb: usize,
     x: [*const u8; C],
     xb: usize,
     xq: usize,
     a: [*const BlockAux; C],
+    o: [*const [i32; 8]; C],
 ) -> [__m128; C] {
     let mut acc0 = [_mm512_setzero_ps(); C];
     let mut acc1 = [_mm512_setzero_ps(); C];
@@ -247,6 +249,18 @@ unsafe fn tile<F: Legacy, const PACKED: bool, const C: usize>(
                 // Start the lanes at -2^SHIFT · Σy (the offset of the unsigned quants).
                 let (c0, c1) = match F::SHIFT {
                     None => (_mm512_setzero_si512(), _mm512_setzero_si512()),
+                    Some(_) if PRE => {
+                        let l = o[c].add(b).cast::<i32>();
+                        if F::WIDE {
+                            let v = _mm512_broadcast_i64x4(_mm256_loadu_si256(l.cast()));
+                            (v, v)
+                        } else {
+                            (
+                                _mm512_broadcast_i32x4(_mm_loadu_si128(l.cast())),
+                                _mm512_broadcast_i32x4(_mm_loadu_si128(l.add(4).cast())),
+                            )
+                        }
+                    }
                     Some(sh) => {
                         let l = aux.neg_lane_sums.as_ptr();
                         let sh = _mm_cvtsi32_si128(sh as i32);
@@ -286,7 +300,9 @@ unsafe fn tile<F: Legacy, const PACKED: bool, const C: usize>(
     })
 }
 
-/// Runs [`tile`] for `C` tokens from `t` and stores the valid rows.
+/// Runs [`tile`] for `C` tokens from `t` and stores the valid rows. `offs`: the shifted
+/// lane offsets of the token tile starting at `t0` (`[t1 - t0][nb]`), or empty (shifted in
+/// [`tile`]).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn tokens<F: Legacy, const PACKED: bool, const C: usize>(
@@ -294,6 +310,7 @@ unsafe fn tokens<F: Legacy, const PACKED: bool, const C: usize>(
     nb: usize,
     x: &ActRows,
     t: usize,
+    (offs, t0): (&[[i32; 8]], usize),
     out: &mut MatOut,
     r0: usize,
     nr: usize,
@@ -308,8 +325,17 @@ unsafe fn tokens<F: Legacy, const PACKED: bool, const C: usize>(
             std::array::from_fn(|c| x.aux.as_ptr().add((t + c) * nb)),
         )
     };
+    let pre = F::SHIFT.is_some() && !offs.is_empty();
+    assert!(!pre || offs.len() >= (t + C - t0) * nb, "lane offsets");
+    let op = std::array::from_fn(|c| offs.as_ptr().wrapping_add((t + c - t0) * nb));
     // SAFETY: as above; the weight pointers are checked by the driver.
-    let res = unsafe { tile::<F, PACKED, C>(w, nb, xp, xb, xq, ap) };
+    let res = unsafe {
+        if pre {
+            tile::<F, PACKED, C, true>(w, nb, xp, xb, xq, ap, op)
+        } else {
+            tile::<F, PACKED, C, false>(w, nb, xp, xb, xq, ap, op)
+        }
+    };
     for (c, v) in res.iter().enumerate() {
         let mut lanes = [0f32; 4];
         // SAFETY: four writable floats.
@@ -348,8 +374,20 @@ pub(super) unsafe fn legacy<F: Legacy, const PACKED: bool>(
         // SAFETY: the sizes are checked above.
         return unsafe { legacy_decoded::<F, PACKED>(w, x, out) };
     }
+    // With several tokens, each token's lane offsets are shifted once per call (per token
+    // tile) rather than once per row group (`offs`, `[t1 - t0][nb]`, as in
+    // `legacy_decoded`); one token (decoding) shifts them as it goes.
+    let mut offs: Vec<[i32; 8]> = Vec::new();
     for t0 in (0..x.n).step_by(TOK_TILE) {
         let t1 = (t0 + TOK_TILE).min(x.n);
+        offs.clear();
+        if let Some(sh) = F::SHIFT
+            && t1 - t0 >= PRESHIFT_MIN_TOKENS
+        {
+            let aux = &x.aux[t0 * nb..t1 * nb];
+            offs.extend(aux.iter().map(|a| a.neg_lane_sums.map(|v| v << sh)));
+        }
+        let o = (offs.as_slice(), t0);
         for r0 in (0..w.rows).step_by(4) {
             let nr = (w.rows - r0).min(4);
             // SAFETY: rows r0..r0+nr exist; missing rows repeat the last one (packed: the
@@ -365,13 +403,13 @@ pub(super) unsafe fn legacy<F: Legacy, const PACKED: bool>(
             // SAFETY (all calls): tokens t..t+C < t1 <= x.n.
             unsafe {
                 while t + 4 <= t1 {
-                    tokens::<F, PACKED, 4>(&rows, nb, x, t, out, r0, nr);
+                    tokens::<F, PACKED, 4>(&rows, nb, x, t, o, out, r0, nr);
                     t += 4;
                 }
                 match t1 - t {
-                    3 => tokens::<F, PACKED, 3>(&rows, nb, x, t, out, r0, nr),
-                    2 => tokens::<F, PACKED, 2>(&rows, nb, x, t, out, r0, nr),
-                    1 => tokens::<F, PACKED, 1>(&rows, nb, x, t, out, r0, nr),
+                    3 => tokens::<F, PACKED, 3>(&rows, nb, x, t, o, out, r0, nr),
+                    2 => tokens::<F, PACKED, 2>(&rows, nb, x, t, o, out, r0, nr),
+                    1 => tokens::<F, PACKED, 1>(&rows, nb, x, t, o, out, r0, nr),
                     _ => {}
                 }
             }
@@ -391,8 +429,13 @@ pub(super) unsafe fn legacy<F: Legacy, const PACKED: bool>(
 // of four rows. Per output, the arithmetic is `tile`'s, operation for operation.
 
 /// Token batches from this size on take the decoded path (fewer tokens do not repay the
-/// decoding).
-const DECODE_MIN_TOKENS: usize = 8;
+/// decoding: with 8 and 12 tokens, the four-token micro-kernels ran 10-16% and 5-7% faster
+/// than the decoded path on Q5_0 at Qwen2.5-Coder-0.5B's shapes, `examples/verify_kernels.rs`,
+/// AMD EPYC, one thread; speculative verification passes have a handful of tokens).
+const DECODE_MIN_TOKENS: usize = 16;
+
+/// Token tiles from this size on have their lane offsets shifted once per call.
+const PRESHIFT_MIN_TOKENS: usize = 2;
 
 /// One block of eight weight rows, decoded: the quants of rows 0..4 (low, high halves) and
 /// of rows 4..8, each group's `d` spread per 128-bit chunk ([`spread`]) and its `m` (Q4_1,
