@@ -11,6 +11,7 @@
 
 mod copy;
 
+use crate::cache_args::CacheArgs;
 use crate::lora_args::LoraArgs;
 use anyhow::{Context, Result, bail};
 use clap::Args;
@@ -50,6 +51,9 @@ pub struct BenchArgs {
     /// Time the model with these LoRA adapters applied unmerged (what they cost).
     #[command(flatten)]
     pub lora: LoraArgs,
+    /// Time the model with these KV cache types (llama-bench's -ctk/-ctv).
+    #[command(flatten)]
+    pub cache: CacheArgs,
     /// Speculative decoding's test: N greedy tokens after a code-editing prompt, timed
     /// plain (`copyN`) and with n-gram lookup (`copyN+ngram`); comma-separated lengths.
     #[arg(long = "copy")]
@@ -65,6 +69,7 @@ struct Plan {
     json: bool,
     no_repack: bool,
     lora: LoraArgs,
+    cache: CacheArgs,
 }
 
 /// One test: a prompt of `n_prompt` tokens or a generation of `n_gen` (never both); `copy`
@@ -162,6 +167,7 @@ impl Plan {
             json: args.json,
             no_repack: args.no_repack,
             lora: args.lora.clone(),
+            cache: args.cache.clone(),
         })
     }
 }
@@ -221,6 +227,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         },
     )?;
     plan.lora.apply(&mut lm, plan.json)?;
+    plan.cache.apply(&mut lm)?;
     let info = ModelSummary::of(&plan.model, &lm);
     let isa = mica::kernels::simd::kernels().isa();
     let cpu = cpu_info();
@@ -305,8 +312,8 @@ fn record(
         n_batch: PROMPT_CHUNK,
         n_ubatch: PROMPT_CHUNK,
         n_threads,
-        type_k: info.kv_type.into(),
-        type_v: info.kv_type.into(),
+        type_k: info.type_k.into(),
+        type_v: info.type_v.into(),
         n_gpu_layers: 0,
         flash_attn: 1,
         n_prompt: spec.n_prompt,

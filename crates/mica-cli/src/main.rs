@@ -2,6 +2,7 @@
 //! work happens in the library crates.
 
 mod bench;
+mod cache_args;
 mod chat;
 mod constraint_args;
 mod convert;

@@ -2,6 +2,7 @@
 //! KL-divergence from a base model, computed by [`mica::quant::Perplexity`] as llama.cpp's
 //! `llama-perplexity` computes them (see that module for the method).
 
+use crate::cache_args::CacheArgs;
 use crate::lora_args::LoraArgs;
 use crate::progress::Progress;
 use anyhow::{Context, Result, anyhow, bail};
@@ -22,6 +23,9 @@ pub struct PerplexityArgs {
     /// Score the model with these LoRA adapters applied unmerged.
     #[command(flatten)]
     pub lora: LoraArgs,
+    /// Score with these KV cache types (llama-perplexity's -ctk/-ctv).
+    #[command(flatten)]
+    pub cache: CacheArgs,
     /// Window size in tokens.
     #[arg(short = 'c', long = "ctx-size", default_value_t = 512)]
     pub ctx: usize,
@@ -49,6 +53,7 @@ pub fn perplexity(args: PerplexityArgs) -> Result<()> {
     let t_load = Instant::now();
     let mut lm = LoadedModel::open(&args.model)?;
     args.lora.apply(&mut lm, false)?;
+    args.cache.apply(&mut lm)?;
     let load_ms = t_load.elapsed().as_secs_f64() * 1e3;
     let threads = args
         .threads

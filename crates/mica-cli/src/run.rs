@@ -4,6 +4,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use mica::engine::{GenerateParams, Hooks, LogitsProcessor, Proposer, Session};
 
+use crate::cache_args::CacheArgs;
 use crate::constraint_args::{self, ConstraintArgs};
 use crate::lora_args::LoraArgs;
 use crate::sampling_args::SamplingArgs;
@@ -38,6 +39,8 @@ pub struct RunArgs {
     pub constraint: ConstraintArgs,
     #[command(flatten)]
     pub lora: LoraArgs,
+    #[command(flatten)]
+    pub cache: CacheArgs,
     /// Stop before this string (repeatable).
     #[arg(long = "stop")]
     pub stop: Vec<String>,
@@ -95,6 +98,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         Some("f32") => lm.model.config.numerics = Numerics::F32,
         _ => {}
     }
+    args.cache.apply(&mut lm)?;
 
     let prompt_ids = if args.chat {
         if lm.template.is_fallback() {

@@ -2,6 +2,7 @@
 //! runtime (the engines run on their own threads; tokio only does I/O). SIGTERM and SIGINT
 //! both start a graceful shutdown; the server's events are printed on stderr.
 
+use crate::cache_args::CacheArgs;
 use crate::lora_args::LoraArgs;
 use crate::spec_args::SpecArgs;
 use anyhow::{Context, Result, bail};
@@ -113,6 +114,9 @@ pub struct ServeArgs {
     /// Adapters applied to the served model (one model: not with --models-dir).
     #[command(flatten)]
     pub lora: LoraArgs,
+    /// KV cache types of every model served.
+    #[command(flatten)]
+    pub cache: CacheArgs,
 }
 
 /// `512M`, `2G`, `1.5GiB`, `1048576` → bytes.
@@ -262,6 +266,8 @@ fn config(args: &ServeArgs) -> Result<ServerConfig> {
         repack: !args.no_repack,
         mem_limit,
         lora: args.lora.lora.clone(),
+        cache_type_k: args.cache.cache_type_k,
+        cache_type_v: args.cache.cache_type_v,
     })
 }
 

@@ -203,8 +203,9 @@ pub struct ModelSummary {
     pub size: u64,
     /// Elements of all tensors (llama.cpp's `llama_model_n_params`).
     pub n_params: u64,
-    /// The KV cache type the model runs with (f32 for float32 checkpoints).
-    pub kv_type: &'static str,
+    /// The KV cache's key and value types (f32 for float32 checkpoints, f16 by default).
+    pub type_k: &'static str,
+    pub type_v: &'static str,
 }
 
 impl ModelSummary {
@@ -231,7 +232,8 @@ impl ModelSummary {
             format!("{:.1}B", n_params as f64 / 1e9)
         };
         ModelSummary {
-            kv_type: lm.model.config.numerics.kv_type().name(),
+            type_k: lm.model.config.cache_types().k.name(),
+            type_v: lm.model.config.cache_types().v.name(),
             filename: path.display().to_string(),
             desc: format!("{} {label} {ftype}", lm.model.config.arch),
             size,

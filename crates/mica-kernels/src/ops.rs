@@ -366,6 +366,7 @@ pub fn silu_in_place(x: &mut [f32]) {
     }
 }
 
+pub mod hadamard;
 pub mod vec_f32;
 
 /// `y += x`.

@@ -5,7 +5,7 @@
 //! family uses (RoPE layout, biases, tied output) is decided by its architecture file.
 
 use crate::error::{ModelError, Result};
-use crate::kv_cache::KvType;
+use crate::kv_cache::{CacheTypes, KvType};
 use mica_formats::{GgufFile, MetaArray, MetaValue};
 use mica_kernels::ops::RopeStyle;
 
@@ -232,6 +232,9 @@ pub struct ModelConfig {
     /// The Gated DeltaNet layers of a hybrid model (Qwen3.5); `None` in attention-only
     /// models.
     pub delta_net: Option<DeltaNetConfig>,
+    /// The KV cache's key and value types when chosen by the user
+    /// ([`ModelConfig::set_cache_types`]); `None`: the numerics' type for both.
+    pub kv_override: Option<CacheTypes>,
 }
 
 impl ModelConfig {
@@ -304,6 +307,34 @@ impl ModelConfig {
     /// values).
     pub fn is_recurrent(&self, l: usize) -> bool {
         self.delta_net.as_ref().is_some_and(|d| d.layers[l])
+    }
+
+    /// The types caches of this model store keys and values in: the user's choice, else
+    /// the numerics' (f16, or f32 for float32 checkpoints).
+    pub fn cache_types(&self) -> CacheTypes {
+        self.kv_override
+            .unwrap_or_else(|| CacheTypes::both(self.numerics.kv_type()))
+    }
+
+    /// Chooses the KV cache's types (llama.cpp's `--cache-type-k/-v`), for the caches made
+    /// from now on; an error when a type's blocks do not divide the head size.
+    pub fn set_cache_types(&mut self, t: CacheTypes) -> Result<()> {
+        t.check(self)?;
+        self.kv_override = Some(t);
+        Ok(())
+    }
+
+    /// [`ModelConfig::set_cache_types`] for the sides a user named (`-ctk`/`-ctv`), each
+    /// other side keeping its current type; nothing when neither is named.
+    pub fn choose_cache_types(&mut self, k: Option<KvType>, v: Option<KvType>) -> Result<()> {
+        if k.is_none() && v.is_none() {
+            return Ok(());
+        }
+        let own = self.cache_types();
+        self.set_cache_types(CacheTypes {
+            k: k.unwrap_or(own.k),
+            v: v.unwrap_or(own.v),
+        })
     }
 
     /// Whether the model carries per-sequence recurrent state (a hybrid model): its cache
@@ -551,6 +582,7 @@ impl ModelConfig {
             post_norm: false,
             final_norm: true,
             numerics: Numerics::LlamaCpp,
+            kv_override: None,
             delta_net: None,
         })
     }

@@ -82,6 +82,9 @@ pub enum ModelError {
         needed: usize,
         n_ctx: usize,
     },
+    /// A KV cache type this model cannot store (see [`crate::kv_cache::KvType`]).
+    #[error("KV cache type: {0}")]
+    CacheType(String),
     /// A batch is malformed (bad token id, positions that skip or rewind...).
     #[error("invalid batch: {0}")]
     Batch(String),

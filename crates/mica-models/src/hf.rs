@@ -310,6 +310,7 @@ impl HfFolder {
             post_norm: false,
             final_norm: true,
             numerics: Numerics::LlamaCpp,
+            kv_override: None,
             delta_net: None,
         })
     }

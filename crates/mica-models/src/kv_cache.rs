@@ -1,9 +1,12 @@
 //! The key/value cache, addressed by sequence (docs/architecture.md, decision 1), stored in pages.
 //!
 //! Keys and values live in a pool of fixed-size *blocks* of [`BLOCK_SIZE`] positions, one
-//! pool per layer, as f16 (llama.cpp's default cache type) or f32 ([`KvType`], from the
-//! model's [`crate::config::Numerics`]): `[n_blocks][BLOCK_SIZE][kv_dim]`, where `kv_dim` is
-//! the layer's own key/value width (Gemma 4's layers differ), so one key of one head is a contiguous run of `head_dim` values. Each sequence has a
+//! pool per layer: `[n_blocks][BLOCK_SIZE][kv_dim]`, where `kv_dim` is the layer's own
+//! key/value width (Gemma 4's layers differ), so one key of one head is a contiguous run of
+//! `head_dim` values. Keys and values each have a [`KvType`] ([`ModelConfig::cache_types`]):
+//! f16 (llama.cpp's default), f32 (float32 checkpoints), or one of llama.cpp's other cache
+//! types (`--cache-type-k/-v`: bf16 and the quantized q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl,
+//! stored as their GGUF blocks; a head is then a run of whole blocks). Each sequence has a
 //! *block table*: position `p` of the sequence lives in block `table[p / BLOCK_SIZE]`, row
 //! `p % BLOCK_SIZE` (vLLM's PagedAttention layout; Kwon et al., 2023).
 //!
@@ -33,9 +36,13 @@
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use half::f16;
-use mica_kernels::attention::KvElem;
+use mica_kernels::DType;
 
 mod checkpoint;
+mod store;
+
+pub(crate) use store::CacheElem;
+use store::Store;
 
 /// Identifies a sequence in the cache and in a [`crate::Batch`].
 pub type SeqId = usize;
@@ -48,113 +55,153 @@ pub const BLOCK_SIZE: usize = 16;
 const BLOCK_SHIFT: u32 = BLOCK_SIZE.trailing_zeros();
 const _: () = assert!(BLOCK_SIZE.is_power_of_two());
 
-/// The element type keys and values are stored in.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// The type keys or values are stored in: llama.cpp's cache types (`-ctk`/`-ctv`), with its
+/// names and block formats.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)]
 pub enum KvType {
     /// llama.cpp's default: half the memory, and llama.cpp's rounding.
     #[default]
     F16,
     /// Full precision, for float32 checkpoints checked against a float32 reference.
     F32,
+    BF16,
+    /// 8-bit blocks of 32 values with an f16 scale (8.5 bits per value).
+    Q8_0,
+    /// 4-bit blocks of 32 values with an f16 scale (4.5 bits per value).
+    Q4_0,
+    /// 4-bit blocks with a scale and a minimum (5 bits per value).
+    Q4_1,
+    /// 5-bit blocks with a scale (5.5 bits per value).
+    Q5_0,
+    /// 5-bit blocks with a scale and a minimum (6 bits per value).
+    Q5_1,
+    /// 4-bit blocks on a non-linear grid (4.5 bits per value).
+    IQ4_NL,
 }
 
 impl KvType {
-    /// Bytes per stored value.
-    pub fn size(self) -> usize {
+    /// Every type, in llama.cpp's order of `--cache-type-k`'s list.
+    pub const ALL: [KvType; 9] = [
+        KvType::F32,
+        KvType::F16,
+        KvType::BF16,
+        KvType::Q8_0,
+        KvType::Q4_0,
+        KvType::Q4_1,
+        KvType::IQ4_NL,
+        KvType::Q5_0,
+        KvType::Q5_1,
+    ];
+
+    /// The GGUF block format.
+    pub fn dtype(self) -> DType {
         match self {
-            KvType::F16 => 2,
-            KvType::F32 => 4,
+            KvType::F16 => DType::F16,
+            KvType::F32 => DType::F32,
+            KvType::BF16 => DType::BF16,
+            KvType::Q8_0 => DType::Q8_0,
+            KvType::Q4_0 => DType::Q4_0,
+            KvType::Q4_1 => DType::Q4_1,
+            KvType::Q5_0 => DType::Q5_0,
+            KvType::Q5_1 => DType::Q5_1,
+            KvType::IQ4_NL => DType::IQ4_NL,
         }
     }
 
+    /// The cache type of a block format, if it is one.
+    pub fn from_dtype(t: DType) -> Option<KvType> {
+        KvType::ALL.into_iter().find(|k| k.dtype() == t)
+    }
+
+    /// llama.cpp's name (`f16`, `q8_0`, `iq4_nl`, ...).
     pub fn name(self) -> &'static str {
         match self {
             KvType::F16 => "f16",
             KvType::F32 => "f32",
-        }
-    }
-}
-
-/// The key and value pools of every layer in one element type:
-/// `[n_layer][n_rows * kv_dim of the layer]` each.
-pub(crate) struct Pools<T> {
-    k: Vec<Vec<T>>,
-    v: Vec<Vec<T>>,
-}
-
-impl<T: KvElem> Pools<T> {
-    /// Pools of `rows` positions for layers of `kv_dims` widths.
-    fn new(kv_dims: &[usize], rows: usize) -> Self {
-        Pools {
-            k: kv_dims
-                .iter()
-                .map(|&w| vec![T::default(); rows * w])
-                .collect(),
-            v: kv_dims
-                .iter()
-                .map(|&w| vec![T::default(); rows * w])
-                .collect(),
+            KvType::BF16 => "bf16",
+            KvType::Q8_0 => "q8_0",
+            KvType::Q4_0 => "q4_0",
+            KvType::Q4_1 => "q4_1",
+            KvType::Q5_0 => "q5_0",
+            KvType::Q5_1 => "q5_1",
+            KvType::IQ4_NL => "iq4_nl",
         }
     }
 
-    /// Grows every layer's pools to hold `rows` positions.
-    fn grow(&mut self, kv_dims: &[usize], rows: usize) {
-        for (l, &w) in kv_dims.iter().enumerate() {
-            for pool in [&mut self.k[l], &mut self.v[l]] {
-                if pool.len() < rows * w {
-                    pool.resize(rows * w, T::default());
-                }
+    /// Parses llama.cpp's name, case-insensitively.
+    pub fn from_name(name: &str) -> Result<KvType> {
+        KvType::ALL
+            .into_iter()
+            .find(|t| t.name().eq_ignore_ascii_case(name))
+            .ok_or_else(|| {
+                let names: Vec<&str> = KvType::ALL.iter().map(|t| t.name()).collect();
+                ModelError::CacheType(format!(
+                    "unknown cache type '{name}' (one of: {})",
+                    names.join(", ")
+                ))
+            })
+    }
+
+    /// Values per block (1 for the float types).
+    pub fn block_size(self) -> usize {
+        self.dtype().block_size()
+    }
+
+    /// Bytes `n` values take (`n` a multiple of [`KvType::block_size`]).
+    pub fn bytes(self, n: usize) -> usize {
+        self.dtype()
+            .row_bytes(n)
+            .unwrap_or_else(|| panic!("{n} values are not whole {} blocks", self.name()))
+    }
+}
+
+impl std::fmt::Display for KvType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The types of the keys and of the values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CacheTypes {
+    pub k: KvType,
+    pub v: KvType,
+}
+
+impl CacheTypes {
+    /// Keys and values of one type.
+    pub fn both(t: KvType) -> CacheTypes {
+        CacheTypes { k: t, v: t }
+    }
+
+    /// Checks that `cfg`'s attention layers can store these types: every head size a
+    /// multiple of the block size (a head is then a run of whole blocks), as llama.cpp
+    /// requires.
+    pub fn check(self, cfg: &ModelConfig) -> Result<()> {
+        for (side, t) in [("keys", self.k), ("values", self.v)] {
+            let bs = t.block_size();
+            let bad = (0..cfg.n_layer)
+                .filter(|&l| !cfg.is_recurrent(l))
+                .map(|l| cfg.head_dim_of(l))
+                .find(|hd| !hd.is_multiple_of(bs));
+            if let Some(hd) = bad {
+                return Err(ModelError::CacheType(format!(
+                    "{t} stores {side} in blocks of {bs} values, but this model's heads have \
+                     {hd} (use a type whose blocks divide the head size, e.g. f16)"
+                )));
             }
         }
-    }
-
-    /// Copies `n` rows from row `s` to row `d` in every layer.
-    fn copy(&mut self, kv_dims: &[usize], s: usize, d: usize, n: usize) {
-        for (l, &w) in kv_dims.iter().enumerate() {
-            let (s, d, n) = (s * w, d * w, n * w);
-            for pool in [&mut self.k[l], &mut self.v[l]] {
-                if pool.len() >= s.max(d) + n {
-                    pool.copy_within(s..s + n, d);
-                }
-            }
-        }
-    }
-
-    fn write(&mut self, layer: usize, at: usize, k: &[f32], v: &[f32]) {
-        for (dst, src) in self.k[layer][at..at + k.len()].iter_mut().zip(k) {
-            *dst = T::from_f32(*src);
-        }
-        for (dst, src) in self.v[layer][at..at + v.len()].iter_mut().zip(v) {
-            *dst = T::from_f32(*src);
-        }
+        Ok(())
     }
 }
 
-/// The cache's storage, in the element type it was made with.
-pub(crate) enum Store {
-    F16(Pools<f16>),
-    F32(Pools<f32>),
-}
-
-/// Element types a cache can hold, for code generic over them ([`KvCache::typed_view`]).
-pub(crate) trait CacheElem: KvElem {
-    fn pools(store: &Store) -> Option<&Pools<Self>>;
-}
-
-impl CacheElem for f16 {
-    fn pools(store: &Store) -> Option<&Pools<Self>> {
-        match store {
-            Store::F16(p) => Some(p),
-            Store::F32(_) => None,
-        }
-    }
-}
-
-impl CacheElem for f32 {
-    fn pools(store: &Store) -> Option<&Pools<Self>> {
-        match store {
-            Store::F32(p) => Some(p),
-            Store::F16(_) => None,
+impl std::fmt::Display for CacheTypes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.k == self.v {
+            write!(f, "{}", self.k)
+        } else {
+            write!(f, "k {} / v {}", self.k, self.v)
         }
     }
 }
@@ -275,6 +322,43 @@ impl<'a, T: Copy> SeqKv<'a, T> {
     }
 }
 
+/// The keys and values of one sequence in one layer as raw blocks of their types, read
+/// through its block table.
+#[derive(Clone, Copy)]
+pub(crate) struct BlockKv<'a> {
+    keys: &'a [u8],
+    values: &'a [u8],
+    blocks: &'a [u32],
+    /// Bytes of one key row, one value row.
+    k_row: usize,
+    v_row: usize,
+    pub k_type: DType,
+    pub v_type: DType,
+    /// Walsh–Hadamard chunk of the keys (and so the queries) and of the values, 0 for none
+    /// ([`Rotations`]).
+    pub rot_k: usize,
+    pub rot_v: usize,
+}
+
+impl<'a> BlockKv<'a> {
+    #[inline(always)]
+    fn row(&self, p: usize) -> usize {
+        ((self.blocks[p >> BLOCK_SHIFT] as usize) << BLOCK_SHIFT) | (p & (BLOCK_SIZE - 1))
+    }
+
+    /// Key row (every head's blocks) of position `p`.
+    #[inline(always)]
+    pub fn key_row(&self, p: usize) -> &'a [u8] {
+        &self.keys[self.row(p) * self.k_row..][..self.k_row]
+    }
+
+    /// Value row of position `p`.
+    #[inline(always)]
+    pub fn value_row(&self, p: usize) -> &'a [u8] {
+        &self.values[self.row(p) * self.v_row..][..self.v_row]
+    }
+}
+
 impl KvCache {
     /// A self-managed cache for up to `n_seq` sequences of up to `n_ctx` positions each,
     /// in the element type of the model's numerics. Storage grows as sequences use it.
@@ -283,7 +367,13 @@ impl KvCache {
         let n_blocks = n_seq * n_ctx.div_ceil(BLOCK_SIZE);
         let kv_dims = layer_kv_dims(cfg);
         KvCache {
-            store: Store::new(cfg.numerics.kv_type(), &kv_dims, 0),
+            store: Store::new(
+                cfg.cache_types().k,
+                cfg.cache_types().v,
+                &kv_dims,
+                0,
+                Rotations::of(cfg),
+            ),
             kv_dims,
             n_ctx,
             n_blocks,
@@ -302,7 +392,13 @@ impl KvCache {
     pub fn paged(cfg: &ModelConfig, n_blocks: usize, n_seq: usize, n_ctx: usize) -> KvCache {
         let kv_dims = layer_kv_dims(cfg);
         KvCache {
-            store: Store::new(cfg.numerics.kv_type(), &kv_dims, n_blocks * BLOCK_SIZE),
+            store: Store::new(
+                cfg.cache_types().k,
+                cfg.cache_types().v,
+                &kv_dims,
+                n_blocks * BLOCK_SIZE,
+                Rotations::of(cfg),
+            ),
             kv_dims,
             n_ctx,
             n_blocks,
@@ -315,10 +411,10 @@ impl KvCache {
         }
     }
 
-    /// Bytes one block takes across all layers (keys and values).
+    /// Bytes one block takes across all layers (keys and values, in the cache types of
+    /// [`ModelConfig::cache_types`]).
     pub fn bytes_per_block(cfg: &ModelConfig) -> usize {
-        let width: usize = layer_kv_dims(cfg).iter().sum();
-        2 * BLOCK_SIZE * width * cfg.numerics.kv_type().size()
+        BLOCK_SIZE * row_bytes(&layer_kv_dims(cfg), cfg.cache_types())
     }
 
     /// Bytes of recurrent state one sequence takes (0 for an attention-only model).
@@ -395,12 +491,15 @@ impl KvCache {
         )
     }
 
-    /// The element type of the keys and values.
+    /// The type of the keys (see [`KvCache::cache_types`] for both).
     pub fn kv_type(&self) -> KvType {
-        match self.store {
-            Store::F16(_) => KvType::F16,
-            Store::F32(_) => KvType::F32,
-        }
+        self.store.types().0
+    }
+
+    /// The types of the keys and of the values.
+    pub fn cache_types(&self) -> CacheTypes {
+        let (k, v) = self.store.types();
+        CacheTypes { k, v }
     }
 
     /// Positions each sequence can hold.
@@ -419,8 +518,7 @@ impl KvCache {
 
     /// Bytes of storage one full-length sequence takes.
     pub fn bytes_per_seq(&self) -> usize {
-        let width: usize = self.kv_dims.iter().sum();
-        2 * self.n_ctx * width * self.kv_type().size()
+        self.n_ctx * row_bytes(&self.kv_dims, self.cache_types())
     }
 
     /// Positions cached for `seq` (0 for an unknown or unused sequence).
@@ -471,10 +569,7 @@ impl KvCache {
     /// Copies block `src` into block `dst` in every layer (copy-on-write of a shared block).
     pub fn copy_block(&mut self, src: u32, dst: u32) {
         let (s, d) = (src as usize * BLOCK_SIZE, dst as usize * BLOCK_SIZE);
-        match &mut self.store {
-            Store::F16(p) => p.copy(&self.kv_dims, s, d, BLOCK_SIZE),
-            Store::F32(p) => p.copy(&self.kv_dims, s, d, BLOCK_SIZE),
-        }
+        self.store.copy(&self.kv_dims, s, d, BLOCK_SIZE);
     }
 
     /// Makes room for `seq` to grow to `new_len` positions.
@@ -517,10 +612,7 @@ impl KvCache {
             self.seqs[seq].blocks.push(b);
         }
         let rows = top * BLOCK_SIZE;
-        match &mut self.store {
-            Store::F16(p) => p.grow(&self.kv_dims, rows),
-            Store::F32(p) => p.grow(&self.kv_dims, rows),
-        }
+        self.store.grow(&self.kv_dims, rows);
         Ok(())
     }
 
@@ -536,11 +628,26 @@ impl KvCache {
     pub(crate) fn write(&mut self, layer: usize, seq: SeqId, pos: usize, k: &[f32], v: &[f32]) {
         let blocks = &self.seqs[seq].blocks;
         let row = ((blocks[pos >> BLOCK_SHIFT] as usize) << BLOCK_SHIFT) | (pos & (BLOCK_SIZE - 1));
-        let at = row * self.kv_dims[layer];
-        match &mut self.store {
-            Store::F16(p) => p.write(layer, at, k, v),
-            Store::F32(p) => p.write(layer, at, k, v),
-        }
+        self.store.write(&self.kv_dims, layer, row, k, v);
+    }
+
+    /// The keys and values of `seq` in `layer` as raw blocks, when the cache stores blocks
+    /// (types other than f16/f16 and f32/f32; `None` otherwise).
+    pub(crate) fn block_view(&self, layer: usize, seq: SeqId) -> Option<BlockKv<'_>> {
+        let Store::Blocks(b) = &self.store else {
+            return None;
+        };
+        Some(BlockKv {
+            keys: &b.k[layer],
+            values: &b.v[layer],
+            blocks: &self.seqs[seq].blocks,
+            k_row: b.k_row[layer],
+            v_row: b.v_row[layer],
+            k_type: b.k_type,
+            v_type: b.v_type,
+            rot_k: b.rot.k[layer],
+            rot_v: b.rot.v[layer],
+        })
     }
 
     /// The keys and values of `seq` in `layer`, when the cache holds `T` (`None` otherwise).
@@ -559,13 +666,55 @@ impl KvCache {
     }
 }
 
-impl Store {
-    fn new(t: KvType, kv_dims: &[usize], rows: usize) -> Store {
-        match t {
-            KvType::F16 => Store::F16(Pools::new(kv_dims, rows)),
-            KvType::F32 => Store::F32(Pools::new(kv_dims, rows)),
+/// Per layer, the Walsh–Hadamard rotation (chunk size; 0 for none) llama.cpp applies before
+/// storing keys and values of a quantized type (`attn_rot_k`/`attn_rot_v` of
+/// `llama_kv_cache`), so that a head's outlier channels are spread before rounding. Keys
+/// (with the queries) rotate when their type is quantized and every layer of the layer's
+/// cache has the same head size, a multiple of 64, in chunks of the largest power of two
+/// dividing it; values likewise, in chunks of 64. The attention output is rotated back.
+/// llama.cpp keeps sliding-window and global layers in separate caches when a model has
+/// both, and decides for each separately; so does this.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Rotations {
+    pub k: Vec<usize>,
+    pub v: Vec<usize>,
+}
+
+impl Rotations {
+    pub(crate) fn of(cfg: &ModelConfig) -> Rotations {
+        let t = cfg.cache_types();
+        let kv_dims = layer_kv_dims(cfg);
+        let stores = |l: usize| kv_dims[l] > 0;
+        let swa = |l: usize| cfg.layer_window[l].is_some();
+        let per_layer = |quantized: bool, chunk: fn(usize) -> usize| -> Vec<usize> {
+            (0..cfg.n_layer)
+                .map(|l| {
+                    if !quantized || !stores(l) {
+                        return 0;
+                    }
+                    let mut group = (0..cfg.n_layer).filter(|&j| stores(j) && swa(j) == swa(l));
+                    let hd = cfg.head_dim_of(l);
+                    let uniform = group.all(|j| cfg.head_dim_of(j) == hd);
+                    if uniform && hd.is_multiple_of(64) {
+                        chunk(hd)
+                    } else {
+                        0
+                    }
+                })
+                .collect()
+        };
+        Rotations {
+            k: per_layer(t.k.dtype().is_quantized(), |hd| {
+                1 << hd.trailing_zeros().min(usize::BITS - 1)
+            }),
+            v: per_layer(t.v.dtype().is_quantized(), |_| 64),
         }
     }
+}
+
+/// Bytes of one position across the layers of `kv_dims` widths: its key and value rows.
+fn row_bytes(kv_dims: &[usize], t: CacheTypes) -> usize {
+    kv_dims.iter().map(|&w| t.k.bytes(w) + t.v.bytes(w)).sum()
 }
 
 /// `[n_layer]` the key/value width of each layer (0 for a layer that reuses an earlier

@@ -115,6 +115,10 @@ pub struct ServerConfig {
     /// LoRA adapters applied unmerged to every model loaded (an adapter that does not fit
     /// a model fails that model's load, naming the adapter).
     pub lora: Vec<mica::models::LoraSpec>,
+    /// KV cache types of every model loaded (`None`: the model's own, f16 for quantized
+    /// models); a type a model cannot store fails that model's load.
+    pub cache_type_k: Option<mica::models::kv_cache::KvType>,
+    pub cache_type_v: Option<mica::models::kv_cache::KvType>,
 }
 
 impl ServerConfig {
@@ -135,6 +139,8 @@ impl ServerConfig {
             mem_limit: None,
             spec: SpecConfig::default(),
             lora: Vec::new(),
+            cache_type_k: None,
+            cache_type_v: None,
         }
     }
 

@@ -196,6 +196,10 @@ fn start(
         lm.attach_lora(spec)
             .map_err(|e| format!("LoRA adapter {}: {e}", spec.path.display()))?;
     }
+    lm.model
+        .config
+        .choose_cache_types(cfg.cache_type_k, cfg.cache_type_v)
+        .map_err(|e| e.to_string())?;
     if cfg.repack {
         lm.model.repack();
     }

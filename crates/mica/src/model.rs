@@ -8,6 +8,7 @@ use mica_grammar::tools::ToolFormat;
 use mica_grammar::{CompiledGrammar, Constraint, GrammarCompiler};
 use mica_hub::{Hub, Progress, Store};
 use mica_models::chat::ChatMessage;
+use mica_models::kv_cache::KvType;
 use mica_models::{LoadOptions, LoadedModel, LoraSpec};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -26,6 +27,12 @@ pub struct ModelOptions {
     /// LoRA adapters applied unmerged (PEFT folders or GGUF LoRA files, each at a scale;
     /// see [`mica_models::lora`]). An adapter that does not fit the model is an error.
     pub lora: Vec<LoraSpec>,
+    /// The KV cache's key and value types (llama.cpp's `--cache-type-k/-v`: f16, f32,
+    /// bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1); `None`: the model's own (f16, or f32
+    /// for float32 checkpoints). A type whose blocks do not divide the head size is an
+    /// error.
+    pub cache_type_k: Option<KvType>,
+    pub cache_type_v: Option<KvType>,
 }
 
 impl Default for ModelOptions {
@@ -33,6 +40,8 @@ impl Default for ModelOptions {
         ModelOptions {
             repack: true,
             lora: Vec::new(),
+            cache_type_k: None,
+            cache_type_v: None,
         }
     }
 }
@@ -65,6 +74,9 @@ impl Model {
         for spec in &opts.lora {
             lm.attach_lora(spec)?;
         }
+        lm.model
+            .config
+            .choose_cache_types(opts.cache_type_k, opts.cache_type_v)?;
         Ok(Model {
             lm: Arc::new(lm),
             path: path.to_path_buf(),

@@ -18,6 +18,7 @@ use clap::Args;
 use mica::engine::Session;
 use mica::models::{LoadOptions, LoadedModel};
 
+use crate::cache_args::CacheArgs;
 use crate::constraint_args::{self, ConstraintArgs};
 use crate::lora_args::LoraArgs;
 use crate::sampling_args::SamplingArgs;
@@ -47,6 +48,9 @@ pub struct ChatArgs {
     /// Adapters for the model named by `-m` (not applied to models switched to later).
     #[command(flatten)]
     pub lora: LoraArgs,
+    /// KV cache types of every model loaded in the session.
+    #[command(flatten)]
+    pub cache: CacheArgs,
     /// Most tokens per answer.
     #[arg(short = 'n', long = "tokens", default_value_t = 1024)]
     pub tokens: usize,
@@ -101,7 +105,12 @@ pub fn chat(args: ChatArgs) -> Result<()> {
         };
         Ok(Loaded { lm, grammar })
     };
-    let mut first = load(&path, opts)?;
+    let load = |path: &Path| -> Result<LoadedModel> {
+        let mut lm = load(path, opts)?;
+        args.cache.apply(&mut lm)?;
+        Ok(lm)
+    };
+    let mut first = load(&path)?;
     args.lora.apply(&mut first, false)?;
     let mut current = (constrained(first)?, path, name);
     loop {
@@ -109,17 +118,15 @@ pub fn chat(args: ChatArgs) -> Result<()> {
         let outcome = session_loop(loaded, path, name, &args, &mut state, &mut input);
         match outcome {
             Outcome::Quit => return Ok(()),
-            Outcome::Switch(new_path, new_name) => {
-                match load(&new_path, opts).and_then(constrained) {
-                    Ok(l) => {
-                        if !args.lora.lora.is_empty() {
-                            eprintln!("note: the LoRA adapters stay with {name}");
-                        }
-                        current = (l, new_path, new_name)
+            Outcome::Switch(new_path, new_name) => match load(&new_path).and_then(constrained) {
+                Ok(l) => {
+                    if !args.lora.lora.is_empty() {
+                        eprintln!("note: the LoRA adapters stay with {name}");
                     }
-                    Err(e) => eprintln!("error: {e:#}; staying with {name}"),
+                    current = (l, new_path, new_name)
                 }
-            }
+                Err(e) => eprintln!("error: {e:#}; staying with {name}"),
+            },
         }
     }
 }

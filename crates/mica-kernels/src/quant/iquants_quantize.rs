@@ -251,6 +251,17 @@ pub fn quantize_iq4nl(x: &[f32], imp: Option<&[f32]>, y: &mut [BlockIQ4NL]) {
     }
 }
 
+/// ggml's `quantize_row_iq4_nl_ref`, the run-time conversion (`from_float`) llama.cpp's CPU
+/// backend uses to store rows (a quantized KV cache): no scale search.
+pub fn quantize_iq4nl_row(x: &[f32], y: &mut [BlockIQ4NL]) {
+    let mut l = [0u8; QK];
+    for (xb, b) in x.chunks_exact(QK).zip(y) {
+        let (d, _) = iq4_impl(xb, None, -1, &mut l);
+        b.d = d;
+        pack_nibbles(&l, &mut b.qs);
+    }
+}
+
 /// ggml's `quantize_iq4_xs`: IQ4_NL's search per group of 32, the eight group scales then
 /// quantized to six bits against the largest.
 pub fn quantize_iq4xs(x: &[f32], imp: Option<&[f32]>, y: &mut [BlockIQ4XS]) {

@@ -10,6 +10,9 @@
 //!   positions converted to f32 once per tile, with the arithmetic of llama.cpp's tiled
 //!   flash attention ([`mica_kernels::attention`]).
 //!
+//! A cache of other types (quantized keys or values, `--cache-type-k/-v`) is attended by
+//! [`super::attention_blocks`], llama.cpp's arithmetic for those types.
+//!
 //! With an f32 cache ([`crate::config::Numerics::F32`]) the vector path keeps everything in
 //! f32 (f32 query, f32 dot products and accumulator) and the tiled path reads the f32 rows
 //! as they are: no step rounds to f16.
@@ -22,7 +25,7 @@
 //! Reference: "Self-attention Does Not Need O(n²) Memory" (Rabe & Staats) for the online
 //! softmax; ggml-cpu `ggml_compute_forward_flash_attn_ext_f16` for the numerics.
 
-use crate::kv_cache::{CacheElem, KvCache, KvType, SeqId, SeqKv};
+use crate::kv_cache::{CacheElem, CacheTypes, KvCache, KvType, SeqId, SeqKv};
 use half::f16;
 use mica_kernels::ThreadPool;
 use mica_kernels::attention::{KvHead, Q_TILE, ScoreMod, TileScratch, attend_tile_batch};
@@ -99,9 +102,18 @@ pub fn attention(
     out: &mut [f32],
 ) {
     let args = (seq, pos, tiled_seqs);
-    match cache.kv_type() {
-        KvType::F16 => attention_typed::<f16>(pool, shape, cache, layer, args, q, out),
-        KvType::F32 => attention_typed::<f32>(pool, shape, cache, layer, args, q, out),
+    match cache.cache_types() {
+        CacheTypes {
+            k: KvType::F16,
+            v: KvType::F16,
+        } => attention_typed::<f16>(pool, shape, cache, layer, args, q, out),
+        CacheTypes {
+            k: KvType::F32,
+            v: KvType::F32,
+        } => attention_typed::<f32>(pool, shape, cache, layer, args, q, out),
+        // Any other pair is stored as blocks, which llama.cpp attends over by its vector
+        // path whatever the batch size.
+        _ => super::attention_blocks::attention_blocks(pool, shape, cache, layer, seq, pos, q, out),
     }
 }
 
@@ -448,13 +460,13 @@ fn head_f32(kv: &HeadKv<f32>, q: &[f32], sm: &ScoreMod, lo: usize, out: &mut [f3
 }
 
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
+pub(super) struct OutPtr(pub(super) *mut f32);
 unsafe impl Sync for OutPtr {}
 unsafe impl Send for OutPtr {}
 impl OutPtr {
     /// SAFETY: in bounds and not accessed by another thread concurrently.
     #[allow(clippy::mut_from_ref)]
-    unsafe fn slice<'a>(self, start: usize, len: usize) -> &'a mut [f32] {
+    pub(super) unsafe fn slice<'a>(self, start: usize, len: usize) -> &'a mut [f32] {
         unsafe { std::slice::from_raw_parts_mut(self.0.add(start), len) }
     }
 }

@@ -1,6 +1,7 @@
 //! Building blocks shared by every architecture.
 
 pub mod attention;
+mod attention_blocks;
 pub mod deltanet;
 pub mod ffn;
 pub mod moe;
