@@ -10,7 +10,11 @@ the next token; PPL = exp(mean NLL), uncertainty as llama-perplexity prints it.
 Also quantizes: `--quantize SRC.gguf OUT.gguf TYPE` runs llama.cpp's own
 `llama_model_quantize` (TYPE one of q8_0, q6_k, q5_k_m, q4_k_m, q4_0, f16, ...).
 
-Usage: bench/.venv/bin/python bench/llama_cpp_perplexity.py MODEL.gguf TEXT CTX [THREADS]
+With cache types (`CTK CTV`, llama.cpp's names: f16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl) the
+KV cache holds those types and flash attention is on (llama.cpp requires it for a quantized V
+cache), as `llama-perplexity -ctk CTK -ctv CTV -fa on` runs.
+
+Usage: bench/.venv/bin/python bench/llama_cpp_perplexity.py MODEL.gguf TEXT CTX [THREADS [CTK CTV]]
 """
 import math
 import sys
@@ -29,10 +33,18 @@ def quantize(src, out, ty):
         sys.exit(f"llama_model_quantize failed: {rc}")
 
 
-def perplexity(model, text_path, n_ctx, threads):
+# ggml type ids of llama.cpp's cache types.
+GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
+              "iq4_nl": 20, "bf16": 30}
+
+
+def perplexity(model, text_path, n_ctx, threads, cache=None):
     from llama_cpp import Llama
+    extra = {}
+    if cache:
+        extra = dict(flash_attn=True, type_k=GGML_TYPES[cache[0]], type_v=GGML_TYPES[cache[1]])
     llm = Llama(model_path=model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=threads,
-                n_threads_batch=threads, logits_all=True, verbose=False)
+                n_threads_batch=threads, logits_all=True, verbose=False, **extra)
     text = open(text_path, encoding="utf-8").read()
     tokens = llm.tokenize(text.encode(), add_bos=True, special=False)
     add_bos = llm._model.add_bos_token() if hasattr(llm._model, "add_bos_token") else False
@@ -71,4 +83,5 @@ if __name__ == "__main__":
         quantize(sys.argv[2], sys.argv[3], sys.argv[4])
     else:
         perplexity(sys.argv[1], sys.argv[2], int(sys.argv[3]),
-                   int(sys.argv[4]) if len(sys.argv) > 4 else 2)
+                   int(sys.argv[4]) if len(sys.argv) > 4 else 2,
+                   (sys.argv[5], sys.argv[6]) if len(sys.argv) > 6 else None)

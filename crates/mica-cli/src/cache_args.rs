@@ -12,11 +12,11 @@ pub struct CacheArgs {
     /// KV cache type of the keys: f16 (default), f32, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0,
     /// q5_1 (llama.cpp's names and block formats; q8_0 halves the cache, q4_0 takes a
     /// quarter plus scales).
-    #[arg(long = "cache-type-k", visible_alias = "ctk", value_name = "TYPE",
+    #[arg(long = "cache-type-k", value_name = "TYPE",
           value_parser = parse_kv_type)]
     pub cache_type_k: Option<KvType>,
     /// KV cache type of the values (same types as --cache-type-k).
-    #[arg(long = "cache-type-v", visible_alias = "ctv", value_name = "TYPE",
+    #[arg(long = "cache-type-v", value_name = "TYPE",
           value_parser = parse_kv_type)]
     pub cache_type_v: Option<KvType>,
 }
