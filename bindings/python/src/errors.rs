@@ -40,6 +40,8 @@ pub fn raise(name: &str, msg: String, attrs: &[(&str, Option<String>)]) -> PyErr
 fn classify(e: &mica::Error) -> (&'static str, Option<String>) {
     use mica::Error as E;
     match e {
+        // A KV cache type the model's heads cannot hold is a bad argument, not a bad model.
+        E::Model(ModelError::CacheType(_)) => ("InvalidParameter", None),
         E::Model(_) => ("ModelError", None),
         E::Tokenizer(_) => ("TokenizerError", None),
         E::ChatPrompt(_) => ("ChatTemplateError", None),

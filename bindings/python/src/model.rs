@@ -52,7 +52,7 @@ impl NativeModel {
     /// Opens the model at `path` (a GGUF or `.mica` file or a Hugging Face folder; store
     /// names are resolved by `mica.Model` before this).
     #[new]
-    #[pyo3(signature = (path, *, n_ctx=None, n_threads=None, kv_mem=None, max_waiting=None, prefix_caching=true, repack=true, lora=Vec::new()))]
+    #[pyo3(signature = (path, *, n_ctx=None, n_threads=None, kv_mem=None, max_waiting=None, prefix_caching=true, repack=true, lora=Vec::new(), cache_type_k=None, cache_type_v=None))]
     fn new(
         py: Python<'_>,
         path: std::path::PathBuf,
@@ -63,6 +63,8 @@ impl NativeModel {
         prefix_caching: bool,
         repack: bool,
         lora: Vec<(std::path::PathBuf, f32)>,
+        cache_type_k: Option<String>,
+        cache_type_v: Option<String>,
     ) -> PyResult<NativeModel> {
         if n_threads == Some(0) {
             return Err(crate::errors::raise(
@@ -82,9 +84,25 @@ impl NativeModel {
             .into_iter()
             .map(|(path, scale)| mica::models::LoraSpec { path, scale })
             .collect();
-        let model = py
-            .detach(|| Model::open_with(&path, ModelOptions { repack, lora }))
-            .py_err()?;
+        let cache_type = |name: Option<String>, param: &str| {
+            name.map(|n| {
+                mica::models::kv_cache::KvType::from_name(&n).map_err(|e| {
+                    crate::errors::raise(
+                        "InvalidParameter",
+                        e.to_string(),
+                        &[("param", Some(param.into()))],
+                    )
+                })
+            })
+            .transpose()
+        };
+        let opts = ModelOptions {
+            repack,
+            lora,
+            cache_type_k: cache_type(cache_type_k, "cache_type_k")?,
+            cache_type_v: cache_type(cache_type_v, "cache_type_v")?,
+        };
+        let model = py.detach(|| Model::open_with(&path, opts)).py_err()?;
         let mut engine_opts = EngineOptions {
             n_ctx,
             threads: n_threads,

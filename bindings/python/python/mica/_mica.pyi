@@ -38,6 +38,8 @@ class NativeModel:
         prefix_caching: bool = True,
         repack: bool = True,
         lora: Sequence[Tuple[Path, float]] = (),
+        cache_type_k: Optional[str] = None,
+        cache_type_v: Optional[str] = None,
     ) -> None: ...
     @property
     def path(self) -> pathlib.Path: ...

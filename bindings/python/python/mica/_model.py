@@ -200,6 +200,12 @@ class Model:
     or a ``(path, scale)`` pair; several add up. An adapter that does not fit the model
     raises ``mica.MicaError`` naming it.
 
+    ``cache_type_k`` / ``cache_type_v`` choose the KV cache's key and value types with
+    llama.cpp's names (``"f16"``, the default, ``"q8_0"``, ``"q4_0"``, ``"q4_1"``,
+    ``"q5_0"``, ``"q5_1"``, ``"iq4_nl"``, ``"bf16"``, ``"f32"``): ``q8_0`` halves the cache,
+    ``q4_0`` takes about a quarter of it. An unknown type, or one whose blocks do not divide
+    the model's head size, raises ``mica.InvalidParameter``.
+
     One ``Model`` can be used from several threads at once: every generation goes through
     one engine that batches concurrent requests, and all computing happens with the GIL
     released.
@@ -218,6 +224,8 @@ class Model:
         progress: Optional[Progress] = None,
         name: Optional[str] = None,
         lora: Sequence[Union[str, "os.PathLike[str]", Tuple[Union[str, "os.PathLike[str]"], float]]] = (),
+        cache_type_k: Optional[str] = None,
+        cache_type_v: Optional[str] = None,
     ) -> None:
         arg = None if name_or_path is None else os.fspath(name_or_path)
         adapters = []
@@ -235,6 +243,8 @@ class Model:
             max_waiting=max_waiting,
             prefix_caching=prefix_caching,
             lora=adapters,
+            cache_type_k=cache_type_k,
+            cache_type_v=cache_type_v,
         )
         self._pieces = _openai.Pieces(self._native)
         #: The name results report as ``model`` (default: the file name without extension).
