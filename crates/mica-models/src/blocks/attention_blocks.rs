@@ -20,8 +20,10 @@
 //! back like the values.
 //!
 //! The keys are read in place, block by block, through the dot-product kernels
-//! ([`mica_kernels::simd::Kernels::vec_dot`]); one value row of one head at a time is expanded
-//! into a head-sized f32 buffer. Nothing dequantizes the cache as a whole.
+//! ([`mica_kernels::simd::Kernels::vec_dot`]); one value row of one KV head at a time is
+//! expanded into a head-sized buffer, once for all the query heads that read it (grouped-query
+//! attention: each query head keeps its own softmax state and accumulator, so its arithmetic
+//! is what it would be alone). Nothing dequantizes the cache as a whole.
 
 use super::attention::{AttnShape, OutPtr};
 use crate::kv_cache::{KvCache, SeqId};
@@ -32,21 +34,26 @@ use mica_kernels::pool::split_range;
 use mica_kernels::{DType, quant};
 use std::cell::RefCell;
 
-/// Per-thread buffers of one head's attention, kept between calls.
+/// Per-thread buffers of one work item (a token's query heads of one KV head), kept
+/// between calls.
 #[derive(Default)]
 struct Scratch {
-    /// The query in the key type's dot-product format, and rotated in f32.
+    /// Per query head: the query in the key type's dot-product format (`q_bytes` each).
     q: Vec<u8>,
+    /// One query rotated in f32.
     q_rot: Vec<f32>,
-    /// Float keys: the query and one key as values.
+    /// Float keys: the queries (`[heads][hd]`) and one key as values.
     q16: Vec<f16>,
     k16: Vec<f16>,
     q32: Vec<f32>,
     k32: Vec<f32>,
-    /// f32 accumulator and one dequantized value row.
+    /// Per query head: running maximum and sum of the online softmax.
+    m: Vec<f32>,
+    sum: Vec<f32>,
+    /// Per query head: the f32 accumulator (`[heads][hd]`), and one value row as f32.
     acc: Vec<f32>,
     v32: Vec<f32>,
-    /// f16 accumulator and one value row, for an f16 value cache.
+    /// Per query head: the f16 accumulator and one value row, for an f16 value cache.
     acc16: Vec<f16>,
     v16: Vec<f16>,
 }
@@ -70,31 +77,42 @@ pub(super) fn attention_blocks(
 ) {
     let hd = shape.head_dim;
     let q_dim = shape.n_head * hd;
-    let items = seq.len() * shape.n_head;
-    if items == 0 {
+    let group = shape.n_head / shape.n_head_kv;
+    // Work items: a token's query heads of one KV head, cut into `parts` runs so that there
+    // are at least two items per thread (a single decoded token has only `n_head_kv` groups).
+    let groups = seq.len() * shape.n_head_kv;
+    if groups == 0 {
         return;
     }
+    let parts = (2 * pool.n_threads()).div_ceil(groups).clamp(1, group);
+    let per_part = group.div_ceil(parts);
+    let items = groups * parts;
     let dst = OutPtr(out.as_mut_ptr());
     let sm = shape.score_mod();
     let run = |i: usize, nt: usize| {
         SCRATCH.with_borrow_mut(|s| {
             for item in split_range(items, i, nt, 1) {
-                let (t, h) = (item / shape.n_head, item % shape.n_head);
-                let g = h / (shape.n_head / shape.n_head_kv);
+                let (tg, part) = (item / parts, item % parts);
+                let (t, g) = (tg / shape.n_head_kv, tg % shape.n_head_kv);
+                let h0 = g * group + part * per_part;
+                let h1 = (h0 + per_part).min((g + 1) * group);
+                if h0 >= h1 {
+                    continue;
+                }
                 let kv = cache
                     .block_view(layer, seq[t])
                     .expect("a cache of blocks (checked by the caller)");
-                let qh = &q[t * q_dim + h * hd..][..hd];
-                // SAFETY: item (t, h) owns this slice of `out`; items are split disjointly.
-                let o = unsafe { dst.slice(t * q_dim + h * hd, hd) };
-                let head = HeadBlocks {
+                let heads = HeadBlocks {
                     kv,
                     k_off: bytes(kv.k_type, g * hd),
                     k_len: bytes(kv.k_type, hd),
                     v_off: bytes(kv.v_type, g * hd),
                     v_len: bytes(kv.v_type, hd),
                 };
-                head.attend(qh, &sm, sm.first_visible(pos[t]), pos[t] + 1, s, o);
+                let qs = &q[t * q_dim + h0 * hd..][..(h1 - h0) * hd];
+                // SAFETY: item (t, heads h0..h1) owns this slice of `out`; items are disjoint.
+                let o = unsafe { dst.slice(t * q_dim + h0 * hd, (h1 - h0) * hd) };
+                heads.attend(qs, hd, &sm, sm.first_visible(pos[t]), pos[t] + 1, s, o);
             }
         })
     };
@@ -106,18 +124,17 @@ pub(super) fn attention_blocks(
 }
 
 /// Reads little-endian f16 values (the pools are byte buffers, not aligned for `f16`).
-fn read_f16(b: &[u8], out: &mut Vec<f16>) {
-    out.clear();
-    out.extend(b.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]])));
+fn read_f16(b: &[u8], out: &mut [f16]) {
+    for (d, c) in out.iter_mut().zip(b.chunks_exact(2)) {
+        *d = f16::from_le_bytes([c[0], c[1]]);
+    }
 }
 
 /// Reads little-endian f32 values.
-fn read_f32(b: &[u8], out: &mut Vec<f32>) {
-    out.clear();
-    out.extend(
-        b.chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-    );
+fn read_f32(b: &[u8], out: &mut [f32]) {
+    for (d, c) in out.iter_mut().zip(b.chunks_exact(4)) {
+        *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+    }
 }
 
 fn bytes(t: DType, n: usize) -> usize {
@@ -135,97 +152,126 @@ struct HeadBlocks<'a> {
 }
 
 impl HeadBlocks<'_> {
-    /// Attention of query `q` over cached positions `lo..n_kv` into `out`.
+    /// Attention of the query heads `qs` (`[heads][hd]`, all reading this KV head) over
+    /// cached positions `lo..n_kv` into `out` (`[heads][hd]`).
+    #[allow(clippy::too_many_arguments)]
     fn attend(
         &self,
-        q: &[f32],
+        qs: &[f32],
+        hd: usize,
         sm: &mica_kernels::attention::ScoreMod,
         lo: usize,
         n_kv: usize,
         s: &mut Scratch,
         out: &mut [f32],
     ) {
-        let hd = q.len();
+        let heads = qs.len() / hd;
         let kern = mica_kernels::simd::kernels();
         let (kt, vt) = (self.kv.k_type, self.kv.v_type);
         let qt = kt.vec_dot_type();
-        s.q.resize(bytes(qt, hd), 0);
-        if self.kv.rot_k > 0 {
-            s.q_rot.clear();
-            s.q_rot.extend_from_slice(q);
-            hadamard::fwht(&mut s.q_rot, self.kv.rot_k);
-            kern.quantize_act(qt, &s.q_rot, &mut s.q);
-        } else {
-            kern.quantize_act(qt, q, &mut s.q);
+        let qb = bytes(qt, hd);
+        s.q.resize(heads * qb, 0);
+        for (q, dst) in qs.chunks_exact(hd).zip(s.q.chunks_exact_mut(qb)) {
+            if self.kv.rot_k > 0 {
+                s.q_rot.clear();
+                s.q_rot.extend_from_slice(q);
+                hadamard::fwht(&mut s.q_rot, self.kv.rot_k);
+                kern.quantize_act(qt, &s.q_rot, dst);
+            } else {
+                kern.quantize_act(qt, q, dst);
+            }
         }
         match kt {
-            DType::F16 => read_f16(&s.q, &mut s.q16),
-            DType::F32 => read_f32(&s.q, &mut s.q32),
+            DType::F16 => {
+                s.q16.resize(heads * hd, f16::ZERO);
+                s.k16.resize(hd, f16::ZERO);
+                read_f16(&s.q, &mut s.q16);
+            }
+            DType::F32 => {
+                s.q32.resize(heads * hd, 0.0);
+                s.k32.resize(hd, 0.0);
+                read_f32(&s.q, &mut s.q32);
+            }
             _ => {}
         }
         let f16_values = vt == DType::F16;
         if f16_values {
             s.acc16.clear();
-            s.acc16.resize(hd, f16::ZERO);
+            s.acc16.resize(heads * hd, f16::ZERO);
+            s.v16.resize(hd, f16::ZERO);
         } else {
             s.acc.clear();
-            s.acc.resize(hd, 0.0);
+            s.acc.resize(heads * hd, 0.0);
             s.v32.resize(hd, 0.0);
         }
-        let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+        s.m.clear();
+        s.m.resize(heads, f32::NEG_INFINITY);
+        s.sum.clear();
+        s.sum.resize(heads, 0.0);
         for j in lo..n_kv {
             let key = &self.kv.key_row(j)[self.k_off..][..self.k_len];
-            let score = sm.apply(match kt {
-                // ggml's attention calls its own f16/f32 vector dots for float keys.
-                DType::F16 => {
-                    read_f16(key, &mut s.k16);
-                    f16v::dot(&s.q16, &s.k16)
-                }
-                DType::F32 => {
-                    read_f32(key, &mut s.k32);
-                    vec_f32::dot(&s.q32, &s.k32)
-                }
-                _ => kern.vec_dot(kt, hd, key, &s.q),
-            });
-            let (mut ms, mut vs) = (1f32, 1f32);
-            if score > m {
-                ms = (m - score).exp();
-                m = score;
-            } else {
-                vs = (score - m).exp();
+            match kt {
+                DType::F16 => read_f16(key, &mut s.k16),
+                DType::F32 => read_f32(key, &mut s.k32),
+                _ => {}
             }
             let value = &self.kv.value_row(j)[self.v_off..][..self.v_len];
             if f16_values {
-                if ms != 1.0 {
-                    f16v::scale(&mut s.acc16, ms);
-                }
                 read_f16(value, &mut s.v16);
-                f16v::mad(&mut s.acc16, &s.v16, vs);
             } else {
-                if ms != 1.0 {
-                    for a in s.acc.iter_mut() {
-                        *a *= ms;
-                    }
-                }
                 quant::dequantize_row(vt, value, &mut s.v32);
-                vec_f32::mad(&mut s.acc, &s.v32, vs);
             }
-            // ggml computes `S*ms + vs` with one fused multiply-add (GCC contracts it).
-            sum = sum.mul_add(ms, vs);
+            for h in 0..heads {
+                let score = sm.apply(match kt {
+                    // ggml's attention calls its own f16/f32 vector dots for float keys.
+                    DType::F16 => f16v::dot(&s.q16[h * hd..][..hd], &s.k16),
+                    DType::F32 => vec_f32::dot(&s.q32[h * hd..][..hd], &s.k32),
+                    _ => kern.vec_dot(kt, hd, key, &s.q[h * qb..][..qb]),
+                });
+                let (mut ms, mut vs) = (1f32, 1f32);
+                let m = &mut s.m[h];
+                if score > *m {
+                    ms = (*m - score).exp();
+                    *m = score;
+                } else {
+                    vs = (score - *m).exp();
+                }
+                if f16_values {
+                    let acc = &mut s.acc16[h * hd..][..hd];
+                    if ms != 1.0 {
+                        f16v::scale(acc, ms);
+                    }
+                    f16v::mad(acc, &s.v16, vs);
+                } else {
+                    let acc = &mut s.acc[h * hd..][..hd];
+                    if ms != 1.0 {
+                        for a in acc.iter_mut() {
+                            *a *= ms;
+                        }
+                    }
+                    vec_f32::mad(acc, &s.v32, vs);
+                }
+                // ggml computes `S*ms + vs` with one fused multiply-add (GCC contracts it).
+                s.sum[h] = s.sum[h].mul_add(ms, vs);
+            }
         }
-        let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-        if f16_values {
-            for (o, a) in out.iter_mut().zip(&s.acc16) {
-                *o = a.to_f32() * inv;
+        for h in 0..heads {
+            let sum = s.sum[h];
+            let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+            let o = &mut out[h * hd..][..hd];
+            if f16_values {
+                for (o, a) in o.iter_mut().zip(&s.acc16[h * hd..][..hd]) {
+                    *o = a.to_f32() * inv;
+                }
+            } else {
+                for (o, a) in o.iter_mut().zip(&s.acc[h * hd..][..hd]) {
+                    *o = a * inv;
+                }
             }
-        } else {
-            for (o, a) in out.iter_mut().zip(&s.acc) {
-                *o = a * inv;
+            if self.kv.rot_v > 0 {
+                // The values were stored rotated: rotate the weighted sum back (`H·H = I`).
+                hadamard::fwht(o, self.kv.rot_v);
             }
-        }
-        if self.kv.rot_v > 0 {
-            // The values were stored rotated: rotate the weighted sum back (`H·H = I`).
-            hadamard::fwht(out, self.kv.rot_v);
         }
     }
 }
