@@ -35,6 +35,10 @@ pub struct BenchArgs {
     /// Generation lengths to time, comma-separated (0 = no generation test).
     #[arg(short = 'n', long = "n-gen", default_value = "128")]
     pub n_gen: String,
+    /// Tokens already in the cache before each prompt or generation test (llama-bench's
+    /// `-d`), comma-separated; the test is named `tg128 @ d4096` (not timed: filling them).
+    #[arg(short = 'd', long = "n-depth", default_value = "0")]
+    pub n_depth: String,
     /// Thread counts, comma-separated (default: physical cores).
     #[arg(short = 't', long = "threads")]
     pub threads: Option<String>,
@@ -78,6 +82,8 @@ struct Plan {
 struct TestSpec {
     n_prompt: usize,
     n_gen: usize,
+    /// Tokens in the cache before the timed part.
+    n_depth: usize,
     copy: Option<bool>,
 }
 
@@ -87,8 +93,7 @@ impl TestSpec {
         match self.copy {
             Some(false) => format!("copy{}", self.n_gen),
             Some(true) => format!("copy{}+ngram", self.n_gen),
-            None if self.n_gen == 0 => format!("pp{}", self.n_prompt),
-            None => format!("tg{}", self.n_gen),
+            None => self.timed().name(),
         }
     }
 
@@ -97,6 +102,7 @@ impl TestSpec {
         BenchTest {
             n_prompt: self.n_prompt,
             n_gen: self.n_gen,
+            n_depth: self.n_depth,
         }
     }
 }
@@ -120,6 +126,7 @@ impl Plan {
     fn resolve(args: BenchArgs) -> Result<Plan> {
         let prompts = parse_list("-p", "token count", &args.n_prompt)?;
         let gens = parse_list("-n", "token count", &args.n_gen)?;
+        let depths = parse_list("-d", "token count", &args.n_depth)?;
         let copies = match &args.copy {
             Some(c) => parse_list("--copy", "token count", c)?,
             None => Vec::new(),
@@ -135,23 +142,25 @@ impl Plan {
             bail!("-r: at least one repetition is needed");
         }
         // As llama-bench: a zero length means "no such test".
-        let tests: Vec<TestSpec> = prompts
+        let plain = prompts
             .iter()
             .filter(|&&n| n > 0)
-            .map(|&n| TestSpec {
-                n_prompt: n,
-                n_gen: 0,
-                copy: None,
+            .map(|&n| (n, 0))
+            .chain(gens.iter().filter(|&&n| n > 0).map(|&n| (0, n)));
+        let tests: Vec<TestSpec> = plain
+            .flat_map(|(n_prompt, n_gen)| {
+                depths.iter().map(move |&n_depth| TestSpec {
+                    n_prompt,
+                    n_gen,
+                    n_depth,
+                    copy: None,
+                })
             })
-            .chain(gens.iter().filter(|&&n| n > 0).map(|&n| TestSpec {
-                n_prompt: 0,
-                n_gen: n,
-                copy: None,
-            }))
             .chain(copies.iter().filter(|&&n| n > 0).flat_map(|&n| {
                 [false, true].map(|spec| TestSpec {
                     n_prompt: 0,
                     n_gen: n,
+                    n_depth: 0,
                     copy: Some(spec),
                 })
             }))
@@ -318,7 +327,7 @@ fn record(
         flash_attn: 1,
         n_prompt: spec.n_prompt,
         n_gen: spec.n_gen,
-        n_depth: 0,
+        n_depth: spec.n_depth,
         test_time,
         avg_ns: stats.avg_ns.round() as u64,
         stddev_ns: stats.stddev_ns.round() as u64,

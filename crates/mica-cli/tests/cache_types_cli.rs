@@ -1,6 +1,6 @@
 //! `--cache-type-k/-v` through the real binary: `run` and `bench` accept llama.cpp's cache
-//! types and `bench --json` reports them (llama-bench's `type_k`/`type_v`); an unknown type
-//! is one clear error listing the types.
+//! types and `bench --json` reports them (llama-bench's `type_k`/`type_v`), with `bench -d`
+//! depths; an unknown type is one clear error listing the types.
 
 mod common;
 
@@ -47,13 +47,21 @@ fn cache_types_run_and_are_reported() {
         "--json",
         "--cache-type-k",
         "q4_0",
+        "-d",
+        "0,8",
     ]);
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    for rec in v.as_array().unwrap() {
+    let recs = v.as_array().unwrap();
+    for rec in recs {
         assert_eq!(rec["type_k"], "q4_0", "{rec}");
         assert_eq!(rec["type_v"], "f16", "{rec}");
     }
+    let depths: Vec<u64> = recs
+        .iter()
+        .map(|r| r["n_depth"].as_u64().unwrap())
+        .collect();
+    assert_eq!(depths, [0, 8, 0, 8]);
 }
 
 #[test]

@@ -10,6 +10,10 @@
 //!   work of a dense model, so random ids time the same kernels as real text.
 //! - **tg N**: from an empty cache, N forward passes of one token each (BOS first, then
 //!   random ids), logits every step. Sampling is not timed (llama-bench does not sample).
+//! - **@ dD** (`n_depth`, llama-bench's `-d`): the test runs after D tokens already in the
+//!   cache (a prompt of D tokens, not timed); between repetitions the cache is cut back to
+//!   those D positions (a hybrid model, whose recurrent state cannot be cut back, refills
+//!   them), as llama-bench restores its saved state.
 //! - One warm-up run before the timed ones (a whole prompt for pp; one token for tg, as
 //!   llama-bench), then the timed repetitions, each starting from an empty cache.
 //! - Speed per repetition is `n_tokens / seconds`; [`Stats`] gives the mean and the sample
@@ -27,15 +31,21 @@ use std::time::Instant;
 pub struct BenchTest {
     pub n_prompt: usize,
     pub n_gen: usize,
+    /// Tokens in the cache before the timed part (0: an empty cache).
+    pub n_depth: usize,
 }
 
 impl BenchTest {
-    /// llama-bench's test name: `pp512`, `tg128`.
+    /// llama-bench's test name: `pp512`, `tg128`, `tg128 @ d4096`.
     pub fn name(&self) -> String {
-        if self.n_gen == 0 {
+        let base = if self.n_gen == 0 {
             format!("pp{}", self.n_prompt)
         } else {
             format!("tg{}", self.n_gen)
+        };
+        match self.n_depth {
+            0 => base,
+            d => format!("{base} @ d{d}"),
         }
     }
 
@@ -54,43 +64,62 @@ pub fn time_test(
     reps: usize,
 ) -> Result<Vec<u64>> {
     let model = &lm.model;
-    // A cache just large enough, as llama-bench sizes its context (n_prompt + n_gen).
-    let mut kv = KvCache::new(&model.config, test.n_prompt + test.n_gen, 1);
+    let depth = test.n_depth;
+    // A cache just large enough, as llama-bench sizes its context (depth + n_prompt + n_gen).
+    let mut kv = KvCache::new(&model.config, depth + test.n_prompt + test.n_gen, 1);
     let mut ws = Workspace::default();
     let mut tokens = TokenSource::new(lm);
-    let mut once = |kv: &mut KvCache, ws: &mut Workspace, gen_len: usize| -> Result<()> {
+    let rewinds = !model.config.has_recurrent_state();
+    // The untimed part: `depth` tokens in the cache, from the previous run's when it can be
+    // cut back to them.
+    let fill = |kv: &mut KvCache, ws: &mut Workspace, tokens: &mut TokenSource| {
+        if rewinds && kv.seq_len(0) >= depth && depth > 0 {
+            kv.truncate(0, depth);
+            return Ok(());
+        }
         kv.clear(0);
+        prompt(lm, pool, kv, ws, tokens, 0, depth)
+    };
+    let once = |kv: &mut KvCache,
+                ws: &mut Workspace,
+                tokens: &mut TokenSource,
+                gen_len: usize|
+     -> Result<()> {
         if test.n_prompt > 0 {
-            prompt(lm, pool, kv, ws, &mut tokens, test.n_prompt)
+            prompt(lm, pool, kv, ws, tokens, depth, test.n_prompt)
         } else {
-            generate(lm, pool, kv, ws, &mut tokens, gen_len)
+            generate(lm, pool, kv, ws, tokens, depth, gen_len)
         }
     };
     // Warm-up: touches the weights and grows the buffers (one token for tg, as llama-bench).
-    once(&mut kv, &mut ws, 1)?;
+    fill(&mut kv, &mut ws, &mut tokens)?;
+    once(&mut kv, &mut ws, &mut tokens, 1)?;
     let mut samples = Vec::with_capacity(reps);
     for _ in 0..reps {
+        fill(&mut kv, &mut ws, &mut tokens)?;
         let t0 = Instant::now();
-        once(&mut kv, &mut ws, test.n_gen)?;
+        once(&mut kv, &mut ws, &mut tokens, test.n_gen)?;
         samples.push(t0.elapsed().as_nanos() as u64);
     }
     Ok(samples)
 }
 
-/// pp: `n` tokens through the model in micro-batches, logits for the last token only.
+/// pp: `n` tokens through the model from position `start` in micro-batches, logits for the
+/// last token only.
 fn prompt(
     lm: &LoadedModel,
     pool: &ThreadPool,
     kv: &mut KvCache,
     ws: &mut Workspace,
     tokens: &mut TokenSource,
+    start: usize,
     n: usize,
 ) -> Result<()> {
-    let ids: Vec<u32> = (0..n).map(|i| tokens.next(i == 0)).collect();
+    let ids: Vec<u32> = (0..n).map(|i| tokens.next(start + i == 0)).collect();
     let mut done = 0;
     for chunk in ids.chunks(PROMPT_CHUNK) {
         // Logits for the last token of the whole prompt only.
-        let mut batch = Batch::for_sequence(chunk, done, 0, false);
+        let mut batch = Batch::for_sequence(chunk, start + done, 0, false);
         if done + chunk.len() < n {
             batch.logits.fill(false);
         }
@@ -100,17 +129,18 @@ fn prompt(
     Ok(())
 }
 
-/// tg: `n` single-token forward passes, each with logits.
+/// tg: `n` single-token forward passes from position `start`, each with logits.
 fn generate(
     lm: &LoadedModel,
     pool: &ThreadPool,
     kv: &mut KvCache,
     ws: &mut Workspace,
     tokens: &mut TokenSource,
+    start: usize,
     n: usize,
 ) -> Result<()> {
     let mut batch = Batch::new();
-    for pos in 0..n {
+    for pos in start..start + n {
         batch.clear();
         batch.push(tokens.next(pos == 0), pos, 0, true);
         lm.model.forward(pool, &batch, kv, ws)?;
@@ -291,12 +321,22 @@ mod tests {
         let pp = BenchTest {
             n_prompt: 512,
             n_gen: 0,
+            n_depth: 0,
         };
         let tg = BenchTest {
             n_prompt: 0,
             n_gen: 128,
+            n_depth: 0,
         };
         assert_eq!((pp.name(), pp.n_tokens()), ("pp512".to_string(), 512));
         assert_eq!((tg.name(), tg.n_tokens()), ("tg128".to_string(), 128));
+        let deep = BenchTest {
+            n_depth: 4096,
+            ..tg
+        };
+        assert_eq!(
+            (deep.name(), deep.n_tokens()),
+            ("tg128 @ d4096".to_string(), 128)
+        );
     }
 }
