@@ -37,7 +37,8 @@ def rows_as_ints(g):
 
 
 def table(name, ty, vals, per_line, width, doc):
-    lines = [f"/// {doc}", f"pub static {name}: [{ty}; {len(vals)}] = ["]
+    # rustfmt would put each value on a line of its own (the tables would take ~4,000 lines).
+    lines = [f"/// {doc}", "#[rustfmt::skip]", f"pub static {name}: [{ty}; {len(vals)}] = ["]
     for i in range(0, len(vals), per_line):
         chunk = vals[i:i + per_line]
         lines.append("    " + " ".join(f"0x{v:0{width}x}," for v in chunk))
