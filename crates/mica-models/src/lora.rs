@@ -35,20 +35,30 @@ pub struct LoraPair {
     pub scale: f32,
 }
 
+thread_local! {
+    /// The calling thread's buffers for [`LoraPair::add`] (quantized inputs, `A x`, `B A x`),
+    /// kept between calls: every projection of every forward pass goes through it.
+    static SCRATCH: std::cell::RefCell<(QActs, Vec<f32>, Vec<f32>)> =
+        std::cell::RefCell::new((QActs::new(), Vec::new(), Vec::new()));
+}
+
 impl LoraPair {
     /// `out[t] += scale · B (A x[t])` for `n` rows of `x` (`[n, in]`); `out` is `[n, out]`.
     pub fn add(&self, pool: &ThreadPool, x: &[f32], n: usize, out: &mut [f32]) {
         let r = self.a.rows;
-        let mut q = QActs::new();
-        q.quantize(pool, self.a.dtype.vec_dot_type(), x, n, self.a.cols);
-        let mut mid = vec![0f32; n * r];
-        matmul(pool, &self.a.view(), &q, &mut mid);
-        q.quantize(pool, self.b.dtype.vec_dot_type(), &mid, n, r);
-        let mut delta = vec![0f32; n * self.b.rows];
-        matmul(pool, &self.b.view(), &q, &mut delta);
-        for (o, d) in out.iter_mut().zip(&delta) {
-            *o += d * self.scale;
-        }
+        SCRATCH.with_borrow_mut(|(q, mid, delta)| {
+            q.quantize(pool, self.a.dtype.vec_dot_type(), x, n, self.a.cols);
+            mid.clear();
+            mid.resize(n * r, 0.0);
+            matmul(pool, &self.a.view(), q, mid);
+            q.quantize(pool, self.b.dtype.vec_dot_type(), mid, n, r);
+            delta.clear();
+            delta.resize(n * self.b.rows, 0.0);
+            matmul(pool, &self.b.view(), q, delta);
+            for (o, d) in out.iter_mut().zip(delta.iter()) {
+                *o += d * self.scale;
+            }
+        })
     }
 
     /// `scale · B · A` as `[out × in]` f32 (the merged form's update).
