@@ -108,9 +108,18 @@ pub struct ServeArgs {
     /// Log lines on stderr: text, or one JSON object per line. Either way every request
     /// leaves one line when it ends (its X-Request-Id, model, lane, token counts, time to
     /// first token, total time, finish reason, status; errors with their cause), and no
-    /// prompt or output text.
+    /// prompt or output text unless --log-prompts.
     #[arg(long = "log-format", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Which lines to write: error (failed model loads, failed requests: status 500 and
+    /// up), warn (also requests refused with a 4xx status), info (also every request and
+    /// the server's life: loads, unloads, shutdown; the default).
+    #[arg(long = "log-level", value_enum, default_value_t = LogLevel::Info)]
+    pub log_level: LogLevel,
+    /// Put each generation's prompt (as the model saw it, chat template applied) and output
+    /// text in its request line. Off by default: prompts may hold private data.
+    #[arg(long = "log-prompts")]
+    pub log_prompts: bool,
     /// Adapters applied to the served model (one model: not with --models-dir).
     #[command(flatten)]
     pub lora: LoraArgs,
@@ -268,6 +277,7 @@ fn config(args: &ServeArgs) -> Result<ServerConfig> {
         lora: args.lora.lora.clone(),
         cache_type_k: args.cache.cache_type_k,
         cache_type_v: args.cache.cache_type_v,
+        log_prompts: args.log_prompts,
     })
 }
 
@@ -282,8 +292,33 @@ pub enum LogFormat {
     Json,
 }
 
-/// One line on stderr per server event, as `format` says.
-fn print_event(format: LogFormat, ev: &ServerEvent) {
+/// Which server events `serve` writes.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    #[default]
+    Info,
+}
+
+impl LogLevel {
+    /// The level of a server event.
+    fn of(ev: &ServerEvent) -> LogLevel {
+        match ev {
+            ServerEvent::ModelLoadFailed { .. } => LogLevel::Error,
+            ServerEvent::Request(r) if r.status >= 500 => LogLevel::Error,
+            ServerEvent::Request(r) if r.status >= 400 => LogLevel::Warn,
+            ServerEvent::GraceExpired { .. } => LogLevel::Warn,
+            _ => LogLevel::Info,
+        }
+    }
+}
+
+/// One line on stderr per server event at `level` or more severe, as `format` says.
+fn print_event(format: LogFormat, level: LogLevel, ev: &ServerEvent) {
+    if LogLevel::of(ev) > level {
+        return;
+    }
     if format == LogFormat::Json {
         return eprintln!("{}", event_json(ev));
     }
@@ -304,10 +339,16 @@ fn print_event(format: LogFormat, ev: &ServerEvent) {
         ServerEvent::Stopped => eprintln!("stopped"),
         ServerEvent::Request(r) => {
             let ttft = r.ttft_ms.map_or("-".to_string(), |t| format!("{t:.0}ms"));
-            let err = r
+            let mut err = r
                 .error
                 .as_deref()
                 .map_or(String::new(), |e| format!(" error={e:?}"));
+            if let Some(p) = &r.prompt {
+                err.push_str(&format!(" prompt={p:?}"));
+            }
+            if let Some(o) = &r.output {
+                err.push_str(&format!(" output={o:?}"));
+            }
             eprintln!(
                 "request {} {} {} status={} model={} lane={} prompt={} cached={} generated={} \
                  ttft={ttft} total={:.0}ms finish={}{err}",
@@ -395,8 +436,8 @@ pub fn serve(args: ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
         let local = listener.local_addr()?;
-        let format = args.log_format;
-        let print = move |ev: &ServerEvent| print_event(format, ev);
+        let (format, level) = (args.log_format, args.log_level);
+        let print = move |ev: &ServerEvent| print_event(format, level, ev);
         let state = Arc::new(AppState::with_observer(cfg, Some(Arc::new(print))));
         eprintln!(
             "mica serve: listening on http://{local} ({} model(s): {})",
@@ -461,6 +502,8 @@ mod log_tests {
             finish: "stop".into(),
             status: 200,
             error: None,
+            prompt: None,
+            output: None,
         };
         let line = event_json(&ServerEvent::Request(rec)).to_string();
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
@@ -468,7 +511,36 @@ mod log_tests {
         assert_eq!(v["id"], "req-1");
         assert_eq!(v["cached_tokens"], 3);
         assert!(v["ts"].as_f64().unwrap() > 1.7e9);
+        assert!(v.get("prompt").is_none(), "no text unless asked: {v}");
         let v = event_json(&ServerEvent::Stopped);
         assert_eq!(v["event"], "stopped");
+    }
+
+    #[test]
+    fn levels_filter_events() {
+        let req = |status| {
+            ServerEvent::Request(mica_server::reqlog::RequestRecord {
+                id: "r".into(),
+                method: "POST".into(),
+                path: "/v1/completions".into(),
+                model: String::new(),
+                lane: String::new(),
+                prompt_tokens: 0,
+                cached_tokens: 0,
+                generated_tokens: 0,
+                ttft_ms: None,
+                total_ms: 1.0,
+                finish: String::new(),
+                status,
+                error: None,
+                prompt: None,
+                output: None,
+            })
+        };
+        assert_eq!(LogLevel::of(&req(200)), LogLevel::Info);
+        assert_eq!(LogLevel::of(&req(429)), LogLevel::Warn);
+        assert_eq!(LogLevel::of(&req(500)), LogLevel::Error);
+        assert_eq!(LogLevel::of(&ServerEvent::Stopped), LogLevel::Info);
+        assert!(LogLevel::Error < LogLevel::Warn && LogLevel::Warn < LogLevel::Info);
     }
 }

@@ -83,7 +83,14 @@ pub fn start(loaded: Arc<Loaded>, req: GenRequest) -> Result<Running, ServerErro
     let prompt_tokens = req.prompt.len();
     let n = req.n;
     let (cancel_tx, cancel) = watch::channel(false);
-    let log = RequestLog::start(&loaded.name, req.lane, n, prompt_tokens, cancel_tx);
+    let log = RequestLog::start(&loaded.name, req.lane, n, prompt_tokens, cancel_tx, || {
+        // Special tokens as text: the prompt as the model saw it.
+        loaded
+            .model
+            .tokenizer
+            .decode(&req.prompt)
+            .unwrap_or_else(|e| format!("<prompt not decodable: {e}>"))
+    });
     loaded.engine.submit(Request {
         prompt: req.prompt,
         params: req.params,

@@ -119,6 +119,9 @@ pub struct ServerConfig {
     /// models); a type a model cannot store fails that model's load.
     pub cache_type_k: Option<mica::models::kv_cache::KvType>,
     pub cache_type_v: Option<mica::models::kv_cache::KvType>,
+    /// Put each generation's prompt and output text in its request record (off: records
+    /// carry counts and timings only, never text).
+    pub log_prompts: bool,
 }
 
 impl ServerConfig {
@@ -141,6 +144,7 @@ impl ServerConfig {
             lora: Vec::new(),
             cache_type_k: None,
             cache_type_v: None,
+            log_prompts: false,
         }
     }
 

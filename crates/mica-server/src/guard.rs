@@ -71,6 +71,8 @@ pub async fn finish(State(st): State<Arc<AppState>>, req: Request, next: Next) -
             finish: String::new(),
             status: e.status().as_u16(),
             error: Some(e.to_string()),
+            prompt: None,
+            output: None,
         }));
     }
     if let Some(Pending(e)) = pending {

@@ -7,7 +7,10 @@
 //! generation's [`RequestLog`] (held by [`crate::bridge::Running`]) reports the request's
 //! record ([`ServerEvent::Request`]) once it ends: finished, failed, or dropped because the
 //! client went away. Requests that fail before generating (a 400, a 404) are recorded by
-//! the `finish` layer with their status and error. No prompt or output text is recorded.
+//! the `finish` layer with their status and error. No prompt or output text is recorded
+//! unless the server is configured to (`ServerConfig::log_prompts`, `mica serve
+//! --log-prompts`): then a generation's record also carries its prompt as the model saw it
+//! (the rendered template, special tokens included) and each completion's text.
 //!
 //! While a generation runs it is listed in the server's live table ([`Live`], the admin
 //! route `GET /admin/requests`), from which `DELETE /admin/requests/{id}` cancels it: its
@@ -48,6 +51,12 @@ pub struct RequestRecord {
     pub status: u16,
     /// The error's message, for failed requests.
     pub error: Option<String>,
+    /// The prompt's text, only when the server logs prompts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+    /// Each completion's text, only when the server logs prompts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<Vec<String>>,
 }
 
 /// A running generation, as the live table lists it.
@@ -156,20 +165,29 @@ pub struct RequestLog {
     generated: Arc<AtomicUsize>,
     finish: Vec<Option<FinishReason>>,
     done: bool,
+    /// The prompt and each completion's text so far, when the server logs prompts.
+    text: Option<(String, Vec<String>)>,
 }
 
 impl RequestLog {
     /// A log for a generation of `n` completions of a `prompt_tokens`-token prompt on
     /// `model`, in the current request's context (`None` outside a request, e.g. in library
-    /// tests), listed in the live table with `cancel` as its cancel switch.
+    /// tests), listed in the live table with `cancel` as its cancel switch. `prompt_text`
+    /// is called only when the server logs prompts.
     pub fn start(
         model: &str,
         lane: Lane,
         n: usize,
         prompt_tokens: usize,
         cancel: watch::Sender<bool>,
+        prompt_text: impl FnOnce() -> String,
     ) -> Option<RequestLog> {
         let ctx = current()?;
+        let text = ctx
+            .state
+            .cfg
+            .log_prompts
+            .then(|| (prompt_text(), vec![String::new(); n]));
         let generated = Arc::new(AtomicUsize::new(0));
         ctx.state.live().insert(
             ctx.id.clone(),
@@ -193,27 +211,40 @@ impl RequestLog {
             generated,
             finish: vec![None; n],
             done: false,
+            text,
         })
     }
 
     /// Notes one engine event; reports the record at the request's last one.
     pub fn see(&mut self, ev: &Event) {
         match ev {
-            Event::Token { .. } => {
+            Event::Token { index, text, .. } => {
                 self.first_token
                     .get_or_insert_with(|| self.started.elapsed().as_secs_f64() * 1e3);
                 self.generated.fetch_add(1, Ordering::Relaxed);
+                self.add_text(*index, text);
             }
-            Event::Done { index, finish, .. } => {
+            Event::Done {
+                index,
+                finish,
+                text,
+            } => {
                 if let Some(f) = self.finish.get_mut(*index) {
                     *f = Some(*finish);
                 }
+                self.add_text(*index, text);
             }
             Event::Finished { usage } => {
                 let (p, c) = (usage.prompt_tokens, usage.cached_tokens);
                 self.report(p, c, None);
             }
             Event::Error(e) => self.report(0, 0, Some(e.to_string())),
+        }
+    }
+
+    fn add_text(&mut self, index: usize, text: &str) {
+        if let Some(out) = self.text.as_mut().and_then(|t| t.1.get_mut(index)) {
+            out.push_str(text);
         }
     }
 
@@ -247,6 +278,8 @@ impl RequestLog {
             finish,
             status: if error.is_some() { 500 } else { 200 },
             error,
+            prompt: self.text.as_ref().map(|t| t.0.clone()),
+            output: self.text.as_mut().map(|t| std::mem::take(&mut t.1)),
         };
         self.ctx.state.emit(ServerEvent::Request(rec));
     }

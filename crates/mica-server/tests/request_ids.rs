@@ -13,6 +13,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 fn start_recording() -> (Server, Arc<Mutex<Vec<RequestRecord>>>) {
+    start_recording_with(false)
+}
+
+fn start_recording_with(log_prompts: bool) -> (Server, Arc<Mutex<Vec<RequestRecord>>>) {
     let seen: Arc<Mutex<Vec<RequestRecord>>> = Arc::default();
     let s = seen.clone();
     let observer: mica_server::Observer = Arc::new(move |ev: &ServerEvent| {
@@ -20,7 +24,10 @@ fn start_recording() -> (Server, Arc<Mutex<Vec<RequestRecord>>>) {
             s.lock().unwrap().push(r.clone());
         }
     });
-    let cfg = config(Default::default(), Vec::new());
+    let cfg = mica_server::ServerConfig {
+        log_prompts,
+        ..config(Default::default(), Vec::new())
+    };
     let state = Arc::new(AppState::with_observer(cfg, Some(observer)));
     let st = state.clone();
     let server = serve_state(state, move || async move {
@@ -88,6 +95,8 @@ fn ids_reach_the_header_and_the_record() {
         rec.finish
     );
     assert!(rec.error.is_none());
+    // No text unless the server is configured to log it.
+    assert!(rec.prompt.is_none() && rec.output.is_none());
 
     // Without one (or with an unusable one), the server makes one; a stream's record
     // comes when it ends.
@@ -120,6 +129,31 @@ fn ids_reach_the_header_and_the_record() {
     uniq.sort();
     uniq.dedup();
     assert_eq!(uniq.len(), ids.len(), "{ids:?}");
+}
+
+/// With `log_prompts`, a generation's record carries its prompt as the model saw it and
+/// each completion's text, for plain and streamed requests.
+#[test]
+fn records_carry_text_when_asked() {
+    let (server, seen) = start_recording_with(true);
+    let json = [("Content-Type", "application/json")];
+    for stream in [false, true] {
+        let body = serde_json::json!({"model": MODEL, "prompt": "The capital of France is",
+            "max_tokens": 6, "temperature": 0, "n": 2, "stream": stream})
+        .to_string();
+        let r = request(server.addr, "POST", "/v1/completions", &json, &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let id = r.header("x-request-id").expect("an id").to_string();
+        let rec = record(&seen, &id);
+        let prompt = rec.prompt.expect("the prompt's text");
+        assert!(prompt.ends_with("The capital of France is"), "{prompt:?}");
+        let out = rec.output.expect("the completions' text");
+        assert_eq!(out.len(), 2);
+        if !stream {
+            assert_eq!(out[0], r.json()["choices"][0]["text"].as_str().unwrap());
+        }
+        assert!(!out[0].is_empty() && out[0] == out[1], "{out:?}");
+    }
 }
 
 /// The live view lists a running stream under its ID; cancelling it ends the stream with
