@@ -217,6 +217,8 @@ struct Record {
     isa: String,
     /// The process's peak resident memory after this test; `null` where unknown.
     peak_rss_bytes: Option<u64>,
+    /// Bytes one cached position takes in the KV pool, in the cache types above.
+    kv_bytes_per_token: usize,
     /// The speculative test's proposer (`off`, `ngram`); absent for llama-bench's tests.
     #[serde(skip_serializing_if = "Option::is_none")]
     spec: Option<&'static str>,
@@ -337,6 +339,7 @@ fn record(
         samples_ts: stats.samples_ts,
         isa: isa.to_string(),
         peak_rss_bytes: peak_rss_bytes(),
+        kv_bytes_per_token: info.kv_bytes_per_token,
         spec: None,
         draft_tokens: None,
         accepted_draft_tokens: None,

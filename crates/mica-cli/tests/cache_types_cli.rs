@@ -57,6 +57,11 @@ fn cache_types_run_and_are_reported() {
         assert_eq!(rec["type_k"], "q4_0", "{rec}");
         assert_eq!(rec["type_v"], "f16", "{rec}");
     }
+    // SmolLM2: 30 layers of 3 KV heads × 64; q4_0 keys (18 bytes per 32) and f16 values.
+    assert_eq!(
+        recs[0]["kv_bytes_per_token"],
+        30 * (192 / 32 * 18 + 192 * 2)
+    );
     let depths: Vec<u64> = recs
         .iter()
         .map(|r| r["n_depth"].as_u64().unwrap())

@@ -236,6 +236,8 @@ pub struct ModelSummary {
     /// The KV cache's key and value types (f32 for float32 checkpoints, f16 by default).
     pub type_k: &'static str,
     pub type_v: &'static str,
+    /// Bytes one cached position takes in the KV pool (keys and values of every layer).
+    pub kv_bytes_per_token: usize,
 }
 
 impl ModelSummary {
@@ -264,6 +266,8 @@ impl ModelSummary {
         ModelSummary {
             type_k: lm.model.config.cache_types().k.name(),
             type_v: lm.model.config.cache_types().v.name(),
+            kv_bytes_per_token: KvCache::bytes_per_block(&lm.model.config)
+                / mica_models::kv_cache::BLOCK_SIZE,
             filename: path.display().to_string(),
             desc: format!("{} {label} {ftype}", lm.model.config.arch),
             size,
