@@ -2,12 +2,14 @@
 //! work happens in the library crates.
 
 mod bench;
+mod budget;
 mod chat;
 mod constraint_args;
 mod convert;
 mod embed;
 mod imatrix;
 mod inspect;
+mod logging;
 mod lora_args;
 mod perplexity;
 mod progress;
@@ -72,6 +74,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    logging::init();
     let result = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Chat(args) => chat::chat(args),

@@ -78,18 +78,11 @@ impl MemoryEstimate {
             }
             KvSizing::Pool { blocks, states } => (blocks, states),
         };
-        let ple_width = model.ple.as_ref().map_or(0, |p| p.proj.out_dim());
         MemoryEstimate {
             weights: model.weight_footprint(params.repack),
             kv_cache: blocks * KvCache::bytes_per_block(cfg),
             recurrent_state: states * KvCache::state_bytes_per_seq(cfg),
-            compute: Workspace::estimate_bytes(
-                cfg,
-                ple_width,
-                params.batch_tokens,
-                params.n_outputs,
-                params.n_ctx,
-            ),
+            compute: compute_bytes(model, params.batch_tokens, params.n_outputs, params.n_ctx),
             runtime: params.runtime,
         }
     }
@@ -105,17 +98,24 @@ impl MemoryEstimate {
         self.weight_bytes() + self.kv_cache + self.recurrent_state + self.compute + self.runtime
     }
 
-    /// What should be resident once the weights have been read and `kv_in_use` bytes of
-    /// the KV cache written (the rest of the cache is allocated but untouched); `compute`
-    /// says whether a forward pass has run (its buffers exist).
-    pub fn expected_resident(&self, kv_in_use: usize, compute: bool) -> usize {
-        let compute = if compute { self.compute } else { 0 };
+    /// What should be resident once the weights have been read, `kv_in_use` bytes of the
+    /// KV cache written (the rest of the cache is allocated but untouched) and the forward
+    /// pass's buffers grown to `compute_in_use` bytes ([`compute_bytes`] of the batches run
+    /// so far; 0 before any).
+    pub fn expected_resident(&self, kv_in_use: usize, compute_in_use: usize) -> usize {
         self.weight_bytes()
             + kv_in_use.min(self.kv_cache)
             + self.recurrent_state
-            + compute
+            + compute_in_use.min(self.compute)
             + self.runtime
     }
+}
+
+/// Bytes of the forward pass's buffers for batches of up to `n_tok` tokens, `n_out` of
+/// them producing outputs, over up to `n_ctx` positions ([`Workspace::estimate_bytes`]).
+pub fn compute_bytes(model: &Model, n_tok: usize, n_out: usize, n_ctx: usize) -> usize {
+    let ple_width = model.ple.as_ref().map_or(0, |p| p.proj.out_dim());
+    Workspace::estimate_bytes(&model.config, ple_width, n_tok, n_out, n_ctx)
 }
 
 /// Bytes of KV cache that `positions` positions of one sequence occupy (whole blocks).

@@ -88,8 +88,7 @@ fn weights_match_the_files_tensor_directory() {
 #[test]
 fn repacked_bytes_are_what_repacking_makes() {
     for (name, _) in MODELS {
-        let mut lm =
-            LoadedModel::open_with(model_path(name), LoadOptions::READ_ONLY).unwrap();
+        let mut lm = LoadedModel::open_with(model_path(name), LoadOptions::READ_ONLY).unwrap();
         let plain = MemoryEstimate::new(&lm.model, &params(false));
         let est = MemoryEstimate::new(&lm.model, &params(true));
         let made = lm.model.repack();
@@ -103,7 +102,11 @@ fn repacked_bytes_are_what_repacking_makes() {
             plain.weight_bytes()
         );
         // A repacked model counts its copies whatever the parameters say.
-        assert_eq!(MemoryEstimate::new(&lm.model, &params(false)), est, "{name}");
+        assert_eq!(
+            MemoryEstimate::new(&lm.model, &params(false)),
+            est,
+            "{name}"
+        );
     }
 }
 
@@ -131,7 +134,10 @@ fn kv_cache_follows_the_attention_shape() {
                 ..params(true)
             },
         );
-        assert_eq!(pool.kv_cache, 10 * KvCache::bytes_per_block(&lm.model.config));
+        assert_eq!(
+            pool.kv_cache,
+            10 * KvCache::bytes_per_block(&lm.model.config)
+        );
         assert_eq!(
             pool.total() - pool.kv_cache,
             est.total() - est.kv_cache,
@@ -190,5 +196,13 @@ fn display_names_every_part_in_mib() {
         est.total(),
         est.weight_bytes() + est.kv_cache + est.recurrent_state + est.compute + est.runtime
     );
-    assert_eq!(est.expected_resident(0, false), est.total() - est.kv_cache - est.compute);
+    assert_eq!(
+        est.expected_resident(0, 0),
+        est.total() - est.kv_cache - est.compute
+    );
+    assert_eq!(
+        est.expected_resident(usize::MAX, usize::MAX),
+        est.total(),
+        "parts in use are capped at the estimate's"
+    );
 }
