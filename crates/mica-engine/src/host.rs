@@ -106,15 +106,41 @@ pub fn margin_for(bytes: u64) -> u64 {
 
 /// A model that does not fit ([`check_fits`]).
 #[derive(Debug, thiserror::Error)]
-#[error("the model does not fit in memory: it needs {estimate}, but only {available}")]
+#[error(
+    "the model does not fit in memory: it needs {estimate}{}, but only {available}",
+    self.already_held()
+)]
 pub struct DoesNotFit {
     pub estimate: MemoryEstimate,
     pub available: Available,
 }
 
-/// Whether `estimate` fits in `available`.
+impl DoesNotFit {
+    fn already_held(&self) -> String {
+        match self.available.source {
+            MemorySource::Limit => String::new(),
+            _ => format!(
+                "; {} more than the process holds now",
+                mib(still_needed(&self.estimate, &self.available) as usize)
+            ),
+        }
+    }
+}
+
+/// What `estimate` still needs from `available`: all of it against a given limit, but
+/// against a measured figure only what the process does not hold yet (the figure already
+/// left out its resident set, the estimate's `runtime`).
+pub fn still_needed(estimate: &MemoryEstimate, available: &Available) -> u64 {
+    let total = estimate.total() as u64;
+    match available.source {
+        MemorySource::Limit => total,
+        _ => total.saturating_sub(estimate.runtime as u64),
+    }
+}
+
+/// Whether `estimate` fits in `available` ([`still_needed`] against its usable bytes).
 pub fn check_fits(estimate: &MemoryEstimate, available: &Available) -> Result<(), DoesNotFit> {
-    if estimate.total() as u64 > available.usable() {
+    if still_needed(estimate, available) > available.usable() {
         return Err(DoesNotFit {
             estimate: *estimate,
             available: available.clone(),

@@ -226,3 +226,41 @@ fn the_process_resident_set_is_read() {
         assert!(rss > 1 << 20, "{rss}");
     }
 }
+
+#[test]
+fn a_measured_figure_already_left_out_the_runtime() {
+    let est = MemoryEstimate {
+        weights: mica_models::WeightFootprint {
+            mapped: 10 << 20,
+            repacked: 80 << 20,
+            on_demand: 0,
+        },
+        kv_cache: 40 << 20,
+        recurrent_state: 0,
+        compute: 20 << 20,
+        runtime: 50 << 20,
+    };
+    // 200 MiB in all; 150 MiB beyond what the process holds.
+    assert!(check_fits(&est, &Available::limit(200 << 20)).is_ok());
+    let e = check_fits(&est, &Available::limit(199 << 20)).unwrap_err();
+    assert!(
+        !e.to_string().contains("more than the process holds"),
+        "{e}"
+    );
+    let measured = |raw: u64| Available {
+        raw,
+        margin: 32 << 20,
+        source: MemorySource::MemAvailable,
+    };
+    assert!(check_fits(&est, &measured(182 << 20)).is_ok());
+    let e = check_fits(&est, &measured(181 << 20))
+        .unwrap_err()
+        .to_string();
+    for part in [
+        "= 200.0 MiB",
+        "150.0 MiB more than the process holds now",
+        "only 149.0 MiB available (MemAvailable in /proc/meminfo = 181.0 MiB, less a margin of 32.0 MiB)",
+    ] {
+        assert!(e.contains(part), "{part:?} missing: {e}");
+    }
+}
