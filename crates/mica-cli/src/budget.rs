@@ -72,13 +72,14 @@ impl Sizing {
 
 /// Opens `path` without preparing the weights (stage 1, logged with its time).
 pub fn open(path: &Path) -> Result<LoadedModel> {
-    let t0 = Instant::now();
-    let lm = LoadedModel::open_with(path, LoadOptions::READ_ONLY)?;
-    info!(
-        "load: opened {} (header parsed, tokenizer built, weights mapped) in {:.0} ms",
-        path.display(),
-        t0.elapsed().as_secs_f64() * 1e3
-    );
+    info!("load: opening {}", path.display());
+    let lm = LoadedModel::open_observed(path, LoadOptions::READ_ONLY, &mut |stage, took| {
+        info!(
+            "load: {} in {:.0} ms",
+            stage.describe(),
+            took.as_secs_f64() * 1e3
+        )
+    })?;
     Ok(lm)
 }
 

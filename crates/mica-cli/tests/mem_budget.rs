@@ -68,7 +68,11 @@ fn force_loads_anyway_and_the_estimate_is_checked_after_the_first_pass() {
     assert!(!out.trim().is_empty(), "nothing generated:\n{err}");
     assert!(err.contains("loading anyway (--force)"), "{err}");
     // The load stages and the resident-set check, with its error in percent.
-    for stage in ["load: opened", "memory estimate: weights", "load: repacked"] {
+    for stage in [
+        "load: tokenizer built in",
+        "memory estimate: weights",
+        "load: repacked",
+    ] {
         assert!(err.contains(stage), "{stage:?} missing:\n{err}");
     }
     let line = err

@@ -25,7 +25,7 @@ pub use config::ModelConfig;
 pub use conversation::{Conversation, ConversationError};
 pub use error::{ModelError, Result};
 pub use kv_cache::{KvCache, SeqId};
-pub use loader::{ChatPromptError, LoadOptions, LoadedModel, open_tokenizer};
+pub use loader::{ChatPromptError, LoadOptions, LoadStage, LoadedModel, open_tokenizer};
 pub use lora::{LoraAdapter, LoraSpec};
 pub use memory::{EstimateParams, KvSizing, MemoryEstimate};
 pub use model::{Model, Output, WeightFootprint, Workspace};
