@@ -11,6 +11,7 @@
 
 mod copy;
 
+use crate::budget::{self, BudgetArgs, InUse, ResidentCheck, Sizing};
 use crate::cache_args::CacheArgs;
 use crate::lora_args::LoraArgs;
 use anyhow::{Context, Result, bail};
@@ -18,7 +19,7 @@ use clap::Args;
 use mica::engine::bench::{BenchTest, ModelSummary, Stats, cpu_info, peak_rss_bytes, time_test};
 use mica::engine::generate::PROMPT_CHUNK;
 use mica::kernels::ThreadPool;
-use mica::models::{LoadOptions, LoadedModel};
+use mica::models::LoadedModel;
 use serde::Serialize;
 use std::io::Write;
 use std::path::PathBuf;
@@ -62,6 +63,8 @@ pub struct BenchArgs {
     /// plain (`copyN`) and with n-gram lookup (`copyN+ngram`); comma-separated lengths.
     #[arg(long = "copy")]
     pub copy: Option<String>,
+    #[command(flatten)]
+    pub budget: BudgetArgs,
 }
 
 /// The flags, resolved and checked.
@@ -74,6 +77,7 @@ struct Plan {
     no_repack: bool,
     lora: LoraArgs,
     cache: CacheArgs,
+    budget: BudgetArgs,
 }
 
 /// One test: a prompt of `n_prompt` tokens or a generation of `n_gen` (never both); `copy`
@@ -88,6 +92,14 @@ struct TestSpec {
 }
 
 impl TestSpec {
+    /// Positions the test's sequence reaches (the copy test's prompt included).
+    fn positions(&self, lm: &LoadedModel) -> usize {
+        match self.copy {
+            Some(_) => copy::prompt_ids(lm).map_or(0, |p| p.len()) + self.n_gen + 1,
+            None => self.n_prompt + self.n_gen,
+        }
+    }
+
     /// llama-bench's test name: `pp512`, `tg128`; mica's `copy128`, `copy128+ngram`.
     fn name(self) -> String {
         match self.copy {
@@ -177,6 +189,7 @@ impl Plan {
             no_repack: args.no_repack,
             lora: args.lora.clone(),
             cache: args.cache.clone(),
+            budget: args.budget.clone(),
         })
     }
 }
@@ -231,14 +244,23 @@ struct Record {
 
 pub fn bench(args: BenchArgs) -> Result<()> {
     let plan = Plan::resolve(args)?;
-    let mut lm = LoadedModel::open_with(
+    let (mut lm, est) = budget::load(
         &plan.model,
-        LoadOptions {
-            repack: !plan.no_repack,
+        !plan.no_repack,
+        &plan.budget,
+        &plan.cache,
+        |lm| {
+            let n_ctx = plan
+                .tests
+                .iter()
+                .map(|t| t.positions(lm))
+                .max()
+                .unwrap_or(1);
+            Sizing::one_sequence(n_ctx, PROMPT_CHUNK)
         },
     )?;
     plan.lora.apply(&mut lm, plan.json)?;
-    plan.cache.apply(&mut lm)?;
+    let mut resident = ResidentCheck::new(est);
     let info = ModelSummary::of(&plan.model, &lm);
     let isa = mica::kernels::simd::kernels().isa();
     let cpu = cpu_info();
@@ -272,6 +294,9 @@ pub fn bench(args: BenchArgs) -> Result<()> {
                     time_test(&lm, &pool, spec.timed(), plan.reps).with_context(what)?;
                 record(&info, &cpu, isa, n_threads, spec, test_time, samples_ns)
             };
+            // The peak so far covers the test's warm-up and timed runs.
+            let in_use = InUse::one_sequence(&lm.model, spec.positions(&lm), PROMPT_CHUNK);
+            resident.after_forward(peak_rss_bytes(), in_use);
             if let Some(t) = table.as_mut() {
                 t.row(&rec, spec)?;
             }

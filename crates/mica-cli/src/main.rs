@@ -2,6 +2,7 @@
 //! work happens in the library crates.
 
 mod bench;
+mod budget;
 mod cache_args;
 mod chat;
 mod constraint_args;
@@ -9,6 +10,7 @@ mod convert;
 mod embed;
 mod imatrix;
 mod inspect;
+mod logging;
 mod lora_args;
 mod perplexity;
 mod progress;
@@ -73,6 +75,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    logging::init();
     let result = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Chat(args) => chat::chat(args),

@@ -2,12 +2,13 @@
 //! KL-divergence from a base model, computed by [`mica::quant::Perplexity`] as llama.cpp's
 //! `llama-perplexity` computes them (see that module for the method).
 
+use crate::budget::{self, BudgetArgs, Sizing};
 use crate::cache_args::CacheArgs;
 use crate::lora_args::LoraArgs;
 use crate::progress::Progress;
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
-use mica::models::LoadedModel;
+use mica::models::{KvSizing, LoadedModel};
 use mica::quant::{KlSummary, Perplexity, PerplexityOptions, QuantError};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -42,6 +43,9 @@ pub struct PerplexityArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// Checks the scored model (not the --kl-base one).
+    #[command(flatten)]
+    pub budget: BudgetArgs,
 }
 
 pub fn perplexity(args: PerplexityArgs) -> Result<()> {
@@ -51,9 +55,18 @@ pub fn perplexity(args: PerplexityArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("reading {}", args.file.display()))?;
     let t_load = Instant::now();
-    let mut lm = LoadedModel::open(&args.model)?;
+    // Whole windows in one pass, every position's logits kept.
+    let sizing = Sizing {
+        kv: KvSizing::Context {
+            n_ctx: args.ctx,
+            n_seq: 1,
+        },
+        n_ctx: args.ctx,
+        batch_tokens: args.ctx,
+        n_outputs: args.ctx,
+    };
+    let (mut lm, _) = budget::load(&args.model, true, &args.budget, &args.cache, |_| sizing)?;
     args.lora.apply(&mut lm, false)?;
-    args.cache.apply(&mut lm)?;
     let load_ms = t_load.elapsed().as_secs_f64() * 1e3;
     let threads = args
         .threads

@@ -4,14 +4,16 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use mica::engine::{GenerateParams, Hooks, LogitsProcessor, Proposer, Session};
 
+use crate::budget::{self, BudgetArgs, InUse, ResidentCheck, Sizing};
 use crate::cache_args::CacheArgs;
 use crate::constraint_args::{self, ConstraintArgs};
 use crate::lora_args::LoraArgs;
 use crate::sampling_args::SamplingArgs;
 use crate::spec_args::SpecArgs;
+use mica::engine::generate::PROMPT_CHUNK;
 use mica::models::chat::ChatMessage;
 use mica::models::config::Numerics;
-use mica::models::{LoadOptions, LoadedModel};
+use mica::models::memory::mib;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -73,6 +75,8 @@ pub struct RunArgs {
     /// Do not parse special tokens written in the prompt.
     #[arg(long = "no-parse-special", conflicts_with = "chat")]
     pub no_parse_special: bool,
+    #[command(flatten)]
+    pub budget: BudgetArgs,
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
@@ -85,20 +89,25 @@ pub fn run(args: RunArgs) -> Result<()> {
     let constraint = args.constraint.constraint()?;
     let path = crate::store::resolve_model(args.model.as_deref(), args.json)?;
     let t0 = Instant::now();
-    let mut lm = LoadedModel::open_with(
-        &path,
-        LoadOptions {
-            repack: !args.no_repack,
-        },
-    )?;
-    args.lora.apply(&mut lm, args.json)?;
-    let load_time = t0.elapsed();
+    let repack = !args.no_repack;
+    let mut lm = budget::open(&path)?;
     match args.kv_type.as_deref() {
         Some("f16") => lm.model.config.numerics = Numerics::LlamaCpp,
         Some("f32") => lm.model.config.numerics = Numerics::F32,
         _ => {}
     }
     args.cache.apply(&mut lm)?;
+    let n_ctx = args
+        .ctx_size
+        .unwrap_or(lm.model.config.n_ctx_train.min(4096));
+    if n_ctx == 0 {
+        bail!("the context size must be positive");
+    }
+    let sizing = Sizing::one_sequence(n_ctx, PROMPT_CHUNK);
+    let est = budget::check(&lm, repack, sizing, args.budget.force, args.budget.limit()?)?;
+    budget::prepare(&mut lm, repack);
+    args.lora.apply(&mut lm, args.json)?;
+    let load_time = t0.elapsed();
 
     let prompt_ids = if args.chat {
         if lm.template.is_fallback() {
@@ -118,11 +127,6 @@ pub fn run(args: RunArgs) -> Result<()> {
             .encode(&prompt_text, true, !args.no_parse_special)?
     };
 
-    let cfg = &lm.model.config;
-    let n_ctx = args.ctx_size.unwrap_or(cfg.n_ctx_train.min(4096));
-    if n_ctx == 0 {
-        bail!("the context size must be positive");
-    }
     let threads = args
         .threads
         .unwrap_or_else(mica::kernels::pool::physical_cores);
@@ -146,7 +150,16 @@ pub fn run(args: RunArgs) -> Result<()> {
         Some(c) => Some(constraint_args::compile(&lm, c)?),
         None => None,
     };
+    let t_session = Instant::now();
     let mut session = Session::new(&lm, n_ctx, threads);
+    log::info!(
+        "load: session ({} threads, KV cache for {n_ctx} positions, {} reserved) in {:.0} ms",
+        threads,
+        mib(est.kv_cache),
+        t_session.elapsed().as_secs_f64() * 1e3
+    );
+    let mut resident = ResidentCheck::new(est);
+    let first_pass = InUse::one_sequence(&lm.model, prompt_ids.len() + 1, PROMPT_CHUNK);
     let mut proposer = spec.proposer(&lm, &session.shared_pool())?;
     let hooks = Hooks {
         processors: grammar
@@ -158,6 +171,8 @@ pub fn run(args: RunArgs) -> Result<()> {
     let stdout = std::io::stdout();
     let json = args.json;
     let gen_result = session.generate_with(&prompt_ids, &params, hooks, |piece| {
+        // The first piece comes after the prompt's forward pass.
+        resident.after_forward(None, first_pass);
         if !json {
             let mut out = stdout.lock();
             // A closed stdout (e.g. piped into `head`) ends generation quietly.
@@ -168,6 +183,12 @@ pub fn run(args: RunArgs) -> Result<()> {
         }
         true
     })?;
+    // Nothing streamed (an immediate end): the check after the whole run.
+    let positions = prompt_ids.len() + gen_result.output_ids.len();
+    resident.after_forward(
+        None,
+        InUse::one_sequence(&lm.model, positions, PROMPT_CHUNK),
+    );
     let t = gen_result.timings;
     if json {
         let obj = serde_json::json!({

@@ -2,12 +2,13 @@
 //! runtime (the engines run on their own threads; tokio only does I/O). SIGTERM and SIGINT
 //! both start a graceful shutdown; the server's events are printed on stderr.
 
+use crate::budget::{self, Sizing};
 use crate::cache_args::CacheArgs;
 use crate::lora_args::LoraArgs;
 use crate::spec_args::SpecArgs;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
-use mica::engine::{Lane, SchedulePolicy, SchedulerConfig};
+use mica::engine::{EngineConfig, Lane, SchedulePolicy, SchedulerConfig};
 use mica_server::{Access, ApiKey, AppState, Limits, ServerConfig, ServerEvent};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -103,6 +104,11 @@ pub struct ServeArgs {
     /// Default: the memory the system reports available at each load.
     #[arg(long = "mem-limit")]
     pub mem_limit: Option<String>,
+    /// Start even when the model named by -m does not fit: its memory estimate (weights,
+    /// --kv-mem, compute buffers) is checked against --mem-limit, else the memory this
+    /// process may use, before the server starts.
+    #[arg(long = "force")]
+    pub force: bool,
     #[command(flatten)]
     pub spec: SpecArgs,
     /// Log lines on stderr: text, or one JSON object per line. Either way every request
@@ -400,6 +406,34 @@ fn event_json(ev: &ServerEvent) -> serde_json::Value {
     v
 }
 
+/// The memory budget of the model loaded at start-up (`-m`): opened (not prepared) to
+/// estimate what its engine will take with the server's KV memory and step budget, then
+/// dropped; the server loads it again.
+fn check_preload(cfg: &ServerConfig, force: bool) -> Result<()> {
+    let Some(name) = &cfg.preload else {
+        return Ok(());
+    };
+    let Some((_, path)) = cfg.models.iter().find(|(n, _)| n == name) else {
+        return Ok(());
+    };
+    let mut lm = budget::open(path)?;
+    // The cache types decide the blocks' bytes, hence how many fit in --kv-mem.
+    lm.model
+        .config
+        .choose_cache_types(cfg.cache_type_k, cfg.cache_type_v)?;
+    let running = cfg.scheduler.max_running;
+    let plan = EngineConfig::memory_plan(&lm, cfg.kv_mem, running);
+    let n_ctx = cfg.n_ctx.unwrap_or(lm.model.config.n_ctx_train.min(4096));
+    let sizing = Sizing {
+        kv: plan.kv_sizing(running),
+        n_ctx,
+        batch_tokens: cfg.scheduler.max_batch_tokens,
+        n_outputs: running,
+    };
+    budget::check(&lm, cfg.repack, sizing, force, cfg.mem_limit)?;
+    Ok(())
+}
+
 /// Completes on SIGTERM (Kubernetes, systemd, Docker) or SIGINT (Ctrl-C).
 async fn shutdown_signal() {
     #[cfg(unix)]
@@ -425,6 +459,7 @@ async fn shutdown_signal() {
 
 pub fn serve(args: ServeArgs) -> Result<()> {
     let cfg = config(&args)?;
+    check_preload(&cfg, args.force)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

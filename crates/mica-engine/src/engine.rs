@@ -105,6 +105,17 @@ pub struct MemoryPlan {
     pub state_checkpoints: usize,
 }
 
+impl MemoryPlan {
+    /// The KV sizing of this plan for a memory estimate: its blocks, and a recurrent state
+    /// per running sequence plus the checkpoints.
+    pub fn kv_sizing(&self, max_running: usize) -> mica_models::KvSizing {
+        mica_models::KvSizing::Pool {
+            blocks: self.kv_blocks,
+            states: max_running + self.state_checkpoints,
+        }
+    }
+}
+
 impl EngineConfig {
     /// Splits `bytes` of KV memory for `model` with up to `max_running` sequences running:
     /// a hybrid model's running states first, then recurrent-state checkpoints (a quarter

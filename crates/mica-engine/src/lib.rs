@@ -4,7 +4,8 @@
 //! decoding ([`spec`]: n-gram lookup, draft models, adaptive draft length); and the serving engine — the
 //! paged KV block manager with prefix caching, the step scheduler with priority lanes and
 //! multi-token steps, and the continuous batching loop that runs many requests through one
-//! forward pass per step; and embeddings pooled from the final hidden states.
+//! forward pass per step; embeddings pooled from the final hidden states; and what the host
+//! offers a model ([`host`]: available memory, resident set, slow settings).
 
 pub mod bench;
 pub mod checkpoints;
@@ -14,6 +15,7 @@ pub mod embed;
 pub mod engine;
 pub mod error;
 pub mod generate;
+pub mod host;
 pub mod kv_manager;
 pub mod metrics;
 pub mod mirostat;

@@ -404,6 +404,36 @@ fn kv_memory_pays_for_the_recurrent_states_first() {
     );
 }
 
+/// A memory estimate sized by the engine's plan counts the blocks it buys and a recurrent
+/// state per running sequence and per checkpoint.
+#[test]
+fn memory_estimate_of_a_hybrid_models_plan() {
+    use mica_models::{EstimateParams, KvCache, MemoryEstimate};
+    let lm = model();
+    let cfg = &lm.model.config;
+    let (state, block) = (
+        KvCache::state_bytes_per_seq(cfg),
+        KvCache::bytes_per_block(cfg),
+    );
+    let plan = EngineConfig::memory_plan(&lm, 64 * block + 8 * state, 8);
+    let est = MemoryEstimate::new(
+        &lm.model,
+        &EstimateParams {
+            repack: false,
+            kv: plan.kv_sizing(8),
+            n_ctx: 256,
+            batch_tokens: 64,
+            n_outputs: 8,
+            runtime: 0,
+        },
+    );
+    assert_eq!(est.kv_cache, plan.kv_blocks * block);
+    assert_eq!(est.recurrent_state, (8 + plan.state_checkpoints) * state);
+    // The plan spends what it was given, up to less than one block.
+    let spent = est.kv_cache + est.recurrent_state;
+    assert!(spent <= 64 * block + 8 * state && spent + block > 64 * block + 8 * state);
+}
+
 /// The second turn of a chat with and without state checkpoints: its time to first token
 /// (prompt processing) and its cached tokens, printed. A measurement, not a check of speed:
 /// run by hand, on the fixture or on the model at `MICA_HYBRID_TIMING_GGUF` (e.g. random

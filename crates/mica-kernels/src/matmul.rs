@@ -71,6 +71,14 @@ impl<'a> QMatrix<'a> {
         kernels().pack(self.dtype, self.cols, self.rows, self.data)
     }
 
+    /// Bytes [`QMatrix::pack`] would return, without packing: `rows` rounded up to a whole
+    /// group, times the row's bytes; `None` where the kernels have no packed layout for this
+    /// type (or the matrix has no rows).
+    pub fn packed_len(&self) -> Option<usize> {
+        (self.rows > 0 && kernels().has_packed(self.dtype))
+            .then(|| self.rows.div_ceil(self.pack_group()) * self.pack_group() * self.row_bytes())
+    }
+
     /// Rows per group of [`QMatrix::pack`]'s layout (1 where there is none).
     pub fn pack_group(&self) -> usize {
         kernels().pack_group(self.dtype)

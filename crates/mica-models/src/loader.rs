@@ -10,6 +10,7 @@ use crate::tokenizer::{Tokenizer, TokenizerError, TokenizerSpec};
 use mica_formats::GgufFile;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Everything needed to run a model file.
 pub struct LoadedModel {
@@ -43,6 +44,33 @@ impl Default for LoadOptions {
 impl LoadOptions {
     /// Only reading the model (inspecting, converting): the file's layout, nothing repacked.
     pub const READ_ONLY: LoadOptions = LoadOptions { repack: false };
+}
+
+/// A stage of opening a model, reported with its duration by
+/// [`LoadedModel::open_observed`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoadStage {
+    /// The file mapped and its header and tensor directory parsed (a folder: its config
+    /// read and checkpoint files mapped).
+    Parsed,
+    /// The tokenizer built.
+    Tokenizer,
+    /// The model's weight views built and their shapes checked (no weight byte read).
+    Model,
+    /// The weights repacked ([`LoadOptions::repack`]).
+    Repacked,
+}
+
+impl LoadStage {
+    /// What the stage did, in a few words.
+    pub fn describe(self) -> &'static str {
+        match self {
+            LoadStage::Parsed => "file mapped, header parsed",
+            LoadStage::Tokenizer => "tokenizer built",
+            LoadStage::Model => "weights mapped and checked",
+            LoadStage::Repacked => "weights repacked",
+        }
+    }
 }
 
 /// Why a conversation could not be turned into prompt tokens ([`LoadedModel::chat_prompt`]).
@@ -84,25 +112,46 @@ impl LoadedModel {
     /// Opens a GGUF file, or a Hugging Face folder (any directory): maps and validates it,
     /// and builds the model, tokenizer and template.
     pub fn open_with(path: impl AsRef<Path>, opts: LoadOptions) -> Result<LoadedModel> {
-        let mut lm = Self::open_unprepared(path.as_ref())?;
+        Self::open_observed(path, opts, &mut |_, _| {})
+    }
+
+    /// [`LoadedModel::open_with`], telling `observe` each [`LoadStage`] as it ends, with
+    /// its duration.
+    pub fn open_observed(
+        path: impl AsRef<Path>,
+        opts: LoadOptions,
+        observe: &mut dyn FnMut(LoadStage, Duration),
+    ) -> Result<LoadedModel> {
+        let mut lm = Self::open_unprepared(path.as_ref(), observe)?;
         if opts.repack {
+            let t = Instant::now();
             lm.model.repack();
+            observe(LoadStage::Repacked, t.elapsed());
         }
         Ok(lm)
     }
 
-    fn open_unprepared(path: &Path) -> Result<LoadedModel> {
+    fn open_unprepared(
+        path: &Path,
+        observe: &mut dyn FnMut(LoadStage, Duration),
+    ) -> Result<LoadedModel> {
         if path.is_dir() {
-            return Self::open_hf(path);
+            return Self::open_hf(path, observe);
         }
+        let t = Instant::now();
         let mut file = GgufFile::open(path)?;
+        observe(LoadStage::Parsed, t.elapsed());
         // The vocabulary and merges move into the spec rather than being copied; the spec is
         // dropped once the tokenizer holds what it needs (compactly), and the remaining
         // arrays too: they would otherwise live as long as the model maps the file.
+        let t = Instant::now();
         let tokenizer =
             TokenizerSpec::take_from_gguf(&mut file).and_then(|spec| Tokenizer::from_spec(&spec));
         file.drop_metadata(&TOKENIZER_ARRAYS);
+        observe(LoadStage::Tokenizer, t.elapsed());
+        let t = Instant::now();
         let model = crate::arch::load_gguf(Arc::new(file))?;
+        observe(LoadStage::Model, t.elapsed());
         let tokenizer = tokenizer.map_err(|cause| ModelError::Tokenizer {
             path: path.to_path_buf(),
             cause,
@@ -112,10 +161,16 @@ impl LoadedModel {
 
     /// A Hugging Face folder: config.json, the safetensors checkpoint, tokenizer.json and
     /// tokenizer_config.json (chat template, special tokens; or chat_template.jinja).
-    fn open_hf(dir: &Path) -> Result<LoadedModel> {
+    fn open_hf(dir: &Path, observe: &mut dyn FnMut(LoadStage, Duration)) -> Result<LoadedModel> {
+        let t = Instant::now();
         let folder = HfFolder::open(dir)?;
+        observe(LoadStage::Parsed, t.elapsed());
+        let t = Instant::now();
         let model = crate::arch::load_hf(&folder)?;
+        observe(LoadStage::Model, t.elapsed());
+        let t = Instant::now();
         let tokenizer = hf_tokenizer(dir)?;
+        observe(LoadStage::Tokenizer, t.elapsed());
         Self::assemble(dir, model, tokenizer)
     }
 

@@ -106,6 +106,20 @@ impl Matrix {
         if self.packed.is_some() { written } else { 0 }
     }
 
+    /// Bytes [`Matrix::repack`] makes (or made) the packed copy take: `None` where the
+    /// kernels have no packed layout for this type.
+    pub fn repacked_len(&self) -> Option<usize> {
+        match &self.packed {
+            Some(p) => Some(p.as_slice().len()),
+            None => self.view().packed_len(),
+        }
+    }
+
+    /// Whether a packed copy exists ([`Matrix::repack`] ran and the type has a layout).
+    pub fn is_repacked(&self) -> bool {
+        self.packed.is_some()
+    }
+
     /// Bytes the weights occupy.
     pub fn n_bytes(&self) -> usize {
         self.data.len

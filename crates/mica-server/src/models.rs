@@ -156,12 +156,10 @@ fn mib(b: u64) -> u64 {
     b >> 20
 }
 
-/// `MemAvailable` from /proc/meminfo, bytes.
+/// The memory this process may still use, bytes: its cgroup limit's headroom where that is
+/// tighter than `MemAvailable` ([`mica::engine::host::available_memory`], before its margin).
 fn mem_available() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    mica::engine::host::available_memory().map(|a| a.raw)
 }
 
 /// Hands the heap memory an unloaded model freed back to the system. glibc keeps freed

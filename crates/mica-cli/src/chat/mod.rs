@@ -16,8 +16,10 @@ use std::time::Instant;
 use anyhow::{Result, bail};
 use clap::Args;
 use mica::engine::Session;
-use mica::models::{LoadOptions, LoadedModel};
+use mica::engine::generate::PROMPT_CHUNK;
+use mica::models::{LoadedModel, MemoryEstimate};
 
+use crate::budget::{self, BudgetArgs, ResidentCheck, Sizing};
 use crate::cache_args::CacheArgs;
 use crate::constraint_args::{self, ConstraintArgs};
 use crate::lora_args::LoraArgs;
@@ -64,6 +66,9 @@ pub struct ChatArgs {
     /// products (same results; repacking reads the whole file up front).
     #[arg(long = "no-repack")]
     pub no_repack: bool,
+    /// The memory check applies to every model loaded (the first and `/model` switches).
+    #[command(flatten)]
+    pub budget: BudgetArgs,
 }
 
 pub fn chat(args: ChatArgs) -> Result<()> {
@@ -95,38 +100,32 @@ pub fn chat(args: ChatArgs) -> Result<()> {
         },
         stats: Stats::default(),
     };
-    let opts = LoadOptions {
-        repack: !args.no_repack,
-    };
-    let constrained = |lm: LoadedModel| -> Result<Loaded> {
+    let constrained = |(lm, est): (LoadedModel, MemoryEstimate)| -> Result<Loaded> {
         let grammar = match &constraint {
             Some(c) => Some(constraint_args::compile(&lm, c)?),
             None => None,
         };
-        Ok(Loaded { lm, grammar })
+        Ok(Loaded { lm, grammar, est })
     };
-    let load = |path: &Path| -> Result<LoadedModel> {
-        let mut lm = load(path, opts)?;
-        args.cache.apply(&mut lm)?;
-        Ok(lm)
-    };
-    let mut first = load(&path)?;
-    args.lora.apply(&mut first, false)?;
+    let mut first = load(&path, &args)?;
+    args.lora.apply(&mut first.0, false)?;
     let mut current = (constrained(first)?, path, name);
     loop {
         let (loaded, path, name) = &current;
         let outcome = session_loop(loaded, path, name, &args, &mut state, &mut input);
         match outcome {
             Outcome::Quit => return Ok(()),
-            Outcome::Switch(new_path, new_name) => match load(&new_path).and_then(constrained) {
-                Ok(l) => {
-                    if !args.lora.lora.is_empty() {
-                        eprintln!("note: the LoRA adapters stay with {name}");
+            Outcome::Switch(new_path, new_name) => {
+                match load(&new_path, &args).and_then(constrained) {
+                    Ok(l) => {
+                        if !args.lora.lora.is_empty() {
+                            eprintln!("note: the LoRA adapters stay with {name}");
+                        }
+                        current = (l, new_path, new_name)
                     }
-                    current = (l, new_path, new_name)
+                    Err(e) => eprintln!("error: {e:#}; staying with {name}"),
                 }
-                Err(e) => eprintln!("error: {e:#}; staying with {name}"),
-            },
+            }
         }
     }
 }
@@ -135,6 +134,8 @@ pub fn chat(args: ChatArgs) -> Result<()> {
 struct Loaded {
     lm: LoadedModel,
     grammar: Option<mica::grammar::CompiledGrammar>,
+    /// Its memory estimate, checked against the resident set after the first answer.
+    est: MemoryEstimate,
 }
 
 /// What survives a model switch.
@@ -154,10 +155,7 @@ fn session_loop(
     input: &mut Input,
 ) -> Outcome {
     let lm = &loaded.lm;
-    let n_ctx = args
-        .ctx_size
-        .unwrap_or(lm.model.config.n_ctx_train.min(4096))
-        .max(1);
+    let n_ctx = context_size(args, lm);
     let threads = args
         .threads
         .unwrap_or_else(mica::kernels::pool::physical_cores);
@@ -190,13 +188,24 @@ fn session_loop(
         settings: &mut state.settings,
         stats: &mut state.stats,
         threads,
+        resident: ResidentCheck::new(loaded.est),
     };
     repl::run(&mut chat, input)
 }
 
-fn load(path: &Path, opts: LoadOptions) -> Result<LoadedModel> {
+/// The context a model gets: `--ctx-size`, else the model's, at most 4096.
+fn context_size(args: &ChatArgs, lm: &LoadedModel) -> usize {
+    args.ctx_size
+        .unwrap_or(lm.model.config.n_ctx_train.min(4096))
+        .max(1)
+}
+
+/// Opens a model, checks its memory estimate and prepares it.
+fn load(path: &Path, args: &ChatArgs) -> Result<(LoadedModel, MemoryEstimate)> {
     let t0 = Instant::now();
-    let lm = LoadedModel::open_with(path, opts)?;
+    let lm = budget::load(path, !args.no_repack, &args.budget, &args.cache, |lm| {
+        Sizing::one_sequence(context_size(args, lm), PROMPT_CHUNK)
+    })?;
     eprintln!(
         "mica: loaded {} in {:.0} ms",
         path.display(),

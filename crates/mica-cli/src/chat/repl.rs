@@ -12,8 +12,11 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use mica::engine::generate::PROMPT_CHUNK;
 use mica::engine::{FinishReason, Hooks, LogitsProcessor, Proposer, Session};
 use mica::models::LoadedModel;
+
+use crate::budget::{InUse, ResidentCheck};
 use mica::models::chat::ChatMessage;
 
 use super::commands::{self, Command, Settings};
@@ -83,6 +86,8 @@ pub struct Chat<'a, 'm> {
     pub settings: &'a mut Settings,
     pub stats: &'a mut Stats,
     pub threads: usize,
+    /// The memory check after the first forward pass.
+    pub resident: ResidentCheck,
 }
 
 /// Runs the loop until the user leaves or switches models.
@@ -161,7 +166,11 @@ impl Chat<'_, '_> {
                 .collect(),
             proposer: self.proposer.as_deref_mut().map(|p| p as &mut dyn Proposer),
         };
+        let first_pass = InUse::one_sequence(&self.lm.model, ids.len() + 1, PROMPT_CHUNK);
+        let resident = &mut self.resident;
         let result = self.session.generate_with(&ids, &params, hooks, |piece| {
+            // The first piece comes after the prompt's forward pass.
+            resident.after_forward(None, first_pass);
             let mut out = stdout.lock();
             let written = out.write_all(piece.as_bytes()).and_then(|_| out.flush());
             written.is_ok() && !INTERRUPTED.load(Ordering::SeqCst)

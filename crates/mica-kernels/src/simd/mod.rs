@@ -403,6 +403,12 @@ impl Kernels {
         self.packed[slot(t)].map(|p| (p.pack)(n, rows, data))
     }
 
+    /// Whether this table has a packed layout for `t` ([`Kernels::pack`] returns `Some` for
+    /// every non-empty matrix of that type).
+    pub fn has_packed(&self, t: DType) -> bool {
+        self.packed[slot(t)].is_some()
+    }
+
     /// Rows per group of this table's packed layout for `t` (legacy formats: AVX-512 4,
     /// AVX2 8; Q4_K on AVX-512: 16; 1 where `t` has none).
     pub fn pack_group(&self, t: DType) -> usize {

@@ -74,6 +74,21 @@ pub struct DeltaBufs {
     tmp: Vec<f32>,
 }
 
+impl DeltaBufs {
+    /// Bytes the buffers hold now (their capacity).
+    pub(crate) fn buffer_bytes(&self) -> usize {
+        let bufs = [
+            &self.qkv,
+            &self.z,
+            &self.beta,
+            &self.alpha,
+            &self.row,
+            &self.tmp,
+        ];
+        4 * bufs.iter().map(|b| b.capacity()).sum::<usize>()
+    }
+}
+
 impl DeltaNet {
     /// Runs the layer's token mixing over `n` rows of normed input `xn` (`[n, n_embd]`),
     /// row `t` belonging to sequence `seq[t]` at position `pos[t]`, through the layer's input

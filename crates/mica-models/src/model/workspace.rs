@@ -2,6 +2,7 @@
 
 use crate::blocks::attention::AttentionPolicy;
 use crate::blocks::deltanet::DeltaBufs;
+use crate::config::ModelConfig;
 use crate::kv_cache::SeqId;
 use crate::weights::ActCache;
 
@@ -83,6 +84,65 @@ impl Workspace {
     /// The statistics collected so far (collection stops).
     pub fn take_act_stats(&mut self) -> Option<crate::weights::ActStats> {
         self.acts.stats.take()
+    }
+}
+
+impl Workspace {
+    /// An upper estimate of the bytes the forward pass's buffers reach for `cfg` with
+    /// batches of up to `n_tok` tokens, `n_out` of them producing outputs, over contexts of
+    /// up to `n_ctx` positions: this workspace's buffers (feed-forward rows in chunks of
+    /// [`FFN_CHUNK`](crate::model::FFN_CHUNK)), the quantized activations (at most two
+    /// formats, 4 bytes an element to cover float weights), and attention's per-sequence
+    /// gathered keys and values (`[n_ctx][kv_dim]` each, f32 at most). `ple_width` is the
+    /// per-layer embedding inputs' width (`n_layer · dim`; 0 for models without them).
+    pub fn estimate_bytes(
+        cfg: &ModelConfig,
+        ple_width: usize,
+        n_tok: usize,
+        n_out: usize,
+        n_ctx: usize,
+    ) -> usize {
+        let n = n_tok.max(1);
+        let d = cfg.n_embd;
+        let (qd, kvd) = (cfg.max_q_dim(), cfg.max_kv_dim());
+        let ff = (0..cfg.n_layer).map(|l| cfg.n_ff_of(l)).max().unwrap_or(0);
+        let rows = n.min(crate::model::FFN_CHUNK);
+        // `up` also holds a gated attention's fused query and gate (`[n, 2·q_dim]`).
+        let gate_up = rows * ff + (rows * ff).max(n * 2 * qd);
+        let delta = cfg.delta_net.as_ref().map_or(0, |c| {
+            n * (c.conv_dim() + c.value_dim() + 2 * c.n_v_heads) + c.conv_dim() + c.head_v_dim
+        });
+        let floats = 3 * n * d
+            + 2 * n * qd
+            + 2 * n * kvd
+            + gate_up
+            + n_out.max(1) * cfg.n_vocab
+            + delta
+            + n * ple_width;
+        let acts = 2 * n * d.max(ff).max(qd) * 4;
+        let gather = 2 * n_ctx * kvd * 4;
+        4 * floats + acts + gather
+    }
+
+    /// Bytes this workspace's f32 buffers hold now (their capacity): what
+    /// [`Workspace::estimate_bytes`] bounds, without the quantized activations and
+    /// attention's thread-local buffers.
+    pub fn buffer_bytes(&self) -> usize {
+        let bufs = [
+            &self.x,
+            &self.xn,
+            &self.q,
+            &self.k,
+            &self.v,
+            &self.attn,
+            &self.proj,
+            &self.gate,
+            &self.up,
+            &self.logits,
+            &self.cos_sin,
+            &self.ple,
+        ];
+        4 * bufs.iter().map(|b| b.capacity()).sum::<usize>() + self.delta.buffer_bytes()
     }
 }
 

@@ -1,0 +1,211 @@
+//! The memory budget of the commands that load a model (`run`, `chat`, `bench`,
+//! `perplexity`, `serve`), and their load stages logged with timings.
+//!
+//! A model is opened without being prepared (header parsed, tokenizer built, weights only
+//! mapped), its needs estimated ([`MemoryEstimate`]) and set against the memory this process
+//! may use ([`host::available_memory`], or `--mem-limit`); a model that does not fit is
+//! refused with the numbers unless `--force`. Only then are the weights repacked. After the
+//! first forward pass (when the weights, the buffers and the prompt's KV blocks have been
+//! touched) the resident set is compared with the estimate ([`ResidentCheck`]): a warning
+//! past 10%, an `info` line otherwise. See docs/deploy.md.
+
+use anyhow::{Result, bail};
+use clap::Args;
+use log::{debug, info, warn};
+use mica::engine::host::{self, Available, RssCheck};
+use mica::models::memory::{
+    EstimateParams, KvSizing, MemoryEstimate, compute_bytes, kv_bytes_for_positions, mib,
+};
+use mica::models::{LoadOptions, LoadedModel, Model};
+use std::path::Path;
+use std::sync::Once;
+use std::time::Instant;
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct BudgetArgs {
+    /// Load the model even when its memory estimate exceeds the memory available.
+    #[arg(long = "force")]
+    pub force: bool,
+    /// Refuse unless the model fits in SIZE (e.g. 512M, 2G), instead of in the memory this
+    /// process may use (its cgroup's limit, else MemAvailable, less a margin).
+    #[arg(long = "mem-limit", value_name = "SIZE")]
+    pub mem_limit: Option<String>,
+}
+
+impl BudgetArgs {
+    /// `--mem-limit` in bytes.
+    pub fn limit(&self) -> Result<Option<u64>> {
+        self.mem_limit
+            .as_deref()
+            .map(|s| {
+                crate::serve::parse_size(s)
+                    .map(|b| b as u64)
+                    .map_err(|e| e.context("--mem-limit"))
+            })
+            .transpose()
+    }
+}
+
+/// How a command will use the model: what sizes the KV cache and the buffers.
+#[derive(Clone, Copy, Debug)]
+pub struct Sizing {
+    pub kv: KvSizing,
+    /// Positions one sequence may reach.
+    pub n_ctx: usize,
+    /// Most tokens in one forward pass.
+    pub batch_tokens: usize,
+    /// Most tokens of a pass that produce logits.
+    pub n_outputs: usize,
+}
+
+impl Sizing {
+    /// One sequence of up to `n_ctx` positions, prompts in chunks of `batch_tokens`.
+    pub fn one_sequence(n_ctx: usize, batch_tokens: usize) -> Sizing {
+        Sizing {
+            kv: KvSizing::Context { n_ctx, n_seq: 1 },
+            n_ctx,
+            batch_tokens: batch_tokens.min(n_ctx).max(1),
+            n_outputs: 1,
+        }
+    }
+}
+
+/// Opens `path` without preparing the weights (stage 1, logged with its time).
+pub fn open(path: &Path) -> Result<LoadedModel> {
+    info!("load: opening {}", path.display());
+    let lm = LoadedModel::open_observed(path, LoadOptions::READ_ONLY, &mut |stage, took| {
+        info!(
+            "load: {} in {:.0} ms",
+            stage.describe(),
+            took.as_secs_f64() * 1e3
+        )
+    })?;
+    Ok(lm)
+}
+
+/// Estimates what `lm` will need as `sizing` uses it and checks it against the memory
+/// available (`limit` when given): an error naming every number when it does not fit,
+/// unless `force`. Also warns, once per process, about settings that slow decoding.
+pub fn check(
+    lm: &LoadedModel,
+    repack: bool,
+    sizing: Sizing,
+    force: bool,
+    limit: Option<u64>,
+) -> Result<MemoryEstimate> {
+    static SLOW: Once = Once::new();
+    SLOW.call_once(|| {
+        for w in host::slow_settings() {
+            warn!("{w}");
+        }
+    });
+    let est = MemoryEstimate::new(
+        &lm.model,
+        &EstimateParams {
+            repack,
+            kv: sizing.kv,
+            n_ctx: sizing.n_ctx,
+            batch_tokens: sizing.batch_tokens,
+            n_outputs: sizing.n_outputs,
+            runtime: host::resident_bytes().unwrap_or(0) as usize,
+        },
+    );
+    info!("memory estimate: {est}");
+    let available = limit.map(Available::limit).or_else(host::available_memory);
+    let Some(available) = available else {
+        debug!("memory: nothing says how much is available; not checked");
+        return Ok(est);
+    };
+    info!("memory: {available}");
+    if let Err(e) = host::check_fits(&est, &available) {
+        if force {
+            warn!("{e}; loading anyway (--force)");
+        } else {
+            bail!("{e}\n(pass --force to load it anyway)");
+        }
+    }
+    Ok(est)
+}
+
+/// Repacks the weights when asked (stage 2, logged with its time).
+pub fn prepare(lm: &mut LoadedModel, repack: bool) {
+    if !repack {
+        return;
+    }
+    let t0 = Instant::now();
+    let bytes = lm.model.repack();
+    info!(
+        "load: repacked {} of weights in {:.0} ms",
+        mib(bytes),
+        t0.elapsed().as_secs_f64() * 1e3
+    );
+}
+
+/// [`open`], the KV cache types of `cache` (which the estimate counts), [`check`] and
+/// [`prepare`] in turn.
+pub fn load(
+    path: &Path,
+    repack: bool,
+    args: &BudgetArgs,
+    cache: &crate::cache_args::CacheArgs,
+    sizing: impl FnOnce(&LoadedModel) -> Sizing,
+) -> Result<(LoadedModel, MemoryEstimate)> {
+    let mut lm = open(path)?;
+    cache.apply(&mut lm)?;
+    let est = check(&lm, repack, sizing(&lm), args.force, args.limit()?)?;
+    prepare(&mut lm, repack);
+    Ok((lm, est))
+}
+
+/// What the forward passes so far have touched: KV cache and buffer bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct InUse {
+    pub kv: usize,
+    pub compute: usize,
+}
+
+impl InUse {
+    /// One sequence of `positions` positions computed in chunks of up to `chunk` tokens.
+    pub fn one_sequence(model: &Model, positions: usize, chunk: usize) -> InUse {
+        InUse {
+            kv: kv_bytes_for_positions(model, positions),
+            compute: compute_bytes(model, positions.min(chunk), 1, positions),
+        }
+    }
+}
+
+/// The resident-set check after the first forward pass (once).
+pub struct ResidentCheck {
+    est: MemoryEstimate,
+    done: bool,
+}
+
+impl ResidentCheck {
+    pub fn new(est: MemoryEstimate) -> ResidentCheck {
+        ResidentCheck { est, done: false }
+    }
+
+    /// Compares `rss` (the resident set now, or its peak; read from /proc when `None`) with
+    /// what should be resident once the forward passes so far have touched `in_use`.
+    /// Only the first call checks.
+    pub fn after_forward(&mut self, rss: Option<u64>, in_use: InUse) {
+        if std::mem::replace(&mut self.done, true) {
+            return;
+        }
+        let Some(rss) = rss.or_else(host::resident_bytes) else {
+            return;
+        };
+        let c = RssCheck {
+            expected: self.est.expected_resident(in_use.kv, in_use.compute) as u64,
+            rss,
+        };
+        if c.within_tolerance() {
+            info!("memory after the first forward pass: {c}");
+        } else {
+            warn!(
+                "memory after the first forward pass: {c}, off by more than {:.0}%",
+                RssCheck::TOLERANCE * 100.0
+            );
+        }
+    }
+}
