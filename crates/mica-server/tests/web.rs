@@ -25,14 +25,22 @@ fn page_files_are_served_without_the_key() {
     let a = srv.addr;
     for (path, ctype, needle) in [
         ("/", "text/html; charset=utf-8", "<title>mica chat</title>"),
-        ("/app.js", "text/javascript; charset=utf-8", "v1/chat/completions"),
+        (
+            "/app.js",
+            "text/javascript; charset=utf-8",
+            "v1/chat/completions",
+        ),
         ("/app.css", "text/css; charset=utf-8", "#composer"),
     ] {
         let r = get(a, path);
         assert_eq!(r.status, 200, "GET {path}: {}", r.body);
         assert_eq!(r.header("content-type"), Some(ctype), "{path}");
         assert_eq!(r.header("cache-control"), Some("no-cache"), "{path}");
-        assert_eq!(r.header("x-content-type-options"), Some("nosniff"), "{path}");
+        assert_eq!(
+            r.header("x-content-type-options"),
+            Some("nosniff"),
+            "{path}"
+        );
         assert!(r.body.contains(needle), "{path} lacks {needle:?}");
         let etag = r.header("etag").expect("an ETag").to_string();
         assert!(etag.starts_with('"') && etag.len() == 34, "{path}: {etag}");
@@ -43,7 +51,9 @@ fn page_files_are_served_without_the_key() {
         let stale = request(a, "GET", path, &[("If-None-Match", "\"0\"")], "");
         assert_eq!(stale.status, 200, "{path} with another ETag");
     }
-    let csp = get(a, "/").header("content-security-policy").map(str::to_string);
+    let csp = get(a, "/")
+        .header("content-security-policy")
+        .map(str::to_string);
     let csp = csp.expect("the page has a CSP");
     assert!(csp.contains("default-src 'none'") && csp.contains("connect-src 'self'"));
     // The API and every other path still need the key.
