@@ -163,7 +163,18 @@ class Browser:
         path = artifacts / f"{name}.png"
         self.driver.save_screenshot(str(path))
         print(f"screenshot: {path}")
+        SCREENSHOTS.append(path)
         return path
+
+
+SCREENSHOTS: list[pathlib.Path] = []
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Names the screenshots at the end of the run, whether the tests passed or not."""
+    if SCREENSHOTS:
+        terminalreporter.write_line(f"tests/web screenshots ({len(SCREENSHOTS)}): "
+                                    f"{SCREENSHOTS[0].parent}")
 
 
 @pytest.fixture

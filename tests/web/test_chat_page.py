@@ -287,10 +287,19 @@ def test_api_key_prompt(keyed_server, browser):
     assert len(b.errors()) == before
 
 
-def test_phone_layout(server, browser, artifacts):
+def test_phone_layout_and_errors(server, browser, artifacts):
     b = browser
     b.driver.set_window_size(390, 844)
     open_page(b, server.url)
+    # A request the server refuses (more tokens than the context holds): its message is
+    # shown and no empty answer is left.
+    b.allowed_errors = ("v1/chat/completions - Failed to load resource: the server responded "
+                        "with a status of 400",)
+    set_setting(b, "#max-tokens", "100000")
+    el(b, "#input").send_keys("Hi", Keys.ENTER)
+    wait(b, lambda: "context" in el(b, "#status").text, 10, "the error")
+    assert "error" in el(b, "#status").get_attribute("class")
+    assert answers(b) == []
     assert js(b, "return document.documentElement.scrollWidth <= window.innerWidth")
     assert not el(b, "#sidebar").is_displayed() and el(b, "#toggle-sidebar").is_displayed()
     set_setting(b, "#max-tokens", "16")

@@ -371,6 +371,8 @@ async function run(conv: Conversation): Promise<void> {
   renderAll();
   const el = ui.messages.lastElementChild as HTMLElement;
   el.classList.add("streaming");
+  // Screen readers wait for the answer instead of reading every repaint.
+  el.setAttribute("aria-busy", "true");
   const body = el.querySelector(".body") as HTMLElement;
 
   const t0 = performance.now();
@@ -418,7 +420,8 @@ async function run(conv: Conversation): Promise<void> {
     tokensPerSecond: tFirst !== null && tokens > 1 && tEnd > tFirst ? ((tokens - 1) * 1000) / (tEnd - tFirst) : null,
     finish,
   };
-  if (failed !== null && !answer.content) conv.messages.pop();
+  // An answer that failed or was stopped before its first token leaves nothing behind.
+  if (!answer.content && (failed !== null || finish === "abort")) conv.messages.pop();
   running = null;
   setRunning(false);
   conv.updated = Date.now();
