@@ -13,8 +13,9 @@
 //!      allow-list is refused (403) before any work, and CORS headers are only ever sent
 //!      for allowed origins (preflights included). Requests without `Origin` are not from
 //!      a browser page and pass.
-//!    - **API key**: with keys configured, every route but the liveness probe `/health` and
-//!      the configured open routes needs one (401).
+//!    - **API key**: with keys configured, every route but the liveness probe `/health`, the
+//!      chat page's files ([`crate::web`], which hold no data) and the configured open
+//!      routes needs one (401).
 //! 3. [`lifecycle`] counts requests in flight for shutdown, answers 503 while draining,
 //!    and ends a request still waiting (a model load, a non-streaming answer) when the
 //!    grace period runs out.
@@ -202,7 +203,9 @@ pub async fn access(State(st): State<Arc<AppState>>, req: Request, next: Next) -
         return resp;
     }
     let path = req.uri().path();
-    let open = path == LIVENESS || access.open_routes.iter().any(|r| r == path);
+    let open = path == LIVENESS
+        || crate::web::is_page(path)
+        || access.open_routes.iter().any(|r| r == path);
     let mut resp = if open || st.authorized(headers) {
         next.run(req).await
     } else {

@@ -1,7 +1,8 @@
 //! mica-server: the HTTP front of `mica serve` (axum on hyper and tokio). OpenAI-compatible
 //! routes under `/v1`, Anthropic's Messages API at `/v1/messages` ([`anthropic`]),
 //! Ollama-compatible ones under `/api`, the probes `/health`
-//! (liveness) and `/ready` (readiness), and Prometheus `/metrics`.
+//! (liveness) and `/ready` (readiness), Prometheus `/metrics`, and the chat page at `/`
+//! ([`web`]).
 //!
 //! The server knows nothing of tensors: handlers parse and validate requests
 //! ([`openai::parse_chat`], [`ollama::parse_generate`]… callable without a socket), render
@@ -33,6 +34,7 @@ pub mod serve;
 pub mod spec;
 pub mod state;
 pub mod structured;
+pub mod web;
 
 use crate::error::ServerError;
 use axum::Router;
@@ -72,6 +74,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/version", get(ollama::version))
         .route("/admin/requests", get(admin::list))
         .route("/admin/requests/{id}", axum::routing::delete(admin::cancel))
+        .merge(web::routes())
         .fallback(|method: Method, uri: Uri| async move {
             ServerError::NoRoute {
                 method,
