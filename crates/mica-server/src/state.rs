@@ -18,6 +18,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Notify, watch};
 
 /// What the server reports to its operator (the CLI prints these on stderr).
+// One event per request or model load, passed by reference to the observer: the size of the
+// request record does not matter, and boxing it would only add an allocation.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum ServerEvent {
     ModelLoading {
