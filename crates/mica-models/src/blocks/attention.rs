@@ -119,11 +119,10 @@ pub fn attention(
 
 /// A cache element type with its vector-path arithmetic and its per-thread gather buffers.
 trait AttnElem: CacheElem {
-    /// Attention of the query heads `qs` (`[heads][head_dim]`, all reading this KV head)
-    /// over positions `lo..n_kv` into `out` (`[heads][head_dim]`).
-    fn heads(
+    /// Attention of one query head over positions `lo..n_kv` of one KV head.
+    fn head(
         kv: &HeadKv<Self>,
-        qs: &[f32],
+        q: &[f32],
         sm: &ScoreMod,
         lo: usize,
         s: &mut Scratch,
@@ -135,15 +134,15 @@ trait AttnElem: CacheElem {
 }
 
 impl AttnElem for f16 {
-    fn heads(
+    fn head(
         kv: &HeadKv<f16>,
-        qs: &[f32],
+        q: &[f32],
         sm: &ScoreMod,
         lo: usize,
         s: &mut Scratch,
         out: &mut [f32],
     ) {
-        heads_f16(kv, qs, sm, lo, s, out)
+        head_f16(kv, q, sm, lo, s, out)
     }
     fn with_gather<R>(f: impl FnOnce(&mut Vec<(Vec<f16>, Vec<f16>)>) -> R) -> R {
         GATHER.with_borrow_mut(f)
@@ -151,18 +150,15 @@ impl AttnElem for f16 {
 }
 
 impl AttnElem for f32 {
-    fn heads(
+    fn head(
         kv: &HeadKv<f32>,
-        qs: &[f32],
+        q: &[f32],
         sm: &ScoreMod,
         lo: usize,
         _: &mut Scratch,
         out: &mut [f32],
     ) {
-        let hd = kv.head_dim;
-        for (q, o) in qs.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
-            head_f32(kv, q, sm, lo, o)
-        }
+        head_f32(kv, q, sm, lo, out)
     }
     fn with_gather<R>(f: impl FnOnce(&mut Vec<(Vec<f32>, Vec<f32>)>) -> R) -> R {
         GATHER_F32.with_borrow_mut(f)
@@ -227,35 +223,23 @@ fn attention_vector<T: AttnElem>(
     out: &mut [f32],
     rows: Option<&[usize]>,
 ) {
-    let hd = shape.head_dim;
-    let q_dim = shape.n_head * hd;
+    let q_dim = shape.n_head * shape.head_dim;
     let n_rows = rows.map_or(seq.len(), |r| r.len());
-    let group = shape.n_head / shape.n_head_kv;
-    // Work items: a token's query heads of one KV head (each key and value row is then read
-    // once for all of them; every head keeps its own arithmetic), cut into `parts` runs so
-    // that each thread gets two items (a decoded token has only `n_head_kv` groups).
-    let groups = n_rows * shape.n_head_kv;
-    if groups == 0 {
+    let items = n_rows * shape.n_head;
+    if items == 0 {
         return;
     }
-    let parts = (2 * pool.n_threads()).div_ceil(groups).clamp(1, group);
-    let per_part = group.div_ceil(parts);
-    let items = groups * parts;
     let dst = OutPtr(out.as_mut_ptr());
     let sm = shape.score_mod();
     let run_items = |i: usize, nt: usize, scratch: &mut Scratch| {
+        scratch.resize(shape.head_dim);
         for item in split_range(items, i, nt, 1) {
-            let (rg, part) = (item / parts, item % parts);
-            let (r, g) = (rg / shape.n_head_kv, rg % shape.n_head_kv);
+            let (r, h) = (item / shape.n_head, item % shape.n_head);
             let t = rows.map_or(r, |rows| rows[r]);
-            let h0 = g * group + part * per_part;
-            let h1 = (h0 + per_part).min((g + 1) * group);
-            if h0 >= h1 {
-                continue;
-            }
-            let qh = &q[t * q_dim + h0 * hd..][..(h1 - h0) * hd];
-            // SAFETY: item (t, heads h0..h1) owns this slice of `out`; items are disjoint.
-            let o = unsafe { dst.slice(t * q_dim + h0 * hd, (h1 - h0) * hd) };
+            let g = h / (shape.n_head / shape.n_head_kv);
+            let qh = &q[t * q_dim + h * shape.head_dim..][..shape.head_dim];
+            // SAFETY: item (t, h) owns this slice of `out`; items are split disjointly.
+            let o = unsafe { dst.slice(t * q_dim + h * shape.head_dim, shape.head_dim) };
             let kv = HeadKv {
                 kv: cache
                     .typed_view::<T>(layer, seq[t])
@@ -264,7 +248,7 @@ fn attention_vector<T: AttnElem>(
                 offset: g * shape.head_dim,
                 head_dim: shape.head_dim,
             };
-            T::heads(&kv, qh, &sm, sm.first_visible(pos[t]), scratch, o);
+            T::head(&kv, qh, &sm, sm.first_visible(pos[t]), scratch, o);
         }
     };
     let run = |i: usize, nt: usize| SCRATCH.with_borrow_mut(|scratch| run_items(i, nt, scratch));
@@ -391,12 +375,15 @@ impl<T: Copy> HeadKv<'_, T> {
 /// Per-thread buffers of one head's attention, kept between calls (no allocation per step).
 #[derive(Default)]
 struct Scratch {
-    /// Per query head of a work item: the query as f16, the accumulator, the running
-    /// maximum and sum of the online softmax.
     q16: Vec<f16>,
     acc16: Vec<f16>,
-    m: Vec<f32>,
-    sum: Vec<f32>,
+}
+
+impl Scratch {
+    fn resize(&mut self, head_dim: usize) {
+        self.q16.resize(head_dim, f16::ZERO);
+        self.acc16.resize(head_dim, f16::ZERO);
+    }
 }
 
 thread_local! {
@@ -412,52 +399,35 @@ thread_local! {
 
 /// The vector path: f16 query, online softmax, f16 accumulator, over cached positions
 /// `lo..n_kv` (positions before `lo` are outside the sliding window: ggml skips masked
-/// positions, so starting later is the same arithmetic), for the query heads `qs` of one
-/// KV head: each position's key and value are read once for all of them, and each head
-/// computes exactly what it would alone.
-fn heads_f16(
+/// positions, so starting later is the same arithmetic).
+fn head_f16(
     kv: &HeadKv<f16>,
-    qs: &[f32],
+    q: &[f32],
     sm: &ScoreMod,
     lo: usize,
     s: &mut Scratch,
     out: &mut [f32],
 ) {
-    let hd = kv.head_dim;
-    let heads = qs.len() / hd;
-    s.q16.resize(qs.len(), f16::ZERO);
-    mica_kernels::ops::f32_to_f16(qs, &mut s.q16);
-    s.acc16.clear();
-    s.acc16.resize(qs.len(), f16::ZERO);
-    s.m.clear();
-    s.m.resize(heads, f32::NEG_INFINITY);
-    s.sum.clear();
-    s.sum.resize(heads, 0.0);
+    mica_kernels::ops::f32_to_f16(q, &mut s.q16);
+    s.acc16.fill(f16::ZERO);
+    let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
     for j in lo..kv.n_kv {
-        let (key, value) = (kv.key(j), kv.value(j));
-        for h in 0..heads {
-            let acc = &mut s.acc16[h * hd..][..hd];
-            let m = &mut s.m[h];
-            let score = sm.apply(f16v::dot(&s.q16[h * hd..][..hd], key));
-            let (mut ms, mut vs) = (1f32, 1f32);
-            if score > *m {
-                ms = (*m - score).exp();
-                *m = score;
-                f16v::scale(acc, ms);
-            } else {
-                vs = (score - *m).exp();
-            }
-            f16v::mad(acc, value, vs);
-            // ggml computes `S*ms + vs` with one fused multiply-add (GCC contracts it).
-            s.sum[h] = s.sum[h].mul_add(ms, vs);
+        let score = sm.apply(f16v::dot(&s.q16, kv.key(j)));
+        let (mut ms, mut vs) = (1f32, 1f32);
+        if score > m {
+            ms = (m - score).exp();
+            m = score;
+            f16v::scale(&mut s.acc16, ms);
+        } else {
+            vs = (score - m).exp();
         }
+        f16v::mad(&mut s.acc16, kv.value(j), vs);
+        // ggml computes `S*ms + vs` with one fused multiply-add (GCC contracts it).
+        sum = sum.mul_add(ms, vs);
     }
-    for h in 0..heads {
-        let sum = s.sum[h];
-        let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-        for (o, a) in out[h * hd..][..hd].iter_mut().zip(&s.acc16[h * hd..][..hd]) {
-            *o = a.to_f32() * inv;
-        }
+    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+    for (o, a) in out.iter_mut().zip(&s.acc16) {
+        *o = a.to_f32() * inv;
     }
 }
 
