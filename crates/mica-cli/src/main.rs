@@ -20,6 +20,7 @@ mod serve;
 mod spec_args;
 mod store;
 mod tokenize;
+mod trace;
 mod verify;
 
 use clap::{Parser, Subcommand};
@@ -35,6 +36,10 @@ use std::process::ExitCode;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Write a Chrome trace-event JSON of the run to FILE (open it in Perfetto or
+    /// chrome://tracing): engine steps, forward passes by layer, every matrix product.
+    #[arg(long = "trace", value_name = "FILE", global = true)]
+    trace: Option<std::path::PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -76,6 +81,13 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     logging::init();
+    let _trace = match cli.trace.as_deref().map(trace::start).transpose() {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
     let result = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Chat(args) => chat::chat(args),

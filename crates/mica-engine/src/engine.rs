@@ -580,6 +580,13 @@ impl Core {
             }
             return Ok(());
         }
+        let _step = tracing::trace_span!(
+            "step",
+            sequences = plan.seqs.len(),
+            tokens = plan.seqs.iter().map(|s| s.n).sum::<usize>(),
+            lane = plan.prompt_lane.map(|l| l.as_str())
+        )
+        .entered();
         // Execute.
         for &(src, dst) in &plan.copies {
             self.kv.copy_block(src, dst);
@@ -630,11 +637,15 @@ impl Core {
         // (with prompt chunks in the step, the batch's paths stay, for the prompts' sake).
         self.ws.alone_paths = plan.seqs.iter().any(|s| s.draft > 0)
             && plan.seqs.iter().all(|s| s.sample && s.n == 1 + s.draft);
-        if !self.forward(plan.prompt_lane)? {
+        let execute = tracing::trace_span!("execute").entered();
+        let done = self.forward(plan.prompt_lane)?;
+        drop(execute);
+        if !done {
             self.metrics.abandoned_steps.fetch_add(1, Relaxed);
             return Ok(());
         }
         self.metrics.steps.fetch_add(1, Relaxed);
+        let _update = tracing::trace_span!("update").entered();
         self.update(&plan.seqs, now);
         Ok(())
     }

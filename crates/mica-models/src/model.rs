@@ -313,6 +313,7 @@ impl Model {
         let ends = self.validate(batch, kv)?;
         let n = batch.len();
         let d = cfg.n_embd;
+        let _span = tracing::trace_span!("forward", tokens = n).entered();
 
         // Token embeddings: `x[t] = tok_embd[token t]` (projected to the layers' width
         // when the embedding is narrower).
@@ -377,7 +378,9 @@ impl Model {
                 ws.out_rows = out_rows;
                 return Ok(None);
             }
+            let _layer = tracing::trace_span!("layer", l).entered();
             // Token mixing, in the layer's shape: attention, or a Gated DeltaNet layer.
+            let mixing = tracing::trace_span!("attention").entered();
             let (qd, hd) = (cfg.q_dim_of(l), cfg.head_dim_of(l));
             let attn_norm = (&layer.attn_norm[..], layer.attn_norm_b.as_deref());
             if cfg.post_norm {
@@ -541,8 +544,10 @@ impl Model {
                 norm_rows(cfg, &ws.x[..rows * d], ffn_norm, grow(&mut ws.xn, rows * d));
             }
 
+            drop(mixing);
             // Feed-forward sub-block: down(act(gate(x)) * up(x)), or down(act(up(x))), or
             // the experts; dense ones in token chunks (see `ffn_chunks`).
+            let _ffn = tracing::trace_span!("feed_forward").entered();
             ws.acts.invalidate();
             let xn = &ws.xn[..rows * d];
             let proj = grow(&mut ws.proj, rows * d);

@@ -233,6 +233,14 @@ impl Linear {
         n: usize,
         out: &mut [f32],
     ) {
+        let _span = tracing::trace_span!(
+            "matmul",
+            tokens = n,
+            rows = self.w.rows,
+            cols = self.w.cols,
+            dtype = self.w.dtype.name()
+        )
+        .entered();
         self.forward(pool, acts.get(pool, &self.w, x, n), out);
         for l in &self.lora {
             l.add(pool, x, n, out);
