@@ -2,6 +2,7 @@
 //! work happens in the library crates.
 
 mod bench;
+mod browse;
 mod budget;
 mod cache_args;
 mod chat;
@@ -57,6 +58,9 @@ enum Command {
     List(store::ListArgs),
     /// Remove models from the store.
     Rm(store::RmArgs),
+    /// Browse the catalog and the store in the terminal: filter, search, download, delete,
+    /// chat (a plain list when not on a terminal).
+    Browse(browse::BrowseArgs),
     /// Describe a model file: architecture, sizes, tokenizer, tensors, chat template.
     Inspect(inspect::InspectArgs),
     /// Tokenize text with a model's tokenizer (as llama.cpp's llama-tokenize); loads only
@@ -95,6 +99,7 @@ fn main() -> ExitCode {
         Command::Pull(args) => store::pull_cmd(args),
         Command::List(args) => store::list_cmd(args),
         Command::Rm(args) => store::rm_cmd(args),
+        Command::Browse(args) => browse::browse_cmd(args),
         Command::Inspect(args) => inspect::inspect(args),
         Command::Tokenize(args) => tokenize::tokenize(args),
         Command::Bench(args) => bench::bench(args),

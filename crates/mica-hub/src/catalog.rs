@@ -32,11 +32,37 @@ pub enum Source {
     Wheels(&'static [WheelPart]),
 }
 
+/// What a catalog model is for (`mica browse` filters by it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Category {
+    /// Instruction-tuned for conversation (has a chat template).
+    Chat,
+    /// Tuned for code: completion, editing, explanation.
+    Code,
+    /// A pretrained model without instruction tuning: continues text.
+    Base,
+}
+
+impl Category {
+    /// Every category, in display order.
+    pub const ALL: [Category; 3] = [Category::Chat, Category::Code, Category::Base];
+
+    /// The lowercase word for the category ("chat", …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Category::Chat => "chat",
+            Category::Code => "code",
+            Category::Base => "base",
+        }
+    }
+}
+
 /// One curated model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Entry {
     /// The name given to `mica pull` and `-m`.
     pub name: &'static str,
+    pub category: Category,
     pub description: &'static str,
     pub license: &'static str,
     /// File name in the store.
@@ -119,6 +145,7 @@ const QWEN_CODER_05B_PARTS: &[WheelPart] = &[
 pub const CATALOG: &[Entry] = &[
     Entry {
         name: "smollm2-135m-instruct",
+        category: Category::Chat,
         description: "SmolLM2 135M Instruct, Q4_1: tiny and fast; mica's default model",
         license: "Apache-2.0",
         file_name: crate::default_model::DEFAULT_MODEL.file_name,
@@ -132,6 +159,7 @@ pub const CATALOG: &[Entry] = &[
     },
     Entry {
         name: "gemma3-270m",
+        category: Category::Base,
         description: "Gemma 3 270M, Q4_K_M: Google's smallest Gemma 3",
         license: "Gemma Terms of Use",
         file_name: "gemma3-270m-q4_k_m.gguf",
@@ -141,6 +169,7 @@ pub const CATALOG: &[Entry] = &[
     },
     Entry {
         name: "qwen2.5-coder-0.5b-instruct",
+        category: Category::Code,
         description: "Qwen2.5-Coder 0.5B Instruct (AWQ), Q4_K_M: small code assistant",
         license: "Apache-2.0",
         file_name: "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf",
@@ -150,6 +179,7 @@ pub const CATALOG: &[Entry] = &[
     },
     Entry {
         name: "qwen2.5-0.5b-instruct",
+        category: Category::Chat,
         description: "Qwen2.5 0.5B Instruct, Q4_K_M",
         license: "Apache-2.0",
         file_name: "qwen2.5-0.5b-instruct-q4_k_m.gguf",
@@ -162,6 +192,7 @@ pub const CATALOG: &[Entry] = &[
     },
     Entry {
         name: "qwen2.5-1.5b-instruct",
+        category: Category::Chat,
         description: "Qwen2.5 1.5B Instruct, Q4_K_M",
         license: "Apache-2.0",
         file_name: "qwen2.5-1.5b-instruct-q4_k_m.gguf",
@@ -174,6 +205,7 @@ pub const CATALOG: &[Entry] = &[
     },
     Entry {
         name: "qwen2.5-7b-instruct",
+        category: Category::Chat,
         description: "Qwen2.5 7B Instruct, Q4_K_M",
         license: "Apache-2.0",
         file_name: "Qwen2.5-7B-Instruct-Q4_K_M.gguf",
@@ -186,6 +218,7 @@ pub const CATALOG: &[Entry] = &[
     },
     Entry {
         name: "qwen2.5-coder-1.5b-instruct",
+        category: Category::Code,
         description: "Qwen2.5-Coder 1.5B Instruct, Q4_K_M: code assistant",
         license: "Apache-2.0",
         file_name: "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
@@ -198,6 +231,7 @@ pub const CATALOG: &[Entry] = &[
     },
     Entry {
         name: "qwen3-0.6b",
+        category: Category::Chat,
         description: "Qwen3 0.6B, Q8_0: thinking and non-thinking modes",
         license: "Apache-2.0",
         file_name: "Qwen3-0.6B-Q8_0.gguf",
@@ -207,6 +241,7 @@ pub const CATALOG: &[Entry] = &[
     },
     Entry {
         name: "qwen3-1.7b",
+        category: Category::Chat,
         description: "Qwen3 1.7B, Q8_0",
         license: "Apache-2.0",
         file_name: "Qwen3-1.7B-Q8_0.gguf",
@@ -216,6 +251,7 @@ pub const CATALOG: &[Entry] = &[
     },
     Entry {
         name: "qwen3-4b",
+        category: Category::Chat,
         description: "Qwen3 4B, Q4_K_M",
         license: "Apache-2.0",
         file_name: "Qwen3-4B-Q4_K_M.gguf",
@@ -225,6 +261,7 @@ pub const CATALOG: &[Entry] = &[
     },
     Entry {
         name: "qwen3-8b",
+        category: Category::Chat,
         description: "Qwen3 8B, Q4_K_M",
         license: "Apache-2.0",
         file_name: "Qwen3-8B-Q4_K_M.gguf",
@@ -234,6 +271,7 @@ pub const CATALOG: &[Entry] = &[
     },
     Entry {
         name: "llama3.2-1b-instruct",
+        category: Category::Chat,
         description: "Llama 3.2 1B Instruct, Q4_K_M",
         license: "Llama 3.2 Community License",
         file_name: "Llama-3.2-1B-Instruct-Q4_K_M.gguf",
@@ -246,6 +284,7 @@ pub const CATALOG: &[Entry] = &[
     },
     Entry {
         name: "llama3.2-3b-instruct",
+        category: Category::Chat,
         description: "Llama 3.2 3B Instruct, Q4_K_M",
         license: "Llama 3.2 Community License",
         file_name: "Llama-3.2-3B-Instruct-Q4_K_M.gguf",
@@ -258,6 +297,7 @@ pub const CATALOG: &[Entry] = &[
     },
     Entry {
         name: "llama3.1-8b-instruct",
+        category: Category::Chat,
         description: "Llama 3.1 8B Instruct, Q4_K_M",
         license: "Llama 3.1 Community License",
         file_name: "Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf",
@@ -270,6 +310,7 @@ pub const CATALOG: &[Entry] = &[
     },
     Entry {
         name: "gemma3-1b-it",
+        category: Category::Chat,
         description: "Gemma 3 1B Instruct, Q4_K_M",
         license: "Gemma Terms of Use",
         file_name: "gemma-3-1b-it-Q4_K_M.gguf",
@@ -282,6 +323,7 @@ pub const CATALOG: &[Entry] = &[
     },
     Entry {
         name: "gemma3-4b-it",
+        category: Category::Chat,
         description: "Gemma 3 4B Instruct, Q4_K_M (text only)",
         license: "Gemma Terms of Use",
         file_name: "gemma-3-4b-it-Q4_K_M.gguf",
@@ -294,6 +336,7 @@ pub const CATALOG: &[Entry] = &[
     },
     Entry {
         name: "phi3.5-mini-instruct",
+        category: Category::Chat,
         description: "Phi-3.5 mini Instruct (3.8B), Q4_K_M",
         license: "MIT",
         file_name: "Phi-3.5-mini-instruct-Q4_K_M.gguf",
@@ -306,6 +349,7 @@ pub const CATALOG: &[Entry] = &[
     },
     Entry {
         name: "phi4-mini-instruct",
+        category: Category::Chat,
         description: "Phi-4 mini Instruct (3.8B), Q4_K_M",
         license: "MIT",
         file_name: "microsoft_Phi-4-mini-instruct-Q4_K_M.gguf",
@@ -318,6 +362,7 @@ pub const CATALOG: &[Entry] = &[
     },
     Entry {
         name: "mistral-7b-instruct",
+        category: Category::Chat,
         description: "Mistral 7B Instruct v0.3, Q4_K_M",
         license: "Apache-2.0",
         file_name: "Mistral-7B-Instruct-v0.3-Q4_K_M.gguf",
@@ -330,6 +375,7 @@ pub const CATALOG: &[Entry] = &[
     },
     Entry {
         name: "smollm2-1.7b-instruct",
+        category: Category::Chat,
         description: "SmolLM2 1.7B Instruct, Q4_K_M",
         license: "Apache-2.0",
         file_name: "SmolLM2-1.7B-Instruct-Q4_K_M.gguf",

@@ -6,7 +6,7 @@
 //! its default model in, so that model shows up as `smollm2-135m-instruct`.
 
 pub mod env;
-mod list;
+pub(crate) mod list;
 
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};

@@ -4,6 +4,8 @@
 
 use mica::formats::ggml_types::GgmlType;
 use mica::formats::{GgufWriter, MetaArray, MetaValue};
+pub mod hub;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
