@@ -11,6 +11,9 @@ Start the server yourself (e.g. `mica serve -m MODEL --scheduler fifo --port 809
 the script start it with --mica BIN --model GGUF [--scheduler priority|fifo]. Any server
 with OpenAI's /v1/completions works (e.g. llama.cpp's), given --url and --model-name.
 Every loop is bounded in requests and time.
+
+Charts: `--json-out F` keeps the mixed test's per-request timeline; `bench/charts.py serve-load
+FIFO.json PRIORITY.json OUT.svg` draws both schedulers side by side (`--chart OUT` draws one).
 """
 
 import argparse
@@ -65,13 +68,22 @@ def long_prompt(i, words):
 INTERACTIVE = [f"Question {i}: name a fruit." for i in range(3)]
 
 
-def interactive_burst(args):
+# Every request of the mixed test: lane ("idle": the burst on the idle server, "bulk",
+# "interactive"), when it was sent (seconds from the test's start) and its TTFT.
+TIMELINE = []
+T0 = time.perf_counter()
+
+
+def interactive_burst(args, lane="interactive"):
     """The 3 interactive requests, 50 ms apart, concurrently; their TTFTs sorted. The prompts
     stay under one 16-token KV block, so a second burst gets nothing from the prefix cache."""
     ttfts = []
 
     def one(p):
-        ttfts.append(stream_completion(args.url, args.model_name, p, 16, "interactive")[0])
+        sent = time.perf_counter() - T0
+        ttft = stream_completion(args.url, args.model_name, p, 16, "interactive")[0]
+        ttfts.append(ttft)
+        TIMELINE.append({"lane": lane, "sent_s": round(sent, 4), "ttft_s": ttft})
 
     ts = [threading.Thread(target=one, args=(p,)) for p in INTERACTIVE]
     for t in ts:
@@ -87,12 +99,19 @@ def mixed(args):
     # Warm-up (not measured): the first forward passes fault the mapped weights in.
     for _ in range(2):
         stream_completion(args.url, args.model_name, "Warm-up: say hello.", 4, "interactive")
+    global T0
+    T0 = time.perf_counter()
     # Idle: the very same interactive burst on the idle server.
-    idle = interactive_burst(args)
+    idle = interactive_burst(args, "idle")
     bulk_threads = []
+
+    def bulk(i):
+        sent = time.perf_counter() - T0
+        ttft = stream_completion(args.url, args.model_name, long_prompt(i, args.bulk_words), 256, "bulk")[0]
+        TIMELINE.append({"lane": "bulk", "sent_s": round(sent, 4), "ttft_s": ttft})
+
     for i in range(3):
-        t = threading.Thread(target=stream_completion,
-                             args=(args.url, args.model_name, long_prompt(i, args.bulk_words), 256, "bulk"))
+        t = threading.Thread(target=bulk, args=(i,))
         t.start()
         bulk_threads.append(t)
         time.sleep(0.05)
@@ -109,6 +128,7 @@ def mixed(args):
     for t in bulk_threads:
         t.join()
     res["bulk_finished_after_s"] = time.perf_counter() - t0
+    res["requests"] = sorted(TIMELINE, key=lambda q: q["sent_s"])
     return res
 
 
@@ -153,6 +173,9 @@ def main():
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8, 16])
     ap.add_argument("--requests-per-client", type=int, default=1)
     ap.add_argument("--gen-tokens", type=int, default=64)
+    ap.add_argument("--json-out", help="also write the result (mixed: with every request's timeline) to this file")
+    ap.add_argument("--chart", help="mixed: draw the requests' TTFT over time (bench/charts.py serve-load; "
+                    "SVG or PNG by extension); give several --json-out files to charts.py to compare schedulers")
     args = ap.parse_args()
     proc = None
     if args.mica:
@@ -171,8 +194,20 @@ def main():
                 time.sleep(0.1)
     try:
         res = mixed(args) if args.mode == "mixed" else throughput(args)
-        print(json.dumps({"mode": args.mode, "scheduler": args.scheduler, **{str(k): v for k, v in res.items()}},
-                         indent=1))
+        doc = {"mode": args.mode, "scheduler": args.scheduler, **{str(k): v for k, v in res.items()}}
+        print(json.dumps(doc, indent=1))
+        if args.json_out:
+            with open(args.json_out, "w") as f:
+                json.dump(doc, f, indent=1)
+        if args.chart and args.mode == "mixed":
+            data = args.json_out or args.chart.rsplit(".", 1)[0] + ".json"
+            if not args.json_out:
+                with open(data, "w") as f:
+                    json.dump(doc, f, indent=1)
+            import os
+            here = os.path.dirname(os.path.abspath(__file__))
+            subprocess.run([sys.executable, os.path.join(here, "charts.py"), "--setup", "serve-load",
+                            data, args.chart], check=True)
     finally:
         if proc:
             proc.terminate()
