@@ -22,8 +22,14 @@ use mica_formats::{GgufFile, SafetensorsFile, TensorInfo};
 use mica_kernels::matmul::{QActs, matmul};
 use mica_kernels::{DType, ThreadPool, quant};
 use serde_json::Value;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+mod select;
+pub use select::LoraSelection;
+pub(crate) use select::RowAdapters;
 
 /// The low-rank update of one projection: `out += scale · B (A x)`.
 pub struct LoraPair {
@@ -45,6 +51,23 @@ thread_local! {
 impl LoraPair {
     /// `out[t] += scale · B (A x[t])` for `n` rows of `x` (`[n, in]`); `out` is `[n, out]`.
     pub fn add(&self, pool: &ThreadPool, x: &[f32], n: usize, out: &mut [f32]) {
+        self.with_delta(pool, x, n, |delta| {
+            for (o, d) in out.iter_mut().zip(delta) {
+                *o += d * self.scale;
+            }
+        })
+    }
+
+    /// Calls `f` with `B (A x[t])` for the `n` rows of `x` (`[n, out]`, unscaled). Each row's
+    /// result is that of the row alone: the adapter's f32/f16 products take one code path
+    /// whatever the number of rows.
+    pub(crate) fn with_delta(
+        &self,
+        pool: &ThreadPool,
+        x: &[f32],
+        n: usize,
+        f: impl FnOnce(&[f32]),
+    ) {
         let r = self.a.rows;
         SCRATCH.with_borrow_mut(|(q, mid, delta)| {
             q.quantize(pool, self.a.dtype.vec_dot_type(), x, n, self.a.cols);
@@ -55,9 +78,7 @@ impl LoraPair {
             delta.clear();
             delta.resize(n * self.b.rows, 0.0);
             matmul(pool, &self.b.view(), q, delta);
-            for (o, d) in out.iter_mut().zip(delta.iter()) {
-                *o += d * self.scale;
-            }
+            f(delta)
         })
     }
 
@@ -93,6 +114,12 @@ pub struct LoraAdapter {
     /// Rank of the first update (PEFT: `r`).
     pub rank: usize,
     pub targets: Vec<(String, Arc<LoraPair>)>,
+    /// Index into `targets` by weight name.
+    by_name: HashMap<String, usize>,
+    /// Unique in the process: names this adapter in prefix-cache keys
+    /// ([`LoraSelection::cache_key`]), which a later adapter at the same address must not
+    /// match.
+    uid: u64,
 }
 
 /// A tensor of the adapter file that cannot be used, and why.
@@ -113,6 +140,27 @@ fn err(path: &Path, key: &str, msg: impl Into<String>) -> ModelError {
 }
 
 impl LoraAdapter {
+    fn new(path: PathBuf, rank: usize, targets: Vec<(String, Arc<LoraPair>)>) -> LoraAdapter {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let by_name = targets
+            .iter()
+            .enumerate()
+            .map(|(i, (n, _))| (n.clone(), i))
+            .collect();
+        LoraAdapter {
+            path,
+            rank,
+            targets,
+            by_name,
+            uid: NEXT.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// The update of the projection whose weight is named `name`, if the adapter targets it.
+    pub fn pair(&self, name: &str) -> Option<&LoraPair> {
+        self.by_name.get(name).map(|&i| &*self.targets[i].1)
+    }
+
     /// Reads the adapter at `path` for `model`: a PEFT folder (or its
     /// `adapter_model.safetensors`), or a llama.cpp GGUF LoRA. `scale` multiplies the
     /// adapter's own scale. Shapes are checked against the model's projections.
@@ -285,11 +333,7 @@ impl LoraAdapter {
                 "the adapter has no lora_A matrices",
             ));
         }
-        Ok(LoraAdapter {
-            path: dir.to_path_buf(),
-            rank: r as usize,
-            targets,
-        })
+        Ok(LoraAdapter::new(dir.to_path_buf(), r as usize, targets))
     }
 
     fn open_gguf(path: &Path, user_scale: f32) -> Result<LoraAdapter> {
@@ -337,11 +381,7 @@ impl LoraAdapter {
         if targets.is_empty() {
             return Err(err(path, "tensors", "the adapter has no .lora_a tensors"));
         }
-        Ok(LoraAdapter {
-            path: path.to_path_buf(),
-            rank,
-            targets,
-        })
+        Ok(LoraAdapter::new(path.to_path_buf(), rank, targets))
     }
 
     /// Every target names a projection of `model` with matching shapes.
