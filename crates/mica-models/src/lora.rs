@@ -484,17 +484,66 @@ impl Model {
     }
 }
 
-/// An adapter as a user names it: `PATH[:SCALE]` (scale 1 when absent).
+/// An adapter as a user names it: `[NAME=]PATH[:SCALE]` (scale 1 when absent). The name
+/// (letters, digits, `.`, `_`, `-`) is how a server's requests select the adapter.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LoraSpec {
+    pub name: Option<String>,
     pub path: PathBuf,
     pub scale: f32,
+}
+
+/// Whether `name` may name an adapter: 1 to 64 letters, digits, `.`, `_` or `-`.
+pub fn valid_adapter_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+impl LoraSpec {
+    /// The adapter's name: the one given, else the file's stem or the folder's name (other
+    /// characters than those of [`valid_adapter_name`] replaced by `_`).
+    pub fn name(&self) -> String {
+        if let Some(n) = &self.name {
+            return n.clone();
+        }
+        let stem = if self.path.is_dir() {
+            self.path.file_name()
+        } else {
+            self.path.file_stem()
+        };
+        let stem = stem.map(|s| s.to_string_lossy()).unwrap_or_default();
+        let mut n: String = stem
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .take(64)
+            .collect();
+        if n.is_empty() {
+            n = "adapter".into();
+        }
+        n
+    }
 }
 
 impl std::str::FromStr for LoraSpec {
     type Err = String;
 
     fn from_str(s: &str) -> std::result::Result<LoraSpec, String> {
+        // A leading `NAME=` when it is a valid name (paths may hold `=`).
+        if let Some((n, rest)) = s.split_once('=')
+            && valid_adapter_name(n)
+        {
+            let mut spec: LoraSpec = rest.parse()?;
+            spec.name = Some(n.to_string());
+            return Ok(spec);
+        }
         if s.is_empty() {
             return Err("an empty adapter path".into());
         }
@@ -509,11 +558,13 @@ impl std::str::FromStr for LoraSpec {
                 return Err("an empty adapter path".into());
             }
             return Ok(LoraSpec {
+                name: None,
                 path: p.into(),
                 scale,
             });
         }
         Ok(LoraSpec {
+            name: None,
             path: s.into(),
             scale: 1.0,
         })
@@ -537,34 +588,21 @@ mod tests {
     #[test]
     fn specs_parse_with_and_without_a_scale() {
         let p = |s: &str| s.parse::<LoraSpec>();
-        assert_eq!(
-            p("a/b").unwrap(),
-            LoraSpec {
-                path: "a/b".into(),
-                scale: 1.0
-            }
-        );
-        assert_eq!(
-            p("a/b:0.5").unwrap(),
-            LoraSpec {
-                path: "a/b".into(),
-                scale: 0.5
-            }
-        );
-        assert_eq!(
-            p("c:/x:2").unwrap(),
-            LoraSpec {
-                path: "c:/x".into(),
-                scale: 2.0
-            }
-        );
-        assert_eq!(
-            p("x:y").unwrap(),
-            LoraSpec {
-                path: "x:y".into(),
-                scale: 1.0
-            }
-        );
+        let spec = |name: Option<&str>, path: &str, scale| LoraSpec {
+            name: name.map(str::to_string),
+            path: path.into(),
+            scale,
+        };
+        assert_eq!(p("a/b").unwrap(), spec(None, "a/b", 1.0));
+        assert_eq!(p("a/b:0.5").unwrap(), spec(None, "a/b", 0.5));
+        assert_eq!(p("c:/x:2").unwrap(), spec(None, "c:/x", 2.0));
+        assert_eq!(p("x:y").unwrap(), spec(None, "x:y", 1.0));
+        assert_eq!(p("sql=a/b:0.5").unwrap(), spec(Some("sql"), "a/b", 0.5));
+        assert_eq!(p("a b=c").unwrap(), spec(None, "a b=c", 1.0));
+        assert_eq!(p("a/b=c").unwrap(), spec(None, "a/b=c", 1.0));
+        assert!(p("n=").is_err());
+        assert_eq!(p("sql=a/b").unwrap().name(), "sql");
+        assert_eq!(p("x/my adapter.gguf:2").unwrap().name(), "my_adapter");
         assert!(p("").is_err());
         assert!(p(":1").is_err());
         assert!(p("a:inf").is_err());

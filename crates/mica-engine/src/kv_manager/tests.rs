@@ -346,7 +346,11 @@ fn salted_prefixes_are_shared_only_under_the_same_salt() {
     a.set_salt(42);
     assert_eq!(compute(&mut m, &mut a), 0);
     let mut plain = SeqBlocks::default();
-    assert_eq!(compute(&mut m, &mut plain), 0, "unsalted: not the salted blocks");
+    assert_eq!(
+        compute(&mut m, &mut plain),
+        0,
+        "unsalted: not the salted blocks"
+    );
     let mut other = SeqBlocks::default();
     other.set_salt(43);
     assert_eq!(m.match_prefix(&mut other, &prompt, prompt.len()), 0);
@@ -356,7 +360,11 @@ fn salted_prefixes_are_shared_only_under_the_same_salt() {
     assert_eq!(&b.blocks[..], &a.blocks[..2]);
     let mut c = m.fork(&b);
     m.free(&mut b);
-    assert_eq!(m.match_prefix(&mut b, &prompt, prompt.len()), 8, "salt kept");
+    assert_eq!(
+        m.match_prefix(&mut b, &prompt, prompt.len()),
+        8,
+        "salt kept"
+    );
     m.free(&mut c);
     let mut d = SeqBlocks::default();
     assert_eq!(m.match_prefix(&mut d, &prompt, prompt.len()), 8);
