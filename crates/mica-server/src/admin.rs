@@ -65,20 +65,20 @@ fn refuse(status: StatusCode, kind: &str, message: String) -> Response {
 
 /// The model an adapter route means: `model` when given (a configured model), else the
 /// server's only model.
-fn adapter_model(st: &AppState, model: Option<&str>) -> Result<String, Response> {
+fn adapter_model(st: &AppState, model: Option<&str>) -> Result<String, Box<Response>> {
     match model {
         Some(m) if st.cfg.models.iter().any(|(n, _)| n == m) => Ok(m.to_string()),
-        Some(m) => Err(refuse(
+        Some(m) => Err(Box::new(refuse(
             StatusCode::NOT_FOUND,
             "not_found",
             format!("model '{m}' not found (GET /v1/models lists the models served)"),
-        )),
+        ))),
         None if st.cfg.models.len() == 1 => Ok(st.cfg.models[0].0.clone()),
-        None => Err(refuse(
+        None => Err(Box::new(refuse(
             StatusCode::BAD_REQUEST,
             "invalid_request_error",
             "the server has several models: name one in \"model\"".into(),
-        )),
+        ))),
     }
 }
 
@@ -133,7 +133,7 @@ pub async fn load_adapter(
     };
     let model = match adapter_model(&st, req.model.as_deref()) {
         Ok(m) => m,
-        Err(resp) => return Ok(resp),
+        Err(resp) => return Ok(*resp),
     };
     let spec = mica::models::LoraSpec {
         name: Some(req.name),
@@ -179,7 +179,7 @@ pub async fn unload_adapter(
 ) -> Response {
     let model = match adapter_model(&st, q.model.as_deref()) {
         Ok(m) => m,
-        Err(resp) => return resp,
+        Err(resp) => return *resp,
     };
     match st.remove_adapter(&model, &name) {
         Some(a) => Json(Unloaded {

@@ -52,6 +52,9 @@ impl LoraSelection {
     }
 }
 
+/// Rows of the input and the scale they take an adapter at.
+type Run = (Range<usize>, f32);
+
 /// No selection for a row.
 const NONE: u32 = u32::MAX;
 
@@ -64,7 +67,7 @@ pub(crate) struct RowAdapters {
     labels: Vec<u32>,
     sels: Vec<Arc<LoraSelection>>,
     /// Per adapter: runs of rows taking it, each with its scale.
-    groups: Vec<(Arc<LoraAdapter>, Vec<(Range<usize>, f32)>)>,
+    groups: Vec<(Arc<LoraAdapter>, Vec<Run>)>,
     /// Row of the whole input that row 0 of the projection's input is (feed-forward
     /// chunks).
     pub offset: usize,
@@ -151,7 +154,7 @@ impl RowAdapters {
                 let (a, b) = (r.start.max(lo), r.end.min(hi));
                 (a < b).then(|| (a - lo..b - lo, *s))
             }));
-            let add = |delta: &[f32], out: &mut [f32], runs: &[(Range<usize>, f32)]| {
+            let add = |delta: &[f32], out: &mut [f32], runs: &[Run]| {
                 let mut d = delta.chunks_exact(ocols);
                 for (r, s) in runs {
                     let scale = pair.scale * s;
