@@ -211,3 +211,93 @@ fn the_prefix_cache_is_keyed_by_the_adapters() {
     assert!(u.cached_tokens > 0);
     assert_eq!(out, with_a);
 }
+
+/// What mixing adapters in a batch costs (`--ignored --nocapture`; timings, not a check):
+/// four concurrent greedy requests of 48 tokens with no adapter, all with adapter A, two
+/// with A and two with B, two with A and two without; rounds alternate the four, medians.
+#[test]
+#[ignore]
+fn mixed_batch_cost() {
+    let base = model();
+    let c = &base.model.config;
+    let kv = c.n_head_kv * c.head_dim;
+    let tmp = std::env::temp_dir().join(format!("mica-engine-lora-cost-{}", std::process::id()));
+    let (da, db) = (tmp.join("a"), tmp.join("b"));
+    peft::write_random_peft(&da, c.n_layer, c.n_embd, kv, 7);
+    peft::write_random_peft(&db, c.n_layer, c.n_embd, kv, 8);
+    let a = Arc::new(LoraAdapter::open(&da, &base.model, 1.0).unwrap());
+    let b = Arc::new(LoraAdapter::open(&db, &base.model, 1.0).unwrap());
+    let prompts: Vec<Vec<u32>> = (0..4)
+        .map(|i| {
+            prompt(
+                &base,
+                &format!("Request {i}: tell me a story about a dragon."),
+            )
+        })
+        .collect();
+    let e = engine(Arc::new(base));
+    let configs: [(&str, [Option<Arc<LoraSelection>>; 4]); 4] = [
+        ("none", [None, None, None, None]),
+        ("all A", std::array::from_fn(|_| select(&[(&a, 1.0)]))),
+        (
+            "2 A + 2 B",
+            std::array::from_fn(|i| select(&[(if i % 2 == 0 { &a } else { &b }, 1.0)])),
+        ),
+        (
+            "2 A + 2 none",
+            std::array::from_fn(|i| {
+                if i % 2 == 0 {
+                    select(&[(&a, 1.0)])
+                } else {
+                    None
+                }
+            }),
+        ),
+    ];
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    for round in 0..6 {
+        for (k, (_, sels)) in configs.iter().enumerate() {
+            let t0 = std::time::Instant::now();
+            let rxs: Vec<_> = prompts
+                .iter()
+                .zip(sels)
+                .map(|(p, s)| {
+                    let (tx, rx) = channel();
+                    e.submit(Request {
+                        prompt: p.clone(),
+                        params: GenerateParams {
+                            max_tokens: 48,
+                            sampling: SamplingParams::greedy(),
+                            stop: Vec::new(),
+                            ignore_eos: true,
+                            logit_bias: Vec::new(),
+                        },
+                        lane: Lane::Interactive,
+                        n: 1,
+                        logprobs: None,
+                        sink: Box::new(ChanSink(tx)),
+                        processors: None,
+                        proposer: None,
+                        lora: s.clone(),
+                    })
+                    .unwrap();
+                    rx
+                })
+                .collect();
+            let n: usize = rxs.into_iter().map(|rx| collect(rx).0.len()).sum();
+            if round > 0 {
+                times[k].push(n as f64 / t0.elapsed().as_secs_f64());
+            }
+        }
+    }
+    for ((name, _), t) in configs.iter().zip(&mut times) {
+        t.sort_by(f64::total_cmp);
+        println!(
+            "{name:>14}: {:.1} tokens/s (median of {}; range {:.1}–{:.1})",
+            t[t.len() / 2],
+            t.len(),
+            t[0],
+            t[t.len() - 1]
+        );
+    }
+}
