@@ -143,6 +143,20 @@ impl AppState {
         names
     }
 
+    /// Refuses a model name that selects an adapter (`MODEL:ADAPTER`) where adapters do not
+    /// apply (embeddings).
+    pub fn no_adapter(&self, model_field: &str) -> Result<(), ParamError> {
+        match self.split_model(model_field) {
+            (m, Some(a)) => Err(ParamError::Unsupported {
+                field: "model".into(),
+                message: format!(
+                    "LoRA adapters apply to generation only: embed with '{m}', not with adapter '{a}'"
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// Opens the `--lora` adapters for `model` (loading as `lm`) that it does not have yet.
     pub(crate) fn open_configured(&self, model: &str, lm: &LoadedModel) -> Result<(), String> {
         for (id, spec) in self.cfg.lora.iter().enumerate() {

@@ -223,6 +223,13 @@ fn unknown_adapters_and_bad_scales_are_400s_naming_them() {
     assert!(m.contains("lora must be a list"), "{m}");
     let (s, _) = err(json!({"model": "other:sql", "prompt": "x"}));
     assert_eq!(s, 404, "an unknown base model is not found");
+    let r = post(
+        a,
+        "/v1/embeddings",
+        &json!({"model": format!("{MODEL}:sql"), "input": "x"}),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("generation only"), "{}", r.body);
 }
 
 #[test]
