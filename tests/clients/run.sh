@@ -3,7 +3,8 @@
 # small test model and an API key, runs check_clients.py (the `openai` and `ollama` Python
 # clients, installed into a virtual environment this script creates under target/) and `curl`
 # checks of the SSE framing, the origin check and the content-type check, then stops the
-# server. Then structured output and tools: the `openai` SDK's `chat.completions.parse` on a
+# server; check_lora.py loads a LoRA adapter at run time and selects it by model name. Then
+# structured output and tools: the `openai` SDK's `chat.completions.parse` on a
 # few schemas per model (structured_sweep.py --limit; run it without --limit for the full
 # 20-schema sweep with the unconstrained contrast) and check_tools.py on Qwen2.5-Coder (a
 # second server). Fails loudly when the clients cannot be installed.
@@ -27,6 +28,7 @@ QPID=
 trap 'kill $PID $QPID 2>/dev/null; wait $PID $QPID 2>/dev/null || true' EXIT
 for _ in $(seq 300); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break; sleep 0.1; done
 "$VENV/bin/python" tests/clients/check_clients.py "http://127.0.0.1:$PORT" "$MODEL" "$KEY"
+"$VENV/bin/python" tests/clients/check_lora.py "http://127.0.0.1:$PORT" "$MODEL" "$KEY"
 AUTH="Authorization: Bearer $KEY"
 JSON="Content-Type: application/json"
 # Raw SSE framing with curl -N: every event is `data: ...` + blank line, the last `data: [DONE]`.

@@ -105,7 +105,11 @@ pub fn convert<'py>(
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
         lora: lora
             .into_iter()
-            .map(|(path, scale)| mica::models::LoraSpec { path, scale })
+            .map(|(path, scale)| mica::models::LoraSpec {
+                name: None,
+                path,
+                scale,
+            })
             .collect(),
     };
     let (result, notices) = py.detach(|| {

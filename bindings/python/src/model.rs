@@ -82,7 +82,11 @@ impl NativeModel {
         }
         let lora = lora
             .into_iter()
-            .map(|(path, scale)| mica::models::LoraSpec { path, scale })
+            .map(|(path, scale)| mica::models::LoraSpec {
+                name: None,
+                path,
+                scale,
+            })
             .collect();
         let cache_type = |name: Option<String>, param: &str| {
             name.map(|n| {

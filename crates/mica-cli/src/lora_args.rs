@@ -1,5 +1,6 @@
-//! `--lora PATH[:SCALE]` of `run`, `chat` and `serve`: LoRA adapters applied unmerged to the
-//! model (PEFT folders or llama.cpp GGUF LoRA files; see `mica_models::lora`).
+//! `--lora [NAME=]PATH[:SCALE]` of `run`, `chat` and `serve`: LoRA adapters applied unmerged
+//! to the model (PEFT folders or llama.cpp GGUF LoRA files; see `mica_models::lora`) — by
+//! `run` and `chat` to every token, by `serve` to the requests that select them.
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -9,8 +10,10 @@ use mica::models::{LoadedModel, LoraSpec};
 pub struct LoraArgs {
     /// LoRA adapter applied unmerged, at an optional scale (default 1): a PEFT folder
     /// (adapter_config.json + adapter_model.safetensors) or a GGUF LoRA file. Repeatable:
-    /// the updates add up. (`mica convert --lora` merges one into a new file instead.)
-    #[arg(long = "lora", value_name = "PATH[:SCALE]")]
+    /// the updates add up. `serve` applies each only to the requests that select it (by
+    /// NAME, default the file's or folder's name, or by its place: id 0, 1, …; SCALE is
+    /// their default scale). (`mica convert --lora` merges one into a new file instead.)
+    #[arg(long = "lora", value_name = "[NAME=]PATH[:SCALE]")]
     pub lora: Vec<LoraSpec>,
 }
 

@@ -126,7 +126,7 @@ pub struct ServeArgs {
     /// text in its request line. Off by default: prompts may hold private data.
     #[arg(long = "log-prompts")]
     pub log_prompts: bool,
-    /// Adapters applied to the served model (one model: not with --models-dir).
+    /// Adapters the served model's requests may select (one model: not with --models-dir).
     #[command(flatten)]
     pub lora: LoraArgs,
     /// KV cache types of every model served.
@@ -256,6 +256,18 @@ fn config(args: &ServeArgs) -> Result<ServerConfig> {
     let preload = (models.len() == 1 && args.models_dir.is_none()).then(|| models[0].0.clone());
     if !args.lora.lora.is_empty() && preload.is_none() {
         bail!("--lora applies to one model: name it with -m (not with --models-dir)");
+    }
+    let names: Vec<String> = args.lora.lora.iter().map(|s| s.name()).collect();
+    if let Some((i, n)) = names
+        .iter()
+        .enumerate()
+        .find(|(i, n)| names[..*i].contains(n))
+    {
+        bail!(
+            "--lora: adapters {} and {} are both named '{n}'; name them apart with NAME=PATH",
+            names.iter().position(|m| m == n).unwrap_or(0),
+            i
+        );
     }
     Ok(ServerConfig {
         models,

@@ -70,3 +70,24 @@ fn serve_refuses_lora_with_several_models() {
     assert!(!ok);
     assert!(err.contains("--lora applies to one model"), "{err}");
 }
+
+#[test]
+fn serve_refuses_two_adapters_of_one_name() {
+    let dir = scratch("lora-serve-names");
+    write_tiny(&dir.join("a.gguf"), &Tiny::default());
+    let lora = fixtures().join("lora/llama");
+    let (ok, _, err) = mica(&[
+        "serve",
+        "-m",
+        dir.join("a.gguf").to_str().unwrap(),
+        "--lora",
+        lora.to_str().unwrap(),
+        "--lora",
+        &format!("{}:0.5", lora.display()),
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("adapters 0 and 1 are both named 'llama'"),
+        "{err}"
+    );
+}

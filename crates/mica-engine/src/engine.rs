@@ -359,6 +359,8 @@ struct Group {
     admitted: bool,
     first_token: bool,
     usage: Usage,
+    /// The request's own LoRA adapters.
+    lora: Option<Arc<mica_models::lora::LoraSelection>>,
 }
 
 /// State the engine thread shares with its handle.
@@ -506,6 +508,7 @@ impl Core {
             mut sink,
             processors,
             proposer,
+            lora,
         } = req;
         self.metrics
             .prompt_tokens
@@ -520,6 +523,10 @@ impl Core {
             self.metrics.count_request(lane, RequestStatus::Rejected);
             sink.send(Event::Error(e.into()));
             return;
+        }
+        let lora = lora.filter(|l| !l.is_empty());
+        if let Some(l) = &lora {
+            self.sched.set_prefix_salt(id, l.cache_key());
         }
         self.choices.insert(
             id,
@@ -545,6 +552,7 @@ impl Core {
                 arrival: now,
                 admitted: false,
                 first_token: false,
+                lora,
                 usage: Usage {
                     prompt_tokens: prompt_len,
                     ..Default::default()
@@ -593,6 +601,7 @@ impl Core {
         }
         self.batch.clear();
         self.ws.tiled_seqs.clear();
+        self.ws.lora.clear();
         // Hybrid models: a sequence starting from a cached prefix restores the state there;
         // the states worth keeping are captured on the way.
         self.kv.clear_captures();
@@ -621,6 +630,9 @@ impl Core {
                     .push(t, s.start + j, s.slot, s.sample && j >= first_out);
             }
             let g = self.choices[&s.id].group;
+            if let Some(l) = self.groups.get(&g).and_then(|g| g.lora.clone()) {
+                self.ws.lora.push((s.slot, l));
+            }
             if let Some(group) = self.groups.get_mut(&g)
                 && !group.admitted
             {

@@ -66,6 +66,10 @@ pub struct SeqBlocks {
     captures: Vec<(usize, CkptId, bool)>,
     /// Hybrid models: the hash of the last checkpoint committed past the prompt.
     turn_end: Option<u64>,
+    /// Mixed into the first block's key (the parent of the hash chain): what else than the
+    /// tokens decides the keys and values, e.g. the sequence's LoRA adapters
+    /// (`LoraSelection::cache_key`). 0 for none.
+    salt: u64,
 }
 
 /// How a block's positions were computed: attention's vector or tiled path (they round
@@ -78,6 +82,13 @@ pub enum Arith {
 }
 
 impl SeqBlocks {
+    /// Keys this sequence's prefix-cache entries by `salt` as well as by its tokens (set
+    /// while it holds no block): only sequences of the same salt share cached blocks.
+    pub fn set_salt(&mut self, salt: u64) {
+        debug_assert!(self.blocks.is_empty());
+        self.salt = salt;
+    }
+
     pub fn len(&self) -> usize {
         self.blocks.len()
     }
@@ -237,7 +248,7 @@ impl BlockManager {
         } else {
             Arith::Vector
         };
-        let mut parent = 0u64;
+        let mut parent = seq.salt;
         let mut found = Vec::new();
         for chunk in tokens.chunks_exact(self.block_size).take(max_blocks) {
             let h = block_hash(parent, chunk, arith);
@@ -448,7 +459,7 @@ impl BlockManager {
         let full = (n_computed / self.block_size).min(seq.blocks.len());
         while seq.hashes.len() < full {
             let i = seq.hashes.len();
-            let parent = if i == 0 { 0 } else { seq.hashes[i - 1] };
+            let parent = if i == 0 { seq.salt } else { seq.hashes[i - 1] };
             let chunk = &tokens[i * self.block_size..(i + 1) * self.block_size];
             let arith = seq.arith.get(i).copied().unwrap_or(Arith::Mixed);
             let h = block_hash(parent, chunk, arith);

@@ -7,6 +7,7 @@ use crate::generate::{FinishReason, GenerateParams};
 use crate::processor::LogitsProcessor;
 use crate::proposer::Proposer;
 use crate::scheduler::{AddError, Lane};
+use mica_models::lora::LoraSelection;
 use std::sync::Arc;
 
 /// Builds the extra logits processors of completion `index` of a request (each of its `n`
@@ -29,6 +30,10 @@ pub struct Request {
     /// same as without it; sampled: the distribution is). Asked for each completion's
     /// history.
     pub proposer: Option<Box<dyn Proposer>>,
+    /// LoRA adapters for this request only, each at its scale (adapters attached to the
+    /// model apply to every request as well). Requests with different adapters, and none,
+    /// run in the same steps; prefix-cache entries are keyed by the selection.
+    pub lora: Option<Arc<LoraSelection>>,
 }
 
 /// Log-probability of a generated token and of the most likely alternatives.

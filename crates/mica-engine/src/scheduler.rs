@@ -333,6 +333,15 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Keys the prefix-cache blocks of waiting sequence `id` by `salt` as well as by its
+    /// tokens ([`SeqBlocks::set_salt`]): e.g. its LoRA adapters, so that blocks computed
+    /// under other adapters (or none) are never reused for it, nor its blocks for them.
+    pub fn set_prefix_salt(&mut self, id: ReqId, salt: u64) {
+        if let Some(s) = self.seqs.get_mut(&id) {
+            s.blocks.set_salt(salt);
+        }
+    }
+
     pub fn get(&self, id: ReqId) -> Option<&Sequence> {
         self.seqs.get(&id)
     }

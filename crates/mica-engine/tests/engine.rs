@@ -133,6 +133,7 @@ fn submit_in(
         sink: Box::new(ChanSink(tx)),
         processors: None,
         proposer: None,
+        lora: None,
     })
     .unwrap();
     rx
@@ -248,6 +249,7 @@ fn cancelled_request_frees_its_blocks() {
         sink: Box::new(DropSink(tx, flag.clone())),
         processors: None,
         proposer: None,
+        lora: None,
     })
     .unwrap();
     for _ in 0..5 {
@@ -441,6 +443,7 @@ fn submit_with(
         sink: Box::new(ChanSink(tx)),
         processors,
         proposer,
+        lora: None,
     })
     .unwrap();
     rx
@@ -669,6 +672,7 @@ fn invalid_parameters_name_the_parameter() {
             sink: Box::new(ChanSink(tx.clone())),
             processors: None,
             proposer: None,
+            lora: None,
         })
         .unwrap_err()
     };

@@ -84,6 +84,7 @@ fn request(prompt: Vec<u32>, n: usize, tx: Sender<Event>) -> Request {
         sink: Box::new(ChanSink(tx)),
         processors: None,
         proposer: None,
+        lora: None,
     }
 }
 

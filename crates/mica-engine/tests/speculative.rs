@@ -336,6 +336,7 @@ fn concurrent_speculative_requests_match_plain_ones() {
                 sink: Box::new(ChanSink(tx)),
                 processors: None,
                 proposer,
+                lora: None,
             })
             .unwrap();
             rx

@@ -479,6 +479,7 @@ fn engine_batch(speculate: bool) {
                 sink: Box::new(Sink(tx)),
                 processors: grammar.as_ref().map(CompiledGrammar::factory),
                 proposer: speculate.then(|| Box::new(Silent) as Box<dyn Proposer>),
+                lora: None,
             })
             .unwrap();
         rxs.push((grammar, rx));

@@ -22,8 +22,14 @@ use mica_formats::{GgufFile, SafetensorsFile, TensorInfo};
 use mica_kernels::matmul::{QActs, matmul};
 use mica_kernels::{DType, ThreadPool, quant};
 use serde_json::Value;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+mod select;
+pub use select::LoraSelection;
+pub(crate) use select::RowAdapters;
 
 /// The low-rank update of one projection: `out += scale · B (A x)`.
 pub struct LoraPair {
@@ -45,6 +51,23 @@ thread_local! {
 impl LoraPair {
     /// `out[t] += scale · B (A x[t])` for `n` rows of `x` (`[n, in]`); `out` is `[n, out]`.
     pub fn add(&self, pool: &ThreadPool, x: &[f32], n: usize, out: &mut [f32]) {
+        self.with_delta(pool, x, n, |delta| {
+            for (o, d) in out.iter_mut().zip(delta) {
+                *o += d * self.scale;
+            }
+        })
+    }
+
+    /// Calls `f` with `B (A x[t])` for the `n` rows of `x` (`[n, out]`, unscaled). Each row's
+    /// result is that of the row alone: the adapter's f32/f16 products take one code path
+    /// whatever the number of rows.
+    pub(crate) fn with_delta(
+        &self,
+        pool: &ThreadPool,
+        x: &[f32],
+        n: usize,
+        f: impl FnOnce(&[f32]),
+    ) {
         let r = self.a.rows;
         SCRATCH.with_borrow_mut(|(q, mid, delta)| {
             q.quantize(pool, self.a.dtype.vec_dot_type(), x, n, self.a.cols);
@@ -55,9 +78,7 @@ impl LoraPair {
             delta.clear();
             delta.resize(n * self.b.rows, 0.0);
             matmul(pool, &self.b.view(), q, delta);
-            for (o, d) in out.iter_mut().zip(delta.iter()) {
-                *o += d * self.scale;
-            }
+            f(delta)
         })
     }
 
@@ -93,6 +114,12 @@ pub struct LoraAdapter {
     /// Rank of the first update (PEFT: `r`).
     pub rank: usize,
     pub targets: Vec<(String, Arc<LoraPair>)>,
+    /// Index into `targets` by weight name.
+    by_name: HashMap<String, usize>,
+    /// Unique in the process: names this adapter in prefix-cache keys
+    /// ([`LoraSelection::cache_key`]), which a later adapter at the same address must not
+    /// match.
+    uid: u64,
 }
 
 /// A tensor of the adapter file that cannot be used, and why.
@@ -113,6 +140,27 @@ fn err(path: &Path, key: &str, msg: impl Into<String>) -> ModelError {
 }
 
 impl LoraAdapter {
+    fn new(path: PathBuf, rank: usize, targets: Vec<(String, Arc<LoraPair>)>) -> LoraAdapter {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let by_name = targets
+            .iter()
+            .enumerate()
+            .map(|(i, (n, _))| (n.clone(), i))
+            .collect();
+        LoraAdapter {
+            path,
+            rank,
+            targets,
+            by_name,
+            uid: NEXT.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// The update of the projection whose weight is named `name`, if the adapter targets it.
+    pub fn pair(&self, name: &str) -> Option<&LoraPair> {
+        self.by_name.get(name).map(|&i| &*self.targets[i].1)
+    }
+
     /// Reads the adapter at `path` for `model`: a PEFT folder (or its
     /// `adapter_model.safetensors`), or a llama.cpp GGUF LoRA. `scale` multiplies the
     /// adapter's own scale. Shapes are checked against the model's projections.
@@ -285,11 +333,7 @@ impl LoraAdapter {
                 "the adapter has no lora_A matrices",
             ));
         }
-        Ok(LoraAdapter {
-            path: dir.to_path_buf(),
-            rank: r as usize,
-            targets,
-        })
+        Ok(LoraAdapter::new(dir.to_path_buf(), r as usize, targets))
     }
 
     fn open_gguf(path: &Path, user_scale: f32) -> Result<LoraAdapter> {
@@ -337,11 +381,7 @@ impl LoraAdapter {
         if targets.is_empty() {
             return Err(err(path, "tensors", "the adapter has no .lora_a tensors"));
         }
-        Ok(LoraAdapter {
-            path: path.to_path_buf(),
-            rank,
-            targets,
-        })
+        Ok(LoraAdapter::new(path.to_path_buf(), rank, targets))
     }
 
     /// Every target names a projection of `model` with matching shapes.
@@ -444,17 +484,66 @@ impl Model {
     }
 }
 
-/// An adapter as a user names it: `PATH[:SCALE]` (scale 1 when absent).
+/// An adapter as a user names it: `[NAME=]PATH[:SCALE]` (scale 1 when absent). The name
+/// (letters, digits, `.`, `_`, `-`) is how a server's requests select the adapter.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LoraSpec {
+    pub name: Option<String>,
     pub path: PathBuf,
     pub scale: f32,
+}
+
+/// Whether `name` may name an adapter: 1 to 64 letters, digits, `.`, `_` or `-`.
+pub fn valid_adapter_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+impl LoraSpec {
+    /// The adapter's name: the one given, else the file's stem or the folder's name (other
+    /// characters than those of [`valid_adapter_name`] replaced by `_`).
+    pub fn name(&self) -> String {
+        if let Some(n) = &self.name {
+            return n.clone();
+        }
+        let stem = if self.path.is_dir() {
+            self.path.file_name()
+        } else {
+            self.path.file_stem()
+        };
+        let stem = stem.map(|s| s.to_string_lossy()).unwrap_or_default();
+        let mut n: String = stem
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .take(64)
+            .collect();
+        if n.is_empty() {
+            n = "adapter".into();
+        }
+        n
+    }
 }
 
 impl std::str::FromStr for LoraSpec {
     type Err = String;
 
     fn from_str(s: &str) -> std::result::Result<LoraSpec, String> {
+        // A leading `NAME=` when it is a valid name (paths may hold `=`).
+        if let Some((n, rest)) = s.split_once('=')
+            && valid_adapter_name(n)
+        {
+            let mut spec: LoraSpec = rest.parse()?;
+            spec.name = Some(n.to_string());
+            return Ok(spec);
+        }
         if s.is_empty() {
             return Err("an empty adapter path".into());
         }
@@ -469,11 +558,13 @@ impl std::str::FromStr for LoraSpec {
                 return Err("an empty adapter path".into());
             }
             return Ok(LoraSpec {
+                name: None,
                 path: p.into(),
                 scale,
             });
         }
         Ok(LoraSpec {
+            name: None,
             path: s.into(),
             scale: 1.0,
         })
@@ -497,34 +588,21 @@ mod tests {
     #[test]
     fn specs_parse_with_and_without_a_scale() {
         let p = |s: &str| s.parse::<LoraSpec>();
-        assert_eq!(
-            p("a/b").unwrap(),
-            LoraSpec {
-                path: "a/b".into(),
-                scale: 1.0
-            }
-        );
-        assert_eq!(
-            p("a/b:0.5").unwrap(),
-            LoraSpec {
-                path: "a/b".into(),
-                scale: 0.5
-            }
-        );
-        assert_eq!(
-            p("c:/x:2").unwrap(),
-            LoraSpec {
-                path: "c:/x".into(),
-                scale: 2.0
-            }
-        );
-        assert_eq!(
-            p("x:y").unwrap(),
-            LoraSpec {
-                path: "x:y".into(),
-                scale: 1.0
-            }
-        );
+        let spec = |name: Option<&str>, path: &str, scale| LoraSpec {
+            name: name.map(str::to_string),
+            path: path.into(),
+            scale,
+        };
+        assert_eq!(p("a/b").unwrap(), spec(None, "a/b", 1.0));
+        assert_eq!(p("a/b:0.5").unwrap(), spec(None, "a/b", 0.5));
+        assert_eq!(p("c:/x:2").unwrap(), spec(None, "c:/x", 2.0));
+        assert_eq!(p("x:y").unwrap(), spec(None, "x:y", 1.0));
+        assert_eq!(p("sql=a/b:0.5").unwrap(), spec(Some("sql"), "a/b", 0.5));
+        assert_eq!(p("a b=c").unwrap(), spec(None, "a b=c", 1.0));
+        assert_eq!(p("a/b=c").unwrap(), spec(None, "a/b=c", 1.0));
+        assert!(p("n=").is_err());
+        assert_eq!(p("sql=a/b").unwrap().name(), "sql");
+        assert_eq!(p("x/my adapter.gguf:2").unwrap().name(), "my_adapter");
         assert!(p("").is_err());
         assert!(p(":1").is_err());
         assert!(p("a:inf").is_err());

@@ -318,6 +318,7 @@ impl Model {
         // Token embeddings: `x[t] = tok_embd[token t]` (projected to the layers' width
         // when the embedding is narrower).
         ws.acts.alone = ws.alone_paths;
+        ws.acts.lora.set(&ws.lora, &batch.seq);
         ws.acts.invalidate();
         let e = self.tok_embd.cols;
         let x = match &self.embd_proj {
@@ -510,6 +511,7 @@ impl Model {
                     ws.ple.copy_within(t * w..(t + 1) * w, i * w);
                 }
                 rows = out_rows.len();
+                ws.acts.lora.keep_rows(&out_rows);
                 if rows == 0 {
                     break;
                 }
@@ -573,8 +575,10 @@ impl Model {
                         &mut proj[r.start * d..r.end * d],
                     );
                     let bufs = (&mut ws.gate, &mut ws.up);
+                    ws.acts.lora.offset = r.start;
                     dense_ffn(cfg, pool, dense, x, bufs, &mut ws.acts, out);
                 }
+                ws.acts.lora.offset = 0;
             }
             if let Some(w) = &layer.post_ffn_norm {
                 norm_in_place(proj, w, cfg.norm_eps, &mut ws.cos_sin);

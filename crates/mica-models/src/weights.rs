@@ -245,6 +245,9 @@ impl Linear {
         for l in &self.lora {
             l.add(pool, x, n, out);
         }
+        if !acts.lora.is_empty() {
+            acts.lora.apply(pool, &self.w.name, x, n, out);
+        }
     }
 }
 
@@ -258,6 +261,8 @@ pub struct ActCache {
     pub stats: Option<ActStats>,
     /// Products compute every row as a one-row product would ([`QActs::set_alone`]).
     pub alone: bool,
+    /// The adapters of the rows' sequences, per row (adapters chosen per sequence).
+    pub(crate) lora: crate::lora::RowAdapters,
 }
 
 /// Per weight matrix (by tensor name): the sum over input rows of each input column's

@@ -26,6 +26,7 @@ fn lora_opts(ft: Option<FileType>) -> ConvertOptions {
         file_type: ft,
         threads: 2,
         lora: vec![LoraSpec {
+            name: None,
             path: fixtures().join("lora/llama"),
             scale: 1.0,
         }],

@@ -50,6 +50,8 @@ pub struct GenRequest {
     pub proposer: Option<Box<dyn Proposer>>,
     /// Logits processors per completion (an output constraint), if any.
     pub processors: Option<mica::engine::ProcessorFactory>,
+    /// The request's LoRA adapters ([`crate::lora`]).
+    pub lora: Option<Arc<mica::models::lora::LoraSelection>>,
 }
 
 /// A submitted request: its events, and the model it runs on (held so the model is not
@@ -100,6 +102,7 @@ pub fn start(loaded: Arc<Loaded>, req: GenRequest) -> Result<Running, ServerErro
         sink: Box::new(ChannelSink(tx, cancel.clone())),
         processors: req.processors,
         proposer: req.proposer,
+        lora: req.lora,
     })?;
     Ok(Running {
         rx,

@@ -112,8 +112,8 @@ pub struct ServerConfig {
     /// model applies to every model served, and one whose vocabulary differs is refused at
     /// load.
     pub spec: SpecConfig,
-    /// LoRA adapters applied unmerged to every model loaded (an adapter that does not fit
-    /// a model fails that model's load, naming the adapter).
+    /// LoRA adapters the requests of every model loaded may select ([`crate::lora`]; an
+    /// adapter that does not fit a model fails that model's load, naming the adapter).
     pub lora: Vec<mica::models::LoraSpec>,
     /// KV cache types of every model loaded (`None`: the model's own, f16 for quantized
     /// models); a type a model cannot store fails that model's load.

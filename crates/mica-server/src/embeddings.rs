@@ -259,6 +259,7 @@ pub async fn openai(
             .into());
         }
     };
+    st.no_adapter(&req.model)?;
     let loaded = st.get(&req.model).await?;
     check_dimensions(req.dimensions, loaded.model.model.config.n_embd)?;
     let inputs = openai_inputs(&req.input, loaded.model.model.config.n_vocab)?;
@@ -309,6 +310,7 @@ pub async fn ollama(
         OllamaInput::Many(v) => v,
     };
     check_count(texts.len())?;
+    st.no_adapter(&req.model)?;
     let loaded = st.get(&req.model).await?;
     let load = t0.elapsed();
     check_dimensions(req.dimensions, loaded.model.model.config.n_embd)?;
@@ -336,6 +338,7 @@ pub async fn ollama_legacy(
     JsonBody(body): JsonBody,
 ) -> Result<Response, ServerError> {
     let req: OllamaLegacyRequest = parse_json(&body)?;
+    st.no_adapter(&req.model)?;
     let loaded = st.get(&req.model).await?;
     let (mut v, _) = embed_all(&st, loaded, vec![Input::Text(req.prompt)], false, true).await?;
     Ok(Json(OllamaLegacy {

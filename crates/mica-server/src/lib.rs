@@ -24,6 +24,7 @@ pub mod config;
 pub mod embeddings;
 pub mod error;
 pub mod guard;
+pub mod lora;
 pub mod metrics;
 pub mod models;
 pub mod ollama;
@@ -74,6 +75,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/version", get(ollama::version))
         .route("/admin/requests", get(admin::list))
         .route("/admin/requests/{id}", axum::routing::delete(admin::cancel))
+        .route(
+            "/admin/lora-adapters",
+            get(admin::list_adapters).post(admin::load_adapter),
+        )
+        .route(
+            "/admin/lora-adapters/{name}",
+            axum::routing::delete(admin::unload_adapter),
+        )
         .merge(web::routes())
         .fallback(|method: Method, uri: Uri| async move {
             ServerError::NoRoute {

@@ -19,7 +19,7 @@
 //! **Metadata** (`/api/show`, `/api/tags`) is read from the file's header or the folder's
 //! `config.json`, never by loading weights, and cached per model.
 
-use crate::config::{ServerConfig, model_bytes};
+use crate::config::model_bytes;
 use crate::error::ServerError;
 use crate::state::{AppState, ServerEvent};
 use mica::engine::spec::{NgramCache, SpecConfig, SpecMethod, check_vocab};
@@ -185,15 +185,14 @@ fn open(path: &Path) -> Result<LoadedModel, String> {
 
 /// Repacks an opened model's weights (if configured) and starts its engine.
 fn start(
-    cfg: &ServerConfig,
+    st: &AppState,
     name: String,
     path: PathBuf,
     mut lm: LoadedModel,
 ) -> Result<Loaded, String> {
-    for spec in &cfg.lora {
-        lm.attach_lora(spec)
-            .map_err(|e| format!("LoRA adapter {}: {e}", spec.path.display()))?;
-    }
+    let cfg = &st.cfg;
+    // The `--lora` adapters, for requests to select ([`crate::lora`]).
+    st.open_configured(&name, &lm)?;
     lm.model
         .config
         .choose_cache_types(cfg.cache_type_k, cfg.cache_type_v)
@@ -290,6 +289,8 @@ impl AppState {
 
     /// The model named `name`, loading it first if needed (see the module docs).
     pub async fn get(self: &Arc<Self>, name: &str) -> Result<Arc<Loaded>, ServerError> {
+        // `MODEL:ADAPTER` runs on MODEL ([`crate::lora`]).
+        let name = self.split_model(name).0;
         // Names are checked even with one model, so a typo is an error, not a surprise.
         if let Some(m) = self.touch(name) {
             return Ok(m);
@@ -319,7 +320,7 @@ impl AppState {
             self.clone().reap().await;
         }
         let (st, n, p) = (self.clone(), name.to_string(), path.clone());
-        let started = tokio::task::spawn_blocking(move || start(&st.cfg, n, p, lm))
+        let started = tokio::task::spawn_blocking(move || start(&st, n, p, lm))
             .await
             .unwrap_or_else(|e| Err(format!("the loader panicked: {e}")));
         let loaded = match started {

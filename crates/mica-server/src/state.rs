@@ -172,6 +172,8 @@ pub struct AppState {
     bound: OnceLock<SocketAddr>,
     /// Generations running, by request ID ([`crate::reqlog`]).
     live: Mutex<BTreeMap<String, crate::reqlog::Live>>,
+    /// LoRA adapters requests may select ([`crate::lora`]).
+    pub(crate) lora: Mutex<crate::lora::Adapters>,
 }
 
 impl AppState {
@@ -181,7 +183,9 @@ impl AppState {
 
     pub fn with_observer(cfg: ServerConfig, observer: Option<Observer>) -> AppState {
         let ready = cfg.preload.is_none();
+        let lora = Mutex::new(crate::lora::Adapters::new(cfg.lora.len()));
         AppState {
+            lora,
             cfg,
             life: Lifecycle::new(ready),
             reg: Mutex::new(Registry::default()),

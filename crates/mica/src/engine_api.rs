@@ -82,6 +82,9 @@ pub struct Request {
     pub processors: Option<ProcessorFactory>,
     /// Drafts tokens to verify several per step ([`Engine::proposer`]).
     pub proposer: Option<Box<dyn Proposer>>,
+    /// LoRA adapters for this request only, each at its scale
+    /// ([`mica_models::lora::LoraSelection`]).
+    pub lora: Option<std::sync::Arc<mica_models::lora::LoraSelection>>,
 }
 
 impl Request {
@@ -95,6 +98,7 @@ impl Request {
             logprobs: None,
             processors: None,
             proposer: None,
+            lora: None,
         }
     }
 
@@ -162,6 +166,7 @@ impl Engine {
             sink: Box::new(sink),
             processors: req.processors,
             proposer: req.proposer,
+            lora: req.lora,
         })?;
         Ok(Stream { rx, closed })
     }

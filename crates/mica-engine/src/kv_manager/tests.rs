@@ -328,3 +328,45 @@ fn a_hybrid_prefix_ends_at_a_checkpoint_which_goes_with_its_block() {
     m.free(&mut f);
     assert_eq!(m.n_used(), 0);
 }
+
+/// A salted sequence (LoRA adapters) shares cached blocks only with sequences of its salt,
+/// the salt surviving a free (preemption) and a fork.
+#[test]
+fn salted_prefixes_are_shared_only_under_the_same_salt() {
+    let mut m = BlockManager::new(16, 4);
+    let prompt = toks(10, 3);
+    let compute = |m: &mut BlockManager, s: &mut SeqBlocks| {
+        let hit = m.match_prefix(s, &prompt, prompt.len());
+        assert!(m.allocate(s, hit, 10, &mut Vec::new()));
+        m.computed(s, hit, 10 - hit, false);
+        m.cache_full_blocks(s, &prompt, 10);
+        hit
+    };
+    let mut a = SeqBlocks::default();
+    a.set_salt(42);
+    assert_eq!(compute(&mut m, &mut a), 0);
+    let mut plain = SeqBlocks::default();
+    assert_eq!(
+        compute(&mut m, &mut plain),
+        0,
+        "unsalted: not the salted blocks"
+    );
+    let mut other = SeqBlocks::default();
+    other.set_salt(43);
+    assert_eq!(m.match_prefix(&mut other, &prompt, prompt.len()), 0);
+    let mut b = SeqBlocks::default();
+    b.set_salt(42);
+    assert_eq!(m.match_prefix(&mut b, &prompt, prompt.len()), 8);
+    assert_eq!(&b.blocks[..], &a.blocks[..2]);
+    let mut c = m.fork(&b);
+    m.free(&mut b);
+    assert_eq!(
+        m.match_prefix(&mut b, &prompt, prompt.len()),
+        8,
+        "salt kept"
+    );
+    m.free(&mut c);
+    let mut d = SeqBlocks::default();
+    assert_eq!(m.match_prefix(&mut d, &prompt, prompt.len()), 8);
+    assert_eq!(&d.blocks[..], &plain.blocks[..2], "the unsalted ones");
+}

@@ -4,7 +4,9 @@ use crate::blocks::attention::AttentionPolicy;
 use crate::blocks::deltanet::DeltaBufs;
 use crate::config::ModelConfig;
 use crate::kv_cache::SeqId;
+use crate::lora::LoraSelection;
 use crate::weights::ActCache;
+use std::sync::Arc;
 
 /// Reusable buffers of the forward pass, grown to the largest batch seen.
 #[derive(Default)]
@@ -54,6 +56,10 @@ pub struct Workspace {
     /// What the forward pass returns for its output rows: logits (the default) or the
     /// final hidden states, for embeddings.
     pub output: Output,
+    /// LoRA adapters of the sequences that run with some ([`LoraSelection`]), set before a
+    /// pass: each projection adds each adapter's update to the rows of the sequences that
+    /// chose it (adapters attached to the model apply to every row as well).
+    pub lora: Vec<(SeqId, Arc<LoraSelection>)>,
     pub(super) acts: ActCache,
 }
 

@@ -138,6 +138,7 @@ pub async fn messages(
         *m = (*m).min(room);
     }
     let running = submit(
+        &st,
         &loaded,
         &req.job,
         prompt,

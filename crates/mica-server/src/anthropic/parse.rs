@@ -110,6 +110,7 @@ fn parse(body: &[u8], needs_max_tokens: bool) -> Result<MessagesRequest, ServerE
             },
             "",
         )?,
+        lora: crate::lora::parse_refs(f.lora.as_ref(), "lora")?,
     };
     Ok(MessagesRequest {
         job,

@@ -31,6 +31,8 @@ pub struct MessagesFields {
     pub priority: Option<String>,
     pub spec: Option<String>,
     pub spec_max: Option<i64>,
+    /// Extension (llama-server's): LoRA adapters for this request ([`crate::lora`]).
+    pub lora: Option<serde_json::Value>,
 }
 
 /// Content given as a string or as a list of blocks (`system`, a message's `content`, a

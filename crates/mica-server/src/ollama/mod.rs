@@ -69,6 +69,7 @@ async fn run(
             logprobs: None,
             proposer,
             processors: prepared.processors,
+            lora: st.lora_selection(&job.model, &job.lora)?,
         },
     )?;
     let mut fmt = Ndjson::new(job.model.clone(), chat, load).with_tools(prepared.tools);

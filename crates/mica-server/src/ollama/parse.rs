@@ -24,6 +24,8 @@ pub struct OllamaGen {
     pub stream: bool,
     pub priority: Option<String>,
     pub spec: SpecRequest,
+    /// The request's `lora` list ([`crate::lora`]).
+    pub lora: Vec<crate::lora::LoraRef>,
 }
 
 /// A checked `/api/generate` request.
@@ -51,6 +53,7 @@ fn job(
     o: Option<&Options>,
     stream: Option<bool>,
     priority: Option<&String>,
+    lora: Option<&serde_json::Value>,
 ) -> Result<OllamaGen, ParamError> {
     let default = Options::default();
     let o = o.unwrap_or(&default);
@@ -115,6 +118,7 @@ fn job(
             },
             "options.",
         )?,
+        lora: crate::lora::parse_refs(lora, "lora")?,
     })
 }
 
@@ -131,7 +135,13 @@ pub fn parse_generate(body: &[u8]) -> Result<GenerateRequest, ServerError> {
         .into());
     }
     Ok(GenerateRequest {
-        job: job(&b.model, b.options.as_ref(), b.stream, b.priority.as_ref())?,
+        job: job(
+            &b.model,
+            b.options.as_ref(),
+            b.stream,
+            b.priority.as_ref(),
+            b.lora.as_ref(),
+        )?,
         prompt: b.prompt,
         system: b.system,
         raw: b.raw,
@@ -143,7 +153,13 @@ pub fn parse_generate(body: &[u8]) -> Result<GenerateRequest, ServerError> {
 pub fn parse_chat(body: &[u8]) -> Result<ChatRequest, ServerError> {
     let v = parse_body(body)?;
     let b: ChatBody = from_value(&v)?;
-    let job = job(&b.model, b.options.as_ref(), b.stream, b.priority.as_ref())?;
+    let job = job(
+        &b.model,
+        b.options.as_ref(),
+        b.stream,
+        b.priority.as_ref(),
+        b.lora.as_ref(),
+    )?;
     let mut messages = Vec::with_capacity(b.messages.len());
     for (i, m) in b.messages.iter().enumerate() {
         let role = validate_role(&m.role, format!("messages[{i}].role"), OLLAMA_ROLES)?;

@@ -51,6 +51,8 @@ pub struct GenerateBody {
     pub stream: Option<bool>,
     pub options: Option<Options>,
     pub priority: Option<String>,
+    /// Extension (llama-server's): LoRA adapters for this request ([`crate::lora`]).
+    pub lora: Option<serde_json::Value>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -72,6 +74,8 @@ pub struct ChatBody {
     pub stream: Option<bool>,
     pub options: Option<Options>,
     pub priority: Option<String>,
+    /// Extension (llama-server's): LoRA adapters for this request ([`crate::lora`]).
+    pub lora: Option<serde_json::Value>,
 }
 
 #[derive(Clone, Debug, Deserialize)]

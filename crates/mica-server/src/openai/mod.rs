@@ -35,6 +35,7 @@ use types::{
 /// the request: the part the chat and completion routes (and Anthropic's messages route)
 /// share.
 pub(crate) fn submit(
+    st: &AppState,
     loaded: &Arc<Loaded>,
     job: &Generation,
     prompt: Vec<u32>,
@@ -61,6 +62,7 @@ pub(crate) fn submit(
             logprobs,
             proposer: crate::spec::proposer(loaded, &job.spec, "")?,
             processors,
+            lora: st.lora_selection(&job.model, &job.lora)?,
         },
     )
 }
@@ -95,6 +97,7 @@ pub async fn chat(
     let tools = prepared.tools;
     let prompt = structured::chat_prompt(&loaded, &req.messages, tools.as_deref())?;
     let running = submit(
+        &st,
         &loaded,
         &req.job,
         prompt,
@@ -212,6 +215,7 @@ pub async fn completions(
     }
     let prepared = structured::prepare_async(loaded.clone(), req.structured.clone()).await?;
     let running = submit(
+        &st,
         &loaded,
         &req.job,
         prompt,
@@ -274,7 +278,12 @@ fn model_object(id: String) -> ModelObject {
 pub async fn models(State(st): State<Arc<AppState>>) -> Json<ModelList> {
     Json(ModelList {
         object: "list",
-        data: st.model_names().into_iter().map(model_object).collect(),
+        data: st
+            .model_names()
+            .into_iter()
+            .chain(st.adapter_model_names())
+            .map(model_object)
+            .collect(),
     })
 }
 
@@ -283,7 +292,7 @@ pub async fn model(
     State(st): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> Result<Json<ModelObject>, ServerError> {
-    if st.cfg.models.iter().any(|(n, _)| *n == id) {
+    if st.cfg.models.iter().any(|(n, _)| *n == id) || st.adapter_model_names().contains(&id) {
         Ok(Json(model_object(id)))
     } else {
         Err(ServerError::ModelNotFound(id))

@@ -25,6 +25,8 @@ pub struct Generation {
     pub include_usage: bool,
     pub priority: Option<String>,
     pub spec: SpecRequest,
+    /// The request's `lora` list ([`crate::lora`]).
+    pub lora: Vec<crate::lora::LoraRef>,
 }
 
 /// A checked `/v1/chat/completions` request.
@@ -98,6 +100,7 @@ fn generation(c: &CommonFields) -> Result<Generation, ParamError> {
             },
             "",
         )?,
+        lora: crate::lora::parse_refs(c.lora.as_ref(), "lora")?,
     })
 }
 

@@ -68,6 +68,9 @@ pub struct CommonFields {
     /// Extensions: speculative decoding (`off`, `ngram`, `draft`) and the longest draft.
     pub spec: Option<String>,
     pub spec_max: Option<i64>,
+    /// Extension (llama-server's): LoRA adapters for this request, `[{"id" or "name",
+    /// "scale"}]` ([`crate::lora`]).
+    pub lora: Option<serde_json::Value>,
 }
 
 /// Message content: a string, or a list of parts.
