@@ -21,6 +21,7 @@ mod spec_args;
 mod store;
 mod tokenize;
 mod trace;
+mod trace_chart;
 mod verify;
 
 use clap::{Parser, Subcommand};
@@ -76,6 +77,8 @@ enum Command {
     Verify(verify::VerifyArgs),
     /// Perplexity of a model over a text file (as llama.cpp's llama-perplexity).
     Perplexity(perplexity::PerplexityArgs),
+    /// Draw a flame chart (SVG) of a --trace file and print its spans by total time.
+    TraceChart(trace_chart::TraceChartArgs),
 }
 
 fn main() -> ExitCode {
@@ -103,6 +106,7 @@ fn main() -> ExitCode {
         Command::Imatrix(args) => imatrix::imatrix(args),
         Command::Verify(args) => verify::verify(args),
         Command::Perplexity(args) => perplexity::perplexity(args),
+        Command::TraceChart(args) => trace_chart::trace_chart(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
