@@ -38,7 +38,8 @@ struct Cli {
     #[command(subcommand)]
     command: Command,
     /// Write a Chrome trace-event JSON of the run to FILE (open it in Perfetto or
-    /// chrome://tracing): engine steps, forward passes by layer, every matrix product.
+    /// chrome://tracing, or draw it with `mica trace-chart`): model loading, tokenizer,
+    /// engine steps, forward passes by layer, every matrix product, compute-thread jobs.
     #[arg(long = "trace", value_name = "FILE", global = true)]
     trace: Option<std::path::PathBuf>,
 }

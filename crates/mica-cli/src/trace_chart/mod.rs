@@ -37,7 +37,7 @@ pub fn trace_chart(args: TraceChartArgs) -> Result<()> {
         .with_context(|| format!("cannot read {}", args.input.display()))?;
     let profile = Profile::parse(&text).with_context(|| format!("{}", args.input.display()))?;
     let title = format!(
-        "{}: {:.1} ms of spans on {} thread(s)",
+        "{}: {:.1} ms of spans on {} thread(s); width: summed time, rows: thread, then spans by nesting",
         args.input
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())

@@ -75,10 +75,11 @@ impl Profile {
         };
         let mut names: HashMap<String, String> = HashMap::new();
         for e in events {
-            if e["ph"] == "M" && e["name"] == "thread_name" {
-                if let Some(n) = e["args"]["name"].as_str() {
-                    names.insert(track(e), n.to_string());
-                }
+            if e["ph"] == "M"
+                && e["name"] == "thread_name"
+                && let Some(n) = e["args"]["name"].as_str()
+            {
+                names.insert(track(e), n.to_string());
             }
         }
         let mut root = Node::new("all");
