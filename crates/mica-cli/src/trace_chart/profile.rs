@@ -98,11 +98,13 @@ impl Profile {
                 .with_context(|| format!("trace event {i} ({ph}) has no numeric `ts`"))?;
             let name = e["name"].as_str().unwrap_or("");
             let tid = track(e);
+            let thread = names.get(&tid).cloned().unwrap_or_else(|| tid.clone());
             if !stacks.contains_key(&tid) {
+                // Threads in order of their first event.
+                root.child(&thread);
                 order.push(tid.clone());
             }
             let stack = stacks.entry(tid.clone()).or_default();
-            let thread = names.get(&tid).cloned().unwrap_or_else(|| tid.clone());
             match ph {
                 "B" => stack.push((name.to_string(), ts)),
                 "E" => {
@@ -126,8 +128,10 @@ impl Profile {
                 }
             }
         }
+        // A track whose spans never closed has nothing to show.
+        root.children.retain(|t| !t.children.is_empty());
         if root.children.is_empty() {
-            bail!("the trace has no spans (no B/E or X events)");
+            bail!("the trace has no spans (no complete B/E pair nor X event)");
         }
         root.total_us = root.children.iter().map(|c| c.total_us).sum();
         root.count = 1;
@@ -238,6 +242,7 @@ mod tests {
         assert!(err("[{").contains("not JSON"), "{}", err("[{"));
         assert!(err("{}").contains("traceEvents"));
         assert!(err("[]").contains("no spans"));
+        assert!(err(r#"[{"ph":"B","tid":0,"ts":1,"name":"a"}]"#).contains("no spans"));
         assert!(err(r#"[{"ph":"E","tid":0,"ts":1,"name":"a"}]"#).contains("no span open"));
         assert!(
             err(r#"[{"ph":"B","tid":0,"ts":1,"name":"a"},{"ph":"E","tid":0,"ts":2,"name":"b"}]"#)
