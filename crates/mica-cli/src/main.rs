@@ -22,6 +22,7 @@ mod spec_args;
 mod store;
 mod tokenize;
 mod trace;
+mod trace_chart;
 mod verify;
 
 use clap::{Parser, Subcommand};
@@ -38,7 +39,8 @@ struct Cli {
     #[command(subcommand)]
     command: Command,
     /// Write a Chrome trace-event JSON of the run to FILE (open it in Perfetto or
-    /// chrome://tracing): engine steps, forward passes by layer, every matrix product.
+    /// chrome://tracing, or draw it with `mica trace-chart`): model loading, tokenizer,
+    /// engine steps, forward passes by layer, every matrix product, compute-thread jobs.
     #[arg(long = "trace", value_name = "FILE", global = true)]
     trace: Option<std::path::PathBuf>,
 }
@@ -80,6 +82,8 @@ enum Command {
     Verify(verify::VerifyArgs),
     /// Perplexity of a model over a text file (as llama.cpp's llama-perplexity).
     Perplexity(perplexity::PerplexityArgs),
+    /// Draw a flame chart (SVG) of a --trace file and print its spans by total time.
+    TraceChart(trace_chart::TraceChartArgs),
 }
 
 fn main() -> ExitCode {
@@ -108,6 +112,7 @@ fn main() -> ExitCode {
         Command::Imatrix(args) => imatrix::imatrix(args),
         Command::Verify(args) => verify::verify(args),
         Command::Perplexity(args) => perplexity::perplexity(args),
+        Command::TraceChart(args) => trace_chart::trace_chart(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

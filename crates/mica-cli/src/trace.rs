@@ -1,10 +1,13 @@
 //! `--trace FILE`: a Chrome trace-event JSON of the run (open it in Perfetto or
-//! `chrome://tracing`), written through the `tracing` ecosystem: the library crates open
-//! spans (`forward` with its `layer`s, `attention` and `feed_forward` parts and every
-//! `matmul` with its shape and type; the engine's `step` with its `execute` and `update`
-//! parts and the batch composition), and `tracing-chrome` turns them into trace events, one
-//! track per thread. Without `--trace` no subscriber is installed and every span is one
-//! disabled-callsite check.
+//! `chrome://tracing`, or draw it with `mica trace-chart`), written through the `tracing`
+//! ecosystem: the library crates open spans (model loading stages, chat template and
+//! tokenizer, the engine's `step` with its `schedule` / `execute` / `update` parts and the
+//! batch composition, `forward` with its `layer`s, `attention` and `feed_forward` parts and
+//! every `matmul` with its shape and type, and each compute thread's `pool_job`;
+//! `docs/observability.md` lists them), and `tracing-chrome` turns them into trace events, one
+//! track per thread. The file is complete when the returned guard drops at the end of `main`
+//! (after `mica serve` has drained on SIGTERM / SIGINT). Without `--trace` no subscriber is
+//! installed and every span is one disabled-callsite check.
 
 use anyhow::{Context, Result};
 use std::path::Path;

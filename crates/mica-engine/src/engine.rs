@@ -43,6 +43,7 @@
 //! A sequence's draft stays in place through an abandoned step and is verified by the step
 //! that runs again.
 
+mod step_trace;
 mod update;
 
 use crate::decoder::SequenceDecoder;
@@ -578,7 +579,10 @@ impl Core {
     /// One schedule → execute → update step.
     fn step(&mut self) -> Result<(), EngineError> {
         let now = Instant::now();
-        let plan = self.sched.schedule(now);
+        let step = step_trace::step_span();
+        let _step = step.enter();
+        let plan = tracing::trace_span!("schedule").in_scope(|| self.sched.schedule(now));
+        step_trace::record(&step, &plan, &self.sched);
         self.metrics
             .preemptions
             .fetch_add(plan.preempted.len() as u64, Relaxed);
@@ -588,13 +592,6 @@ impl Core {
             }
             return Ok(());
         }
-        let _step = tracing::trace_span!(
-            "step",
-            sequences = plan.seqs.len(),
-            tokens = plan.seqs.iter().map(|s| s.n).sum::<usize>(),
-            lane = plan.prompt_lane.map(|l| l.as_str())
-        )
-        .entered();
         // Execute.
         for &(src, dst) in &plan.copies {
             self.kv.copy_block(src, dst);

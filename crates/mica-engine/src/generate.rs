@@ -244,6 +244,8 @@ impl<M: Deref<Target = LoadedModel> + Clone> Session<M> {
                 let logits = all_logits || (want_last && j + 1 == chunk.len());
                 self.batch.push(t, start + j, self.seq, logits);
             }
+            // A session's step: one sequence, one lane (engine steps: `engine/step_trace.rs`).
+            let _step = tracing::trace_span!("step", sequences = 1, tokens = chunk.len()).entered();
             let logits =
                 self.model
                     .model

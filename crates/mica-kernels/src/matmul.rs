@@ -256,11 +256,13 @@ pub fn matmul_rows(
     // everyone at the join.
     let next = AtomicUsize::new(nt);
     pool.run(|i, _| {
-        let mut c = i;
+        let (mut c, mut taken) = (i, 0);
         while c < n_chunks {
             run_rows(c * chunk..((c + 1) * chunk).min(n_out));
             c = next.fetch_add(1, Ordering::Relaxed);
+            taken += 1;
         }
+        crate::pool::record_chunks(taken);
     });
 }
 

@@ -5,6 +5,11 @@
 //! job is a closure `f(thread_index, n_threads)`; the calling thread runs index 0 itself.
 //! Workers spin briefly on a generation counter (the next op usually follows within
 //! microseconds) and then sleep on a condition variable, so an idle pool costs no CPU.
+//!
+//! Each thread's share of a job runs in a `pool_job` trace span (its thread index; a job
+//! that counts its pieces records `chunks`, see [`record_chunks`]), so a `--trace` file
+//! shows one track per compute thread. With no trace subscriber a span is one disabled
+//! callsite check per job and thread.
 
 use std::cell::UnsafeCell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -111,7 +116,10 @@ impl ThreadPool {
             let _l = s.lock.lock().unwrap_or_else(|e| e.into_inner());
             s.wake.notify_all();
         }
-        let mine = catch_unwind(AssertUnwindSafe(|| f(0, n)));
+        let mine = catch_unwind(AssertUnwindSafe(|| {
+            let _job = job_span(0).entered();
+            f(0, n)
+        }));
         let mut spins = 0u32;
         while s.remaining.load(Ordering::Acquire) != 0 {
             spins = spins.wrapping_add(1);
@@ -171,11 +179,29 @@ fn worker_loop(s: &Shared, idx: usize) {
         let job = unsafe { *s.job.get() };
         if let Some(job) = job {
             let job: &Job = unsafe { &*job };
+            let span = job_span(idx);
+            let _job = span.enter();
             if catch_unwind(AssertUnwindSafe(|| job(idx, s.n_threads))).is_err() {
                 s.panicked.store(true, Ordering::SeqCst);
             }
         }
         s.remaining.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// The trace span of thread `thread`'s share of one job.
+#[inline]
+fn job_span(thread: usize) -> tracing::Span {
+    tracing::trace_span!("pool_job", thread, chunks = tracing::field::Empty)
+}
+
+/// Records on the running thread's `pool_job` span how many pieces of the job (row chunks of
+/// a matrix product) this thread took; nothing when tracing is off. Call it from inside a
+/// job given to [`ThreadPool::run`].
+#[inline]
+pub fn record_chunks(chunks: usize) {
+    if tracing::enabled!(tracing::Level::TRACE) {
+        tracing::Span::current().record("chunks", chunks);
     }
 }
 

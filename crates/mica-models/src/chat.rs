@@ -257,6 +257,7 @@ impl ChatTemplate {
         tools: Option<&[serde_json::Value]>,
         add_generation_prompt: bool,
     ) -> Result<String, ChatTemplateError> {
+        let _span = tracing::trace_span!("chat_template", messages = messages.len()).entered();
         let template = self
             .env
             .get_template(TEMPLATE_NAME)

@@ -122,6 +122,7 @@ impl LoadedModel {
         opts: LoadOptions,
         observe: &mut dyn FnMut(LoadStage, Duration),
     ) -> Result<LoadedModel> {
+        let _span = tracing::trace_span!("load_model", repack = opts.repack).entered();
         let mut lm = Self::open_unprepared(path.as_ref(), observe)?;
         if opts.repack {
             let t = Instant::now();
@@ -139,18 +140,21 @@ impl LoadedModel {
             return Self::open_hf(path, observe);
         }
         let t = Instant::now();
-        let mut file = GgufFile::open(path)?;
+        let mut file = tracing::trace_span!("open_file").in_scope(|| GgufFile::open(path))?;
         observe(LoadStage::Parsed, t.elapsed());
         // The vocabulary and merges move into the spec rather than being copied; the spec is
         // dropped once the tokenizer holds what it needs (compactly), and the remaining
         // arrays too: they would otherwise live as long as the model maps the file.
         let t = Instant::now();
+        let span = tracing::trace_span!("build_tokenizer").entered();
         let tokenizer =
             TokenizerSpec::take_from_gguf(&mut file).and_then(|spec| Tokenizer::from_spec(&spec));
         file.drop_metadata(&TOKENIZER_ARRAYS);
+        drop(span);
         observe(LoadStage::Tokenizer, t.elapsed());
         let t = Instant::now();
-        let model = crate::arch::load_gguf(Arc::new(file))?;
+        let model = tracing::trace_span!("build_model")
+            .in_scope(|| crate::arch::load_gguf(Arc::new(file)))?;
         observe(LoadStage::Model, t.elapsed());
         let tokenizer = tokenizer.map_err(|cause| ModelError::Tokenizer {
             path: path.to_path_buf(),
@@ -163,13 +167,14 @@ impl LoadedModel {
     /// tokenizer_config.json (chat template, special tokens; or chat_template.jinja).
     fn open_hf(dir: &Path, observe: &mut dyn FnMut(LoadStage, Duration)) -> Result<LoadedModel> {
         let t = Instant::now();
-        let folder = HfFolder::open(dir)?;
+        let folder = tracing::trace_span!("open_file").in_scope(|| HfFolder::open(dir))?;
         observe(LoadStage::Parsed, t.elapsed());
         let t = Instant::now();
-        let model = crate::arch::load_hf(&folder)?;
+        let model =
+            tracing::trace_span!("build_model").in_scope(|| crate::arch::load_hf(&folder))?;
         observe(LoadStage::Model, t.elapsed());
         let t = Instant::now();
-        let tokenizer = hf_tokenizer(dir)?;
+        let tokenizer = tracing::trace_span!("build_tokenizer").in_scope(|| hf_tokenizer(dir))?;
         observe(LoadStage::Tokenizer, t.elapsed());
         Self::assemble(dir, model, tokenizer)
     }

@@ -226,6 +226,7 @@ impl Model {
     /// file's pages of the repacked matrices back to the OS so the model is not resident
     /// twice. Returns the bytes of the packed copies.
     pub fn repack(&mut self) -> usize {
+        let _span = tracing::trace_span!("repack").entered();
         self.product_matrices_mut().map(|m| m.repack(true)).sum()
     }
 

@@ -145,6 +145,7 @@ impl TokenStreamDecoder {
 
     /// Adds one token; returns the text completed by it (often empty for byte tokens).
     pub fn push(&mut self, id: u32) -> Result<String> {
+        let _span = tracing::trace_span!("detokenize", tokens = 1).entered();
         let piece = self.tokenizer.checked_piece(id, self.options)?;
         self.pending.extend_from_slice(piece);
         let mut out = String::new();

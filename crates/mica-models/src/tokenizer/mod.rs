@@ -189,6 +189,18 @@ impl Tokenizer {
     /// lets CONTROL tokens written in the text (`<|im_start|>`) become those tokens instead
     /// of being spelled out. This is llama.cpp's `llama_tokenize`.
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
+        let span = tracing::trace_span!(
+            "tokenize",
+            bytes = text.len(),
+            tokens = tracing::field::Empty
+        );
+        let _span = span.enter();
+        let out = self.encode_inner(text, add_special, parse_special)?;
+        span.record("tokens", out.len());
+        Ok(out)
+    }
+
+    fn encode_inner(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
         let inner = &*self.inner;
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_special && inner.ids.add_bos {
@@ -263,6 +275,7 @@ impl Tokenizer {
 
     /// Ids to text. Invalid UTF-8 (a character cut off by the end of `ids`) becomes U+FFFD.
     pub fn decode_with(&self, ids: &[u32], options: DecodeOptions) -> Result<String> {
+        let _span = tracing::trace_span!("detokenize", tokens = ids.len()).entered();
         let mut bytes = Vec::with_capacity(ids.len() * 4);
         for &id in ids {
             bytes.extend_from_slice(self.checked_piece(id, options)?);
