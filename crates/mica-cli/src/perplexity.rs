@@ -40,6 +40,9 @@ pub struct PerplexityArgs {
     /// mean KL(base ‖ model), its percentiles and how often both rank the same token first.
     #[arg(long = "kl-base", value_name = "MODEL")]
     pub kl_base: Option<PathBuf>,
+    /// With --kl-base: also draw the histogram of per-token KL-divergences as an SVG file.
+    #[arg(long = "kl-chart", value_name = "FILE", requires = "kl_base")]
+    pub kl_chart: Option<PathBuf>,
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
@@ -120,6 +123,16 @@ pub fn perplexity(args: PerplexityArgs) -> Result<()> {
     println!("PPL = {ppl:.4} ± {err:.5}");
     if let Some(kl) = &report.kl {
         print_kl(kl);
+        if let Some(path) = &args.kl_chart {
+            let title = format!(
+                "{} vs base {}: per-token KL-divergence",
+                file_name(&args.model),
+                args.kl_base.as_deref().map_or_else(String::new, file_name)
+            );
+            crate::charts::kl_histogram(path, &title, &report.klds, kl.mean, kl.p99)
+                .with_context(|| format!("--kl-chart {}", path.display()))?;
+            eprintln!("wrote {}", path.display());
+        }
     }
     Ok(())
 }
@@ -139,4 +152,9 @@ fn print_kl(k: &KlSummary) {
         100.0 * k.same_top,
         100.0 * k.same_top_err
     );
+}
+
+fn file_name(p: &std::path::Path) -> String {
+    p.file_name()
+        .map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into_owned())
 }
