@@ -112,7 +112,7 @@ pub fn bench_chart(path: &Path, title: &str, bars: &[BenchBar]) -> Result<()> {
                 Text::new(
                     format!("{:.1}", b.avg),
                     (x, b.avg * 1.08),
-                    ("sans-serif", 11).into_font().pos(plotters::style::text_anchor::Pos::new(
+                    ("sans-serif", 11).into_font().color(&BLACK).pos(plotters::style::text_anchor::Pos::new(
                         plotters::style::text_anchor::HPos::Center,
                         plotters::style::text_anchor::VPos::Bottom,
                     )),
