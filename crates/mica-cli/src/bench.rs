@@ -351,7 +351,6 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-
 fn record(
     info: &ModelSummary,
     cpu: &str,

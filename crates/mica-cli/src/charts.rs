@@ -104,7 +104,10 @@ pub fn bench_chart(path: &Path, title: &str, bars: &[BenchBar]) -> Result<()> {
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled()));
         chart
             .draw_series(mine.iter().map(|&(x, b)| {
-                PathElement::new(vec![(x, (b.avg - b.std).max(lo)), (x, b.avg + b.std)], BLACK)
+                PathElement::new(
+                    vec![(x, (b.avg - b.std).max(lo)), (x, b.avg + b.std)],
+                    BLACK,
+                )
             }))
             .map_err(err)?;
         chart
@@ -112,10 +115,12 @@ pub fn bench_chart(path: &Path, title: &str, bars: &[BenchBar]) -> Result<()> {
                 Text::new(
                     format!("{:.1}", b.avg),
                     (x, b.avg * 1.08),
-                    ("sans-serif", 11).into_font().color(&BLACK).pos(plotters::style::text_anchor::Pos::new(
-                        plotters::style::text_anchor::HPos::Center,
-                        plotters::style::text_anchor::VPos::Bottom,
-                    )),
+                    ("sans-serif", 11).into_font().color(&BLACK).pos(
+                        plotters::style::text_anchor::Pos::new(
+                            plotters::style::text_anchor::HPos::Center,
+                            plotters::style::text_anchor::VPos::Bottom,
+                        ),
+                    ),
                 )
             }))
             .map_err(err)?;
@@ -167,10 +172,10 @@ pub fn kl_histogram(path: &Path, title: &str, kld: &[f64], mean: f64, p99: f64) 
     let x0 = bins[0].0;
     let x1 = bins[bins.len() - 1].0 + step;
     let ymax = bins.iter().map(|b| b.1).max().unwrap_or(1) as f64 * 1.15;
-    let root = SVGBackend::new(path, (760, 420)).into_drawing_area();
+    let root = SVGBackend::new(path, (900, 440)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 16))
+        .caption(title, ("sans-serif", 15))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
@@ -191,12 +196,16 @@ pub fn kl_histogram(path: &Path, title: &str, kld: &[f64], mean: f64, p99: f64) 
             }
         ))
         .y_desc("positions")
+        .y_label_formatter(&|y| format!("{y:.0}"))
         .draw()
         .map_err(err)?;
     let bar = RGBColor(43, 108, 176);
     chart
         .draw_series(bins.iter().map(|&(l, c)| {
-            Rectangle::new([(l + step * 0.05, 0.0), (l + step * 0.95, c as f64)], bar.filled())
+            Rectangle::new(
+                [(l + step * 0.05, 0.0), (l + step * 0.95, c as f64)],
+                bar.filled(),
+            )
         }))
         .map_err(err)?;
     for (v, name, color) in [(mean, "mean", RGBColor(197, 48, 48)), (p99, "99%", BLACK)] {
@@ -243,15 +252,42 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("bench.svg");
         let bars = vec![
-            BenchBar { test: "pp64".into(), threads: 1, avg: 300.0, std: 5.0 },
-            BenchBar { test: "tg16".into(), threads: 1, avg: 40.0, std: 1.0 },
-            BenchBar { test: "pp64".into(), threads: 2, avg: 560.0, std: 9.0 },
-            BenchBar { test: "tg16".into(), threads: 2, avg: 70.0, std: 2.0 },
+            BenchBar {
+                test: "pp64".into(),
+                threads: 1,
+                avg: 300.0,
+                std: 5.0,
+            },
+            BenchBar {
+                test: "tg16".into(),
+                threads: 1,
+                avg: 40.0,
+                std: 1.0,
+            },
+            BenchBar {
+                test: "pp64".into(),
+                threads: 2,
+                avg: 560.0,
+                std: 9.0,
+            },
+            BenchBar {
+                test: "tg16".into(),
+                threads: 2,
+                avg: 70.0,
+                std: 2.0,
+            },
         ];
         bench_chart(&p, "mica bench", &bars).unwrap();
         let s = std::fs::read_to_string(&p).unwrap();
         assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
-        for part in ["pp64", "tg16", "1 thread", "2 threads", "mica bench", "560.0"] {
+        for part in [
+            "pp64",
+            "tg16",
+            "1 thread",
+            "2 threads",
+            "mica bench",
+            "560.0",
+        ] {
             assert!(s.contains(part), "{part} missing");
         }
         let k = dir.join("kl.svg");
