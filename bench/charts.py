@@ -98,8 +98,9 @@ def compare_chart(data, out):
         ax.legend(fontsize=6, ncol=2)
         ax.set_title("tokens/s against threads (solid: mica, dashed: llama.cpp)")
     cpu = data.get("cpu", "")
-    fig.suptitle(f"mica vs llama.cpp, same GGUF — {cpu}\nmica {data.get('mica_commit', '')[:40]}, "
-                 f"{data.get('reps', '?')} alternating runs each", fontsize=9)
+    fig.suptitle(f"mica vs llama.cpp, same GGUF — {cpu}, mica's kernels: {data.get('mica_isa', '?')}\n"
+                 f"mica {data.get('mica_commit', '')[:80]}, llama.cpp {data.get('llama_cpp_python', '?')}"
+                 f" (llama-cpp-python), {data.get('reps', '?')} alternating runs each", fontsize=9)
     fig.tight_layout()
     fig.savefig(out)
 

@@ -49,6 +49,9 @@ pub struct BenchArgs {
     /// Print a JSON array with one record per test (llama-bench's field names).
     #[arg(long = "json")]
     pub json: bool,
+    /// Also draw the results as an SVG chart: tokens/s per test, a bar per thread count.
+    #[arg(long = "chart", value_name = "FILE")]
+    pub chart: Option<std::path::PathBuf>,
     /// Keep the weights in the file's layout instead of repacking them at load for faster
     /// products (same results; repacking reads the whole file up front).
     #[arg(long = "no-repack")]
@@ -74,6 +77,7 @@ struct Plan {
     tests: Vec<TestSpec>,
     reps: usize,
     json: bool,
+    chart: Option<PathBuf>,
     no_repack: bool,
     lora: LoraArgs,
     cache: CacheArgs,
@@ -186,6 +190,7 @@ impl Plan {
             tests,
             reps: args.reps,
             json: args.json,
+            chart: args.chart,
             no_repack: args.no_repack,
             lora: args.lora.clone(),
             cache: args.cache.clone(),
@@ -270,6 +275,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         Some(TablePrinter::start(&info)?)
     };
     let mut records = Vec::new();
+    let mut names = Vec::new();
     for &n_threads in &plan.threads {
         let pool = ThreadPool::new(n_threads);
         for &spec in &plan.tests {
@@ -300,6 +306,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             if let Some(t) = table.as_mut() {
                 t.row(&rec, spec)?;
             }
+            names.push(spec.name());
             records.push(rec);
         }
     }
@@ -322,6 +329,25 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         )?;
     }
     out.flush()?;
+    if let Some(path) = &plan.chart {
+        let bars: Vec<crate::charts::BenchBar> = records
+            .iter()
+            .zip(names)
+            .map(|(r, test)| crate::charts::BenchBar {
+                test,
+                threads: r.n_threads,
+                avg: r.avg_ts,
+                std: r.stddev_ts,
+            })
+            .collect();
+        let title = format!(
+            "mica bench: {} ({}), {} | isa {isa}",
+            info.desc, records[0].model_filename, cpu
+        );
+        crate::charts::bench_chart(path, &title, &bars)
+            .with_context(|| format!("--chart {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
     Ok(())
 }
 

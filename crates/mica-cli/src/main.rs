@@ -5,6 +5,7 @@ mod bench;
 mod browse;
 mod budget;
 mod cache_args;
+mod charts;
 mod chat;
 mod constraint_args;
 mod convert;

@@ -40,6 +40,9 @@ pub struct PerplexityArgs {
     /// mean KL(base ‖ model), its percentiles and how often both rank the same token first.
     #[arg(long = "kl-base", value_name = "MODEL")]
     pub kl_base: Option<PathBuf>,
+    /// With --kl-base: also draw the histogram of per-token KL-divergences as an SVG file.
+    #[arg(long = "kl-chart", value_name = "FILE", requires = "kl_base")]
+    pub kl_chart: Option<PathBuf>,
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
@@ -120,6 +123,12 @@ pub fn perplexity(args: PerplexityArgs) -> Result<()> {
     println!("PPL = {ppl:.4} ± {err:.5}");
     if let Some(kl) = &report.kl {
         print_kl(kl);
+        if let Some(path) = &args.kl_chart {
+            let title = kl_title(&args);
+            crate::charts::kl_histogram(path, &title, &report.klds, kl.mean, kl.p99)
+                .with_context(|| format!("--kl-chart {}", path.display()))?;
+            eprintln!("wrote {}", path.display());
+        }
     }
     Ok(())
 }
@@ -139,4 +148,29 @@ fn print_kl(k: &KlSummary) {
         100.0 * k.same_top,
         100.0 * k.same_top_err
     );
+}
+
+/// The KL chart's title: both models by file stem, the model's KV cache types when not the
+/// default (the base always runs with the default f16 cache).
+fn kl_title(args: &PerplexityArgs) -> String {
+    let stem = |p: &std::path::Path| {
+        p.file_stem().map_or_else(
+            || p.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        )
+    };
+    let (k, v) = (args.cache.cache_type_k, args.cache.cache_type_v);
+    let cache = if k.is_some() || v.is_some() {
+        let name = |t: Option<mica::models::kv_cache::KvType>| t.map_or("f16", |t| t.name());
+        format!(" ({}/{} KV cache)", name(k), name(v))
+    } else {
+        String::new()
+    };
+    let base = args.kl_base.as_deref().map_or_else(String::new, stem);
+    let model = stem(&args.model);
+    if base == model {
+        format!("Per-token KL-divergence: {model}{cache} against itself with the f16 cache")
+    } else {
+        format!("Per-token KL-divergence: {model}{cache} against {base}")
+    }
 }

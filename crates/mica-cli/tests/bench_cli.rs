@@ -143,6 +143,58 @@ fn table_like_llama_bench() {
     );
 }
 
+/// `--chart FILE` draws the results as an SVG beside the table: a bar per test and thread
+/// count with its mean printed on it; an unwritable path is an error naming the flag.
+#[test]
+fn chart_of_the_results() {
+    let m = tiny();
+    let svg = scratch("bench-chart").join("bench.svg");
+    let (ok, out, err) = mica(&[
+        "bench",
+        "-m",
+        &m,
+        "-p",
+        "8",
+        "-n",
+        "4",
+        "-r",
+        "1",
+        "-t",
+        "1,2",
+        "--json",
+        "--chart",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let recs: Vec<Value> = serde_json::from_str(&out).unwrap();
+    let doc = std::fs::read_to_string(&svg).expect("the chart was written");
+    assert!(doc.starts_with("<svg") && doc.trim_end().ends_with("</svg>"));
+    for part in ["pp8", "tg4", "1 thread", "2 threads", "tokens/s"] {
+        assert!(doc.contains(part), "{part} missing from the chart");
+    }
+    for r in &recs {
+        let mean = format!("{:.1}", r["avg_ts"].as_f64().unwrap());
+        assert!(doc.contains(&mean), "bar label {mean} missing");
+    }
+    let (ok, _, err) = mica(&[
+        "bench",
+        "-m",
+        &m,
+        "-p",
+        "8",
+        "-n",
+        "0",
+        "-r",
+        "1",
+        "--chart",
+        "/nonexistent/dir/x.svg",
+    ]);
+    assert!(
+        !ok && err.contains("--chart /nonexistent/dir/x.svg"),
+        "{err}"
+    );
+}
+
 #[test]
 fn bad_flags_are_clear_errors() {
     let m = tiny();

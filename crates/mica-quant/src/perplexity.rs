@@ -198,6 +198,9 @@ pub struct PerplexityReport {
     pub nll: Nll,
     /// With a base model: the KL-divergence figures.
     pub kl: Option<KlSummary>,
+    /// With a base model: KL(base ‖ model) of every scored position, in ascending order
+    /// (empty without one).
+    pub klds: Vec<f64>,
 }
 
 impl<'m> Perplexity<'m> {
@@ -312,14 +315,15 @@ impl<'m> Perplexity<'m> {
             on_event(Event::Advance(1));
         }
         on_event(Event::Finish);
-        let kl = match self.base {
+        let summary = match self.base {
             Some(_) => kl.summary(&nll),
             None => None,
         };
         Ok(PerplexityReport {
             windows: self.n_windows,
             nll,
-            kl,
+            kl: summary,
+            klds: std::mem::take(&mut kl.klds),
         })
     }
 }
