@@ -2,9 +2,12 @@
 //! building tiny GGUF models (valid or deliberately broken) with random weights.
 #![allow(dead_code)]
 
+/// The fake model hub (shared with the mica-hub tests).
+#[path = "../../../mica-hub/tests/common/server.rs"]
+pub mod hub;
+
 use mica::formats::ggml_types::GgmlType;
 use mica::formats::{GgufWriter, MetaArray, MetaValue};
-pub mod hub;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
