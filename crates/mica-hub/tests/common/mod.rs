@@ -62,7 +62,6 @@ pub fn assert_only(dir: &TestDir, names: &[&str]) {
     );
 }
 
-
 /// `n` pseudo-random bytes behind a GGUF magic: incompressible, several reads' worth.
 pub fn fake_gguf(n: usize) -> Vec<u8> {
     let mut data = b"GGUF".to_vec();
