@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{GEMMA, QWEN, SMOLLM, load_tokenizer, tokenizer_fixture};
+use common::{GEMMA, QWEN, SMOLLM, load_tokenizer, tokenizer_fixture, workspace};
 use mica_models::chat::{CHATML_TEMPLATE, ChatMessage, ChatTemplate, FunctionCall, ToolCall};
 use serde_json::Value;
 
