@@ -5,26 +5,14 @@ list and retrieve, chat, completions, streaming, logprobs, errors, embeddings) a
 key given as the third argument. Exits non-zero on the first failure and prints
 'N passed, 0 failed' at the end."""
 
-import sys
-
 import ollama
 import openai
 
-url, model, key = sys.argv[1], sys.argv[2], sys.argv[3]
-passed = 0
+from common import args, check, done, ollama_client, openai_client
 
+url, model, key = args()
 
-def check(name, cond, detail=""):
-    global passed
-    if not cond:
-        print(f"FAIL {name}: {detail}")
-        print(f"{passed} passed, 1 failed")
-        sys.exit(1)
-    passed += 1
-    print(f"ok   {name}")
-
-
-oa = openai.OpenAI(base_url=f"{url}/v1", api_key=key)
+oa = openai_client(url, key)
 models = [m.id for m in oa.models.list()]
 check("openai models.list", model in models, models)
 m = oa.models.retrieve(model)
@@ -96,7 +84,7 @@ try:
     check("ollama without key raises", False)
 except ollama.ResponseError as e:
     check("ollama without key -> 401", e.status_code == 401, e)
-ol = ollama.Client(host=url, headers={"Authorization": f"Bearer {key}"})
+ol = ollama_client(url, key)
 names = [m.model for m in ol.list().models]
 check("ollama list", model in names, names)
 g = ol.generate(model=model, prompt="Why is the sky blue?", options={"num_predict": 6, "temperature": 0})
@@ -122,4 +110,4 @@ try:
 except ollama.ResponseError as e:
     check("ollama unknown model -> ResponseError 404", e.status_code == 404, e)
 
-print(f"{passed} passed, 0 failed")
+done()

@@ -10,25 +10,15 @@ non-zero on the first failure and prints 'N passed, 0 failed' at the end."""
 import json
 import random
 import struct
-import sys
 import tempfile
 import urllib.request
 from pathlib import Path
 
 import openai
 
-url, model, key = sys.argv[1], sys.argv[2], sys.argv[3]
-passed = 0
+from common import args, check, done, openai_client
 
-
-def check(name, cond, detail=""):
-    global passed
-    if not cond:
-        print(f"FAIL {name}: {detail}")
-        print(f"{passed} passed, 1 failed")
-        sys.exit(1)
-    passed += 1
-    print(f"ok   {name}")
+url, model, key = args()
 
 
 def write_adapter(folder: Path, n_layer=30, n_embd=576, kv_dim=192, r=4):
@@ -64,7 +54,7 @@ write_adapter(folder)
 status, entry = admin("POST", "/admin/lora-adapters", {"name": "rnd", "path": str(folder)})
 check("POST /admin/lora-adapters", status == 200 and entry["name"] == "rnd", entry)
 
-oa = openai.OpenAI(base_url=f"{url}/v1", api_key=key)
+oa = openai_client(url, key)
 models = [m.id for m in oa.models.list()]
 check("openai models.list shows MODEL:ADAPTER", f"{model}:rnd" in models, models)
 
@@ -86,4 +76,4 @@ try:
     check("an unloaded adapter raises", False)
 except openai.BadRequestError as e:
     check("an unloaded adapter -> BadRequestError", e.status_code == 400, e)
-print(f"{passed} passed, 0 failed")
+done()

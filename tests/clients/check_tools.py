@@ -9,24 +9,12 @@ usage: check_tools.py URL MODEL KEY
 """
 
 import json
-import sys
 
 import jsonschema
-import ollama
-import openai
 
-url, model, key = sys.argv[1], sys.argv[2], sys.argv[3]
-passed = 0
+from common import args, check, done, ollama_client, openai_client
 
-
-def check(name, cond, detail=""):
-    global passed
-    if not cond:
-        print(f"FAIL {name}: {detail}")
-        print(f"{passed} passed, 1 failed")
-        sys.exit(1)
-    passed += 1
-    print(f"ok   {name}")
+url, model, key = args()
 
 
 WEATHER = {"type": "object", "properties": {
@@ -66,7 +54,7 @@ def check_calls(label, calls, want=None):
             check(f"{label}: named function", c.function.name == want, c.function.name)
 
 
-oa = openai.OpenAI(base_url=f"{url}/v1", api_key=key)
+oa = openai_client(url, key)
 for choice, want in [("auto", None), ("required", None),
                      ({"type": "function", "function": {"name": "get_time"}}, "get_time")]:
     label = f"openai tool_choice={choice if isinstance(choice, str) else 'named'}"
@@ -109,7 +97,7 @@ r = oa.chat.completions.create(model=model, messages=ASK, tools=TOOLS, tool_choi
                                temperature=0, max_tokens=30)
 check("openai tool_choice=none: no calls", not r.choices[0].message.tool_calls, r.choices[0])
 
-ol = ollama.Client(host=url, headers={"Authorization": f"Bearer {key}"})
+ol = ollama_client(url, key)
 r = ol.chat(model=model, messages=ASK, tools=TOOLS, options={"temperature": 0, "num_predict": 100})
 calls = r.message.tool_calls or []
 check("ollama chat tools: a call", bool(calls), r.message)
@@ -123,4 +111,4 @@ for part in ol.chat(model=model, messages=ASK, tools=TOOLS, stream=True,
 check("ollama chat tools stream = non-stream",
       [(c.function.name, dict(c.function.arguments)) for c in stream_calls]
       == [(c.function.name, dict(c.function.arguments)) for c in calls], stream_calls)
-print(f"{passed} passed, 0 failed")
+done()

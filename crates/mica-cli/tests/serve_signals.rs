@@ -3,53 +3,34 @@
 //! reason `abort` after `--shutdown-grace`, then `[DONE]` / `done: true`) and exits 0;
 //! SIGINT drains the same way, letting streams that finish in time finish normally.
 
+mod common;
+
+use common::model_path;
+use common::serve::{send_post, signal, wait_exit};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 const MODEL: &str = "smollm2-135m-instruct-q4_1";
 
-fn model_path() -> PathBuf {
-    let dir = std::env::var_os("MICA_TEST_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"));
-    let path = dir.join(format!("{MODEL}.gguf"));
-    assert!(
-        path.is_file(),
-        "test model {} is missing: run scripts/fetch-test-models",
-        path.display()
-    );
-    path
-}
-
 /// Starts `mica serve` on a free port and waits until it is ready; returns the child and
 /// its address.
 fn serve(grace: &str) -> (Child, SocketAddr) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mica"))
-        .args(["serve", "-m"])
-        .arg(model_path())
-        .args(["--port", "0", "-t", "2", "-c", "2048", "--kv-mem", "256M"])
-        .args(["--shutdown-grace", grace])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("mica serve starts");
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    let addr = loop {
-        line.clear();
-        assert!(err.read_line(&mut line).unwrap() > 0, "mica serve exited");
-        if let Some(rest) = line.split("listening on http://").nth(1) {
-            break rest.split_whitespace().next().unwrap().parse().unwrap();
-        }
-    };
-    // Keep draining stderr so the server never blocks on a full pipe.
-    std::thread::spawn(move || {
-        let mut sink = String::new();
-        let _ = err.read_to_string(&mut sink);
-    });
+    let (child, addr) = common::serve::start(
+        &model_path(MODEL),
+        &[
+            "-t",
+            "2",
+            "-c",
+            "2048",
+            "--kv-mem",
+            "256M",
+            "--shutdown-grace",
+            grace,
+        ],
+    );
     let t = Instant::now();
     while get_status(addr, "/ready") != 200 {
         assert!(t.elapsed() < Duration::from_secs(120), "never ready");
@@ -95,16 +76,7 @@ fn read_chunk(r: &mut BufReader<TcpStream>) -> Option<String> {
 }
 
 fn open(a: SocketAddr, path: &str, body: &Value) -> Stream {
-    let mut s = TcpStream::connect(a).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    let body = body.to_string();
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nHost: {a}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut r = BufReader::new(s);
+    let mut r = BufReader::new(send_post(a, path, body));
     let mut line = String::new();
     r.read_line(&mut line).unwrap();
     assert!(line.contains(" 200 "), "{path}: {line}");
@@ -174,33 +146,11 @@ fn streams(a: SocketAddr, max_tokens: usize, count: usize) -> Vec<Stream> {
         .collect()
 }
 
-fn signal(child: &Child, sig: &str) {
-    let ok = Command::new("kill")
-        .args([sig, &child.id().to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(ok.success());
-}
-
-fn wait_exit(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
-    let t = Instant::now();
-    loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            return s;
-        }
-        if t.elapsed() > limit {
-            let _ = child.kill();
-            panic!("mica serve did not exit within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[test]
 fn sigterm_with_eight_streams_in_flight_ends_each_with_its_final_event_and_exits_0() {
     let (mut child, a) = serve("2s");
     let open = streams(a, 1500, 8);
-    signal(&child, "-TERM");
+    signal(&child, libc::SIGTERM);
     for s in open {
         let reasons = finish(s);
         assert_eq!(reasons, ["abort"], "every stream ends with its final event");
@@ -214,7 +164,7 @@ fn sigint_lets_streams_that_finish_in_time_finish() {
     // A grace far longer than 4 × 16 tokens take even on a loaded machine (debug build).
     let (mut child, a) = serve("600s");
     let open = streams(a, 16, 4);
-    signal(&child, "-INT");
+    signal(&child, libc::SIGINT);
     for s in open {
         for r in finish(s) {
             assert!(r == "length" || r == "stop", "{r}");

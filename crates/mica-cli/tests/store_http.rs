@@ -121,8 +121,8 @@ fn pull_resumes_after_a_cut_connection_then_list_run_rm() {
     let ranges: Vec<_> = server
         .log()
         .into_iter()
-        .filter(|(p, _)| p.ends_with("/resolve/main/tiny-F32.gguf"))
-        .map(|(_, r)| r)
+        .filter(|r| r.path.ends_with("/resolve/main/tiny-F32.gguf"))
+        .map(|r| r.range)
         .collect();
     assert_eq!(ranges, [None, Some(format!("bytes={cut}-"))]);
 
@@ -182,7 +182,7 @@ fn sha256_mismatch_leaves_no_file() {
     let wrong = "0".repeat(64);
     server.repo(
         "org/bad",
-        &[("model.gguf", Route::File(tiny))],
+        &[("model.gguf", Route::Full(tiny))],
         Some(&wrong),
     );
     let (ok, _, err) = mica_at(&home, &server.base, &["pull", "hf:org/bad:model.gguf"]);
@@ -245,8 +245,8 @@ fn pull_without_a_file_picks_the_gguf() {
     server.repo(
         "org/multi",
         &[
-            ("m-Q8_0.gguf", Route::File(vec![1, 2, 3])),
-            ("m-Q4_K_M.gguf", Route::File(tiny.clone())),
+            ("m-Q8_0.gguf", Route::Full(vec![1, 2, 3])),
+            ("m-Q4_K_M.gguf", Route::Full(tiny.clone())),
         ],
         None,
     );
@@ -298,7 +298,7 @@ fn file_names_from_the_hub_cannot_leave_the_store() {
     );
     server.route(
         "/org/evil/resolve/main/../../../escaped.gguf",
-        Route::File(vec![1, 2, 3]),
+        Route::Full(vec![1, 2, 3]),
     );
     let (ok, _, err) = mica_at(&home, &server.base, &["pull", "hf:org/evil"]);
     assert!(!ok);
@@ -315,9 +315,9 @@ fn a_safetensors_repository_is_pulled_as_a_directory() {
     server.repo(
         "org/st",
         &[
-            ("model.safetensors", Route::File(vec![7; 1000])),
-            ("config.json", Route::File(config)),
-            ("README.md", Route::File(b"hello".to_vec())),
+            ("model.safetensors", Route::Full(vec![7; 1000])),
+            ("config.json", Route::Full(config)),
+            ("README.md", Route::Full(b"hello".to_vec())),
         ],
         None,
     );

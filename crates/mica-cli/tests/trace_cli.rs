@@ -7,14 +7,15 @@
 
 mod common;
 
+use common::serve::{send_post, signal, wait_exit};
 use common::*;
 use serde_json::{Value, json};
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::Read;
+use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Child;
+use std::time::Duration;
 
 const MODEL: &str = "smollm2-135m-instruct-q4_1";
 const LAYERS: usize = 30;
@@ -38,6 +39,20 @@ impl Span {
     }
     fn arg(&self, k: &str) -> Option<&str> {
         self.args[k].as_str()
+    }
+    /// Asserts that argument `k` was recorded as `v`.
+    fn expect_arg(&self, k: &str, v: &str) {
+        assert_eq!(
+            self.arg(k),
+            Some(v),
+            "`{}`'s {k}: {:?}",
+            self.name,
+            self.args
+        );
+    }
+    /// Whether `inner` runs within this span's time.
+    fn contains(&self, inner: &Span) -> bool {
+        self.start <= inner.start && inner.end <= self.end
     }
 }
 
@@ -122,7 +137,7 @@ impl Trace {
             );
             assert_eq!(p.tid, s.tid);
             assert!(
-                p.start <= s.start && s.end <= p.end,
+                p.contains(s),
                 "`{name}` [{}, {}] outside its `{}` [{}, {}]",
                 s.start,
                 s.end,
@@ -150,13 +165,27 @@ impl Trace {
     }
 }
 
-fn run_trace(dir: &Path, threads: &str) -> std::path::PathBuf {
+/// `mica run -m MODEL ARGS...`.
+fn run_model(args: &[&str]) -> (bool, String, String) {
     let m = model_path(MODEL);
+    let mut all = vec!["run", "-m", m.to_str().unwrap()];
+    all.extend_from_slice(args);
+    mica(&all)
+}
+
+/// `mica trace-chart TRACE -o SVG`.
+fn trace_chart(trace: &Path, svg: &Path) -> (bool, String, String) {
+    mica(&[
+        "trace-chart",
+        trace.to_str().unwrap(),
+        "-o",
+        svg.to_str().unwrap(),
+    ])
+}
+
+fn run_trace(dir: &Path, threads: &str) -> std::path::PathBuf {
     let out = dir.join("run.json");
-    let (ok, _, err) = mica(&[
-        "run",
-        "-m",
-        m.to_str().unwrap(),
+    let (ok, _, err) = run_model(&[
         "-p",
         "Hello",
         "-n",
@@ -204,10 +233,10 @@ fn run_writes_a_chrome_trace_of_nested_spans() {
 
     // Arguments: the step's composition, the product's shape and type.
     let (_, step) = t.named("step").next().unwrap();
-    assert_eq!(step.arg("sequences"), Some("1"), "{:?}", step.args);
-    assert_eq!(step.arg("tokens"), Some("1"), "{:?}", step.args);
+    step.expect_arg("sequences", "1");
+    step.expect_arg("tokens", "1");
     let (_, mm) = t.named("matmul").next().unwrap();
-    assert_eq!(mm.arg("dtype"), Some("\"Q4_1\""), "{:?}", mm.args);
+    mm.expect_arg("dtype", "\"Q4_1\"");
     for k in ["rows", "cols", "tokens"] {
         assert!(
             mm.arg(k).is_some_and(|v| v.parse::<usize>().is_ok()),
@@ -259,7 +288,7 @@ fn run_writes_a_chrome_trace_of_nested_spans() {
         let p = t
             .parent(s)
             .expect("the main thread's pool_job has a parent");
-        assert!(p.start <= s.start && s.end <= p.end);
+        assert!(p.contains(s));
     }
 }
 
@@ -277,12 +306,7 @@ fn trace_chart_draws_an_svg_flame_chart() {
     let dir = scratch("trace-chart");
     let out = run_trace(&dir, "2");
     let svg = dir.join("chart.svg");
-    let (ok, stdout, err) = mica(&[
-        "trace-chart",
-        out.to_str().unwrap(),
-        "-o",
-        svg.to_str().unwrap(),
-    ]);
+    let (ok, stdout, err) = trace_chart(&out, &svg);
     assert!(ok, "{err}");
     // The table: every span name with its count.
     for (name, count) in [("step", 3), ("forward", 3), ("layer", 90)] {
@@ -330,30 +354,15 @@ fn trace_chart_rejects_what_is_not_a_trace() {
     let svg = dir.join("chart.svg");
     let bad = dir.join("bad.json");
     std::fs::write(&bad, "[{\"ph\":\"B\"").unwrap();
-    let (ok, _, err) = mica(&[
-        "trace-chart",
-        bad.to_str().unwrap(),
-        "-o",
-        svg.to_str().unwrap(),
-    ]);
+    let (ok, _, err) = trace_chart(&bad, &svg);
     assert!(!ok);
     assert!(err.contains("not a Chrome trace"), "{err}");
     std::fs::write(&bad, "[]").unwrap();
-    let (ok, _, err) = mica(&[
-        "trace-chart",
-        bad.to_str().unwrap(),
-        "-o",
-        svg.to_str().unwrap(),
-    ]);
+    let (ok, _, err) = trace_chart(&bad, &svg);
     assert!(!ok);
     assert!(err.contains("no spans"), "{err}");
     let missing = dir.join("missing.json");
-    let (ok, _, err) = mica(&[
-        "trace-chart",
-        missing.to_str().unwrap(),
-        "-o",
-        svg.to_str().unwrap(),
-    ]);
+    let (ok, _, err) = trace_chart(&missing, &svg);
     assert!(!ok);
     assert!(err.contains("cannot read"), "{err}");
     assert!(!svg.exists());
@@ -361,62 +370,32 @@ fn trace_chart_rejects_what_is_not_a_trace() {
 
 #[test]
 fn trace_to_an_unwritable_path_fails_clearly() {
-    let m = model_path(MODEL);
-    let (ok, _, err) = mica(&[
-        "run",
-        "-m",
-        m.to_str().unwrap(),
-        "-p",
-        "Hi",
-        "-n",
-        "1",
-        "--trace",
-        "/nonexistent-dir/x.json",
-    ]);
+    let (ok, _, err) = run_model(&["-p", "Hi", "-n", "1", "--trace", "/nonexistent-dir/x.json"]);
     assert!(!ok);
     assert!(err.contains("--trace: cannot create"), "{err}");
 }
 
 /// Starts `mica serve --trace FILE` on a free port; returns the child and its address once
-/// it is ready.
+/// it listens.
 fn serve_traced(trace: &Path) -> (Child, SocketAddr) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mica"))
-        .args(["serve", "-m"])
-        .arg(model_path(MODEL))
-        .args(["--port", "0", "-t", "2", "-c", "1024", "--kv-mem", "64M"])
-        .arg("--trace")
-        .arg(trace)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("mica serve starts");
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    let addr = loop {
-        line.clear();
-        assert!(err.read_line(&mut line).unwrap() > 0, "mica serve exited");
-        if let Some(rest) = line.split("listening on http://").nth(1) {
-            break rest.split_whitespace().next().unwrap().parse().unwrap();
-        }
-    };
-    std::thread::spawn(move || {
-        let mut sink = String::new();
-        let _ = err.read_to_string(&mut sink);
-    });
-    (child, addr)
+    common::serve::start(
+        &model_path(MODEL),
+        &[
+            "-t",
+            "2",
+            "-c",
+            "1024",
+            "--kv-mem",
+            "64M",
+            "--trace",
+            trace.to_str().unwrap(),
+        ],
+    )
 }
 
 fn post(a: SocketAddr, path: &str, body: &Value) -> String {
-    let mut s = TcpStream::connect(a).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    let body = body.to_string();
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nHost: {a}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
     let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
+    send_post(a, path, body).read_to_string(&mut out).unwrap();
     out
 }
 
@@ -431,22 +410,8 @@ fn serve_writes_a_complete_trace_on_sigterm() {
                 "max_tokens": 4, "temperature": 0}),
     );
     assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
-    // SAFETY: sending a signal to our own child.
-    assert_eq!(
-        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) },
-        0
-    );
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if t0.elapsed() > Duration::from_secs(60) {
-            let _ = child.kill();
-            panic!("mica serve did not exit after SIGTERM");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    signal(&child, libc::SIGTERM);
+    let status = wait_exit(&mut child, Duration::from_secs(60));
     assert!(status.success(), "{status:?}");
 
     // The file is closed JSON with every span ended.
@@ -474,13 +439,13 @@ fn serve_writes_a_complete_trace_on_sigterm() {
         .collect();
     assert!(steps.len() >= 4, "{} steps", steps.len());
     let prompt = steps[0];
-    assert_eq!(prompt.arg("sequences"), Some("1"), "{:?}", prompt.args);
-    assert_eq!(prompt.arg("decodes"), Some("0"), "{:?}", prompt.args);
-    assert_eq!(prompt.arg("interactive"), Some("1"), "{:?}", prompt.args);
+    prompt.expect_arg("sequences", "1");
+    prompt.expect_arg("decodes", "0");
+    prompt.expect_arg("interactive", "1");
     let n: usize = prompt.arg("prompt_tokens").unwrap().parse().unwrap();
     assert!(n > 1 && prompt.arg("tokens") == Some(&*n.to_string()));
     let decode = steps[1];
-    assert_eq!(decode.arg("decodes"), Some("1"), "{:?}", decode.args);
-    assert_eq!(decode.arg("tokens"), Some("1"), "{:?}", decode.args);
+    decode.expect_arg("decodes", "1");
+    decode.expect_arg("tokens", "1");
     assert_ne!(t.threads[&prompt.tid], "main");
 }

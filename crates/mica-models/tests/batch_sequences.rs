@@ -2,22 +2,11 @@
 //! different sequences interleaved in one batch give exactly the logits each sequence gets
 //! on its own, and the cache keeps the sequences apart.
 
+mod common;
+
+use common::model_path;
 use mica_kernels::ThreadPool;
 use mica_models::{Batch, KvCache, LoadedModel, Workspace};
-use std::path::PathBuf;
-
-fn model_path(name: &str) -> PathBuf {
-    let dir = std::env::var_os("MICA_TEST_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"));
-    let path = dir.join(format!("{name}.gguf"));
-    assert!(
-        path.is_file(),
-        "test model {} is missing: run scripts/fetch-test-models",
-        path.display()
-    );
-    path
-}
 
 /// Logits of every token of `tokens` run alone as sequence 0.
 fn alone(lm: &LoadedModel, pool: &ThreadPool, tokens: &[u32]) -> Vec<f32> {

@@ -6,47 +6,11 @@
 //! Models are found in `$MICA_TEST_MODELS` (default `<workspace>/models`); a missing model
 //! fails the test.
 
-use std::path::PathBuf;
+mod common;
 
-use mica_formats::GgufFile;
+use common::{GEMMA, QWEN, SMOLLM, load_tokenizer, tokenizer_fixture, workspace};
 use mica_models::chat::{CHATML_TEMPLATE, ChatMessage, ChatTemplate, FunctionCall, ToolCall};
-use mica_models::tokenizer::Tokenizer;
 use serde_json::Value;
-
-const SMOLLM: &str = "smollm2-135m-instruct-q4_1";
-const QWEN: &str = "qwen2.5-coder-0.5b-instruct-awq-q4_k_m";
-const GEMMA: &str = "gemma3-270m-q4_k_m";
-
-fn workspace() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// Path of a test model; panics with instructions when it is missing.
-fn model_path(name: &str) -> PathBuf {
-    let dir = std::env::var_os("MICA_TEST_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("models"));
-    let path = dir.join(format!("{name}.gguf"));
-    assert!(
-        path.is_file(),
-        "test model {} is missing: run scripts/fetch-test-models, or set MICA_TEST_MODELS to the \
-         directory holding the test models",
-        path.display()
-    );
-    path
-}
-
-fn fixture(file: &str) -> Value {
-    let path = workspace().join("fixtures/tokenizer").join(file);
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
-}
-
-fn load(name: &str) -> Tokenizer {
-    let gguf = GgufFile::open(model_path(name)).expect("open GGUF");
-    Tokenizer::from_gguf(&gguf).expect("build tokenizer")
-}
 
 fn messages(v: &Value) -> Vec<ChatMessage> {
     v.as_array()
@@ -78,10 +42,10 @@ fn messages(v: &Value) -> Vec<ChatMessage> {
 /// The golden `chat` case: rendered exactly as llama.cpp rendered it, and tokenized to its
 /// prompt ids.
 fn check_golden_chat(name: &str, expect_fallback: bool) {
-    let tok = load(name);
+    let tok = load_tokenizer(name);
     let template = ChatTemplate::for_tokenizer(&tok).unwrap();
     assert_eq!(template.is_fallback(), expect_fallback, "{name}");
-    let fx = fixture(&format!("{name}.json"));
+    let fx = tokenizer_fixture(&format!("{name}.json"));
     let case = fx["cases"]
         .as_array()
         .unwrap()
@@ -118,7 +82,7 @@ fn qwen25_chat_prompt_matches_llama_cpp() {
 #[test]
 fn gemma3_falls_back_to_llama_cpp_chatml() {
     check_golden_chat(GEMMA, true);
-    let fx = fixture(&format!("{GEMMA}.json"));
+    let fx = tokenizer_fixture(&format!("{GEMMA}.json"));
     assert_eq!(CHATML_TEMPLATE, fx["chat_template"].as_str().unwrap());
 }
 
@@ -126,12 +90,12 @@ fn gemma3_falls_back_to_llama_cpp_chatml() {
 /// Qwen's tool-call branch) against Python Jinja2.
 #[test]
 fn templates_match_python_jinja2() {
-    let reference = fixture("chat_reference.json");
+    let reference = tokenizer_fixture("chat_reference.json");
     let renders = reference["renders"].as_array().unwrap();
     assert!(renders.len() >= 10);
     let mut checked = 0;
     for name in [SMOLLM, QWEN, GEMMA] {
-        let tok = load(name);
+        let tok = load_tokenizer(name);
         let template = ChatTemplate::for_tokenizer(&tok).unwrap();
         for r in renders.iter().filter(|r| r["model"] == name) {
             let got = template
@@ -157,7 +121,7 @@ fn templates_match_python_jinja2() {
 /// prompt does not start with two (llama.cpp does the same after rendering).
 #[test]
 fn leading_bos_text_is_stripped_when_tokenizer_adds_bos() {
-    let tok = load(GEMMA);
+    let tok = load_tokenizer(GEMMA);
     assert!(tok.add_bos());
     let t = ChatTemplate::new("{{ bos_token }}{{ messages[0].content }}", "<bos>", "<eos>")
         .unwrap()
@@ -178,7 +142,7 @@ fn leading_bos_text_is_stripped_when_tokenizer_adds_bos() {
 /// them. The date line of the Llama template is masked (the reference has no clock).
 #[test]
 fn templates_with_tools_match_python_jinja2() {
-    let reference = fixture("chat_tools_reference.json");
+    let reference = tokenizer_fixture("chat_tools_reference.json");
     let renders = reference["renders"].as_array().unwrap();
     let mask = |s: &str| -> String {
         s.lines()
@@ -204,7 +168,7 @@ fn templates_with_tools_match_python_jinja2() {
             )
             .unwrap()
         } else {
-            ChatTemplate::for_tokenizer(&load(name)).unwrap()
+            ChatTemplate::for_tokenizer(&load_tokenizer(name)).unwrap()
         };
         let mut msgs = messages(&r["messages"]);
         for (m, v) in msgs.iter_mut().zip(r["messages"].as_array().unwrap()) {
@@ -242,7 +206,7 @@ fn templates_with_tools_match_python_jinja2() {
 /// template has, which render their body (llama.cpp's Jinja parser ignores them too).
 #[test]
 fn smollm3_template_matches_transformers() {
-    let reference = fixture("smollm3_chat_reference.json");
+    let reference = tokenizer_fixture("smollm3_chat_reference.json");
     let mut checked = 0;
     for (name, source) in reference["templates"].as_object().unwrap() {
         let template = ChatTemplate::new(source.as_str().unwrap(), "", "<|im_end|>")

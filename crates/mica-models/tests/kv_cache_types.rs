@@ -7,23 +7,13 @@
 //! Models are found in `$MICA_TEST_MODELS` (default `<workspace>/models`); a missing one
 //! fails the test.
 
+mod common;
+
+use common::model_path;
 use mica_kernels::ThreadPool;
 use mica_models::kv_cache::{BLOCK_SIZE, CacheTypes, KvType};
 use mica_models::{Batch, KvCache, LoadedModel, Workspace};
 use std::path::PathBuf;
-
-fn model_path(name: &str) -> PathBuf {
-    let dir = std::env::var_os("MICA_TEST_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"));
-    let path = dir.join(format!("{name}.gguf"));
-    assert!(
-        path.is_file(),
-        "test model {} is missing: run scripts/fetch-test-models",
-        path.display()
-    );
-    path
-}
 
 fn greedy(lm: &LoadedModel, pool: &ThreadPool, prompt: &[u32], n: usize) -> Vec<u32> {
     let mut kv = KvCache::new(&lm.model.config, prompt.len() + n + 1, 1);

@@ -2,6 +2,7 @@
 //! mica's float32 logits with the adapter applied unmerged and merged, against transformers
 //! + PEFT's, within [`MAX_ABS`] at every position, and the greedy continuation identical.
 
+mod common;
 mod hf_common;
 use hf_common::*;
 use mica_models::LoraAdapter;
@@ -129,15 +130,7 @@ fn mismatched_or_unsupported_adapters_are_refused() {
     assert!(e.contains("no such adapter"), "{e}");
     // A GGUF base whose q/k rows are permuted and whose heads differ (SmolLM2: 9 heads of
     // 64): a shape error, not a failed permutation.
-    let dir = std::env::var_os("MICA_TEST_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"));
-    let smol = dir.join("smollm2-135m-instruct-q4_1.gguf");
-    assert!(
-        smol.is_file(),
-        "{} is missing: run scripts/fetch-test-models",
-        smol.display()
-    );
+    let smol = common::model_path(common::SMOLLM);
     let file = mica_formats::GgufFile::open(&smol).unwrap();
     let smol = mica_models::arch::load_gguf(std::sync::Arc::new(file)).unwrap();
     let e = LoraAdapter::open(&lora_dir("llama"), &smol, 1.0)

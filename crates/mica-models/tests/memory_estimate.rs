@@ -2,24 +2,13 @@
 //! what does not come from it: the file's tensor directory, the KV formula from the models'
 //! published shapes, the bytes repacking really makes and the buffers a forward pass grows.
 
+mod common;
+
+use common::model_path;
 use mica_kernels::ThreadPool;
 use mica_models::{
     Batch, EstimateParams, KvCache, KvSizing, LoadOptions, LoadedModel, MemoryEstimate, Workspace,
 };
-use std::path::PathBuf;
-
-fn model_path(name: &str) -> PathBuf {
-    let dir = std::env::var_os("MICA_TEST_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"));
-    let path = dir.join(format!("{name}.gguf"));
-    assert!(
-        path.is_file(),
-        "test model {} is missing: run scripts/fetch-test-models",
-        path.display()
-    );
-    path
-}
 
 /// A test model and its attention shape from its model card: (layers, KV heads, head size).
 const MODELS: [(&str, (usize, usize, usize)); 3] = [

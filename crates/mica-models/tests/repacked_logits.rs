@@ -3,22 +3,11 @@
 //! a prompt (llama.cpp's repacked-Q4_K gemm and gemv paths) and for one-token decode steps
 //! (the gemv path, which the AVX-512 tier runs over its packed Q4_K layout).
 
+mod common;
+
+use common::model_path;
 use mica_kernels::{DType, ThreadPool};
 use mica_models::{Batch, KvCache, LoadOptions, LoadedModel, Workspace};
-use std::path::PathBuf;
-
-fn model_path(name: &str) -> PathBuf {
-    let dir = std::env::var_os("MICA_TEST_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"));
-    let path = dir.join(format!("{name}.gguf"));
-    assert!(
-        path.is_file(),
-        "test model {} is missing: run scripts/fetch-test-models",
-        path.display()
-    );
-    path
-}
 
 /// The logits (as bits) of a 10-token prompt, then of four single-token decode steps.
 fn run(lm: &LoadedModel, pool: &ThreadPool) -> Vec<Vec<u32>> {

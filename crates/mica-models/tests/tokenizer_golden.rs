@@ -6,46 +6,18 @@
 //! llama-cpp-python 0.3.36, see `fixtures/tokenizer/extract_golden.py`). Models are found in
 //! `$MICA_TEST_MODELS` (default `<workspace>/models`); a missing model fails the test.
 
-use std::path::PathBuf;
+mod common;
+
 use std::time::Instant;
 
+use common::{GEMMA, QWEN, SMOLLM, load_tokenizer, model_path, tokenizer_fixture};
 use mica_formats::GgufFile;
 use mica_models::tokenizer::{DecodeOptions, TokenType, Tokenizer, TokenizerSpec, VocabKind};
 use serde_json::Value;
 
-const SMOLLM: &str = "smollm2-135m-instruct-q4_1";
-const QWEN: &str = "qwen2.5-coder-0.5b-instruct-awq-q4_k_m";
-const GEMMA: &str = "gemma3-270m-q4_k_m";
-
-fn workspace() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// Path of a test model; panics with instructions when it is missing.
-fn model_path(name: &str) -> PathBuf {
-    let dir = std::env::var_os("MICA_TEST_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("models"));
-    let path = dir.join(format!("{name}.gguf"));
-    assert!(
-        path.is_file(),
-        "test model {} is missing: run scripts/fetch-test-models, or set MICA_TEST_MODELS to the \
-         directory holding the test models",
-        path.display()
-    );
-    path
-}
-
+/// `fixtures/tokenizer/NAME.json`.
 fn fixture(name: &str) -> Value {
-    let path = workspace().join(format!("fixtures/tokenizer/{name}.json"));
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
-}
-
-fn load(name: &str) -> Tokenizer {
-    let gguf = GgufFile::open(model_path(name)).expect("open GGUF");
-    Tokenizer::from_gguf(&gguf).expect("build tokenizer")
+    tokenizer_fixture(&format!("{name}.json"))
 }
 
 fn ids(v: &Value) -> Vec<u32> {
@@ -58,7 +30,7 @@ fn ids(v: &Value) -> Vec<u32> {
 
 /// Every `/tokenize` entry of the fixture; all mismatches are listed before failing.
 fn check_tokenize(name: &str) {
-    let tok = load(name);
+    let tok = load_tokenizer(name);
     let fx = fixture(name);
     let mut failures = Vec::new();
     let entries = fx["tokenize"].as_array().unwrap();
@@ -81,7 +53,7 @@ fn check_tokenize(name: &str) {
 /// Each case's prompt as llama.cpp's `/completion` tokenized it (special tokens parsed, BOS
 /// as the model says); chat cases tokenize the rendered prompt.
 fn check_prompt_ids(name: &str) {
-    let tok = load(name);
+    let tok = load_tokenizer(name);
     let fx = fixture(name);
     let mut failures = Vec::new();
     for case in fx["cases"].as_array().unwrap() {
@@ -108,7 +80,7 @@ fn check_prompt_ids(name: &str) {
 /// character (the `unicode` case of SmolLM2 stops after three of an emoji's four bytes) ends in
 /// U+FFFD in both: llama-server sends the incomplete bytes, the JSON layer replaces them.
 fn check_decode(name: &str) {
-    let tok = load(name);
+    let tok = load_tokenizer(name);
     let fx = fixture(name);
     let hide = DecodeOptions { skip_special: true };
     for case in fx["cases"].as_array().unwrap() {
@@ -188,7 +160,7 @@ fn gemma3_decode_matches_llama_server() {
 /// decoder must hold bytes back and release the emoji whole.
 #[test]
 fn stream_decoder_holds_split_emoji() {
-    let tok = load(SMOLLM);
+    let tok = load_tokenizer(SMOLLM);
     let fx = fixture(SMOLLM);
     let case = fx["cases"]
         .as_array()
@@ -235,7 +207,7 @@ fn encode_decode_roundtrip() {
         "",
     ];
     for name in [SMOLLM, QWEN, GEMMA] {
-        let tok = load(name);
+        let tok = load_tokenizer(name);
         for text in texts {
             let ids = tok.encode(text, false, false).unwrap();
             assert_eq!(
@@ -249,7 +221,7 @@ fn encode_decode_roundtrip() {
 
 #[test]
 fn special_ids_and_end_of_generation() {
-    let smollm = load(SMOLLM);
+    let smollm = load_tokenizer(SMOLLM);
     assert_eq!(smollm.kind(), VocabKind::Bpe);
     assert_eq!(smollm.pre_tokenizer(), Some("smollm"));
     assert_eq!(
@@ -263,7 +235,7 @@ fn special_ids_and_end_of_generation() {
     assert!(!smollm.is_eog(1), "<|im_start|> does not");
     assert_eq!(smollm.token_type(1), Some(TokenType::Control));
 
-    let qwen = load(QWEN);
+    let qwen = load_tokenizer(QWEN);
     assert_eq!(qwen.vocab_size(), 151936);
     assert_eq!(qwen.eos(), Some(151645));
     assert!(qwen.is_eog(151645) && qwen.is_eog(151643));
@@ -271,7 +243,7 @@ fn special_ids_and_end_of_generation() {
     // UNUSED padding tokens render as nothing, as in llama.cpp.
     assert_eq!(qwen.decode(&[151700]).unwrap(), "");
 
-    let gemma = load(GEMMA);
+    let gemma = load_tokenizer(GEMMA);
     assert_eq!(gemma.kind(), VocabKind::Spm);
     assert_eq!(gemma.vocab_size(), 262144);
     assert_eq!(

@@ -11,6 +11,8 @@
 //! input keeps its last expectation); each input is tokenized with `add_special = false`
 //! and `parse_special = false`, and the ids must match exactly.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -39,10 +41,7 @@ const VOCABS: [&str; 15] = [
 const SEPARATOR: &str = "\n__ggml_vocab_test__\n";
 
 fn vocab_dir() -> PathBuf {
-    let dir = std::env::var_os("MICA_TEST_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"))
-        .join("vocab");
+    let dir = common::models_dir().join("vocab");
     assert!(
         dir.is_dir(),
         "{} is missing: run `scripts/fetch-test-models --only vocab`, or set MICA_TEST_MODELS to \

@@ -1,10 +1,14 @@
-//! Shared helpers of the CLI tests: running the `mica` binary, locating test models, and
-//! building tiny GGUF models (valid or deliberately broken) with random weights.
+//! Shared helpers of the CLI tests: running the `mica` binary (`serve`: `mica serve`),
+//! locating test models, building tiny GGUF models (valid or deliberately broken) with random
+//! weights, and (`hub`) a fake model hub.
 #![allow(dead_code)]
+
+#[path = "../../../mica-hub/tests/common/server.rs"]
+pub mod hub;
+pub mod serve;
 
 use mica::formats::ggml_types::GgmlType;
 use mica::formats::{GgufWriter, MetaArray, MetaValue};
-pub mod hub;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -1,30 +1,11 @@
-//! Helpers shared by the integration tests: locating test models and fixtures.
+//! Helpers shared by the integration tests: locating test models (shared with the mica-models
+//! tests) and fixtures.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+#[path = "../../../mica-models/tests/common/models.rs"]
+mod models;
 
-pub const SMOLLM: &str = "smollm2-135m-instruct-q4_1";
-pub const QWEN: &str = "qwen2.5-coder-0.5b-instruct-awq-q4_k_m";
-pub const GEMMA: &str = "gemma3-270m-q4_k_m";
-
-pub fn workspace() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// The path of a test model. Fails loudly (never skips) when it is missing.
-pub fn model_path(name: &str) -> PathBuf {
-    let dir = std::env::var_os("MICA_TEST_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("models"));
-    let path = dir.join(format!("{name}.gguf"));
-    assert!(
-        path.is_file(),
-        "test model {} is missing: run scripts/fetch-test-models, or set MICA_TEST_MODELS to \
-         the directory holding the test models",
-        path.display()
-    );
-    path
-}
+pub use models::*;
 
 /// A fixture under `<workspace>/fixtures`, parsed as JSON.
 pub fn fixture(rel: &str) -> serde_json::Value {

@@ -308,7 +308,7 @@ pub fn q3k_scales(s: &[u8; 12]) -> [i8; 16] {
 
 // ---------------------------------------------------------------------------------------------
 // The i-quants, the ternary formats and MXFP4 (ggml-common.h). The grids and value tables
-// they index are in `iq_grids.rs`; `iquants.rs` decodes them.
+// they index are in `iq_grids`; `iquants.rs` decodes them.
 
 block!(
     /// IQ2_XXS: 256 weights in 8 groups of 32. Group `g` is the two little-endian u32 at

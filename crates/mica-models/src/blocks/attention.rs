@@ -32,6 +32,8 @@ use mica_kernels::attention::{KvHead, Q_TILE, ScoreMod, TileScratch, attend_tile
 use mica_kernels::ops::f16v;
 use mica_kernels::pool::split_range;
 use std::cell::RefCell;
+use std::ops::Range;
+use std::thread::LocalKey;
 
 /// Batches with at least this many tokens use the f32 (tiled) path, as llama.cpp does.
 pub const TILED_MIN_TOKENS: usize = 64;
@@ -231,9 +233,9 @@ fn attention_vector<T: AttnElem>(
     }
     let dst = OutPtr(out.as_mut_ptr());
     let sm = shape.score_mod();
-    let run_items = |i: usize, nt: usize, scratch: &mut Scratch| {
+    run_split(pool, items, &SCRATCH, |range, scratch| {
         scratch.resize(shape.head_dim);
-        for item in split_range(items, i, nt, 1) {
+        for item in range {
             let (r, h) = (item / shape.n_head, item % shape.n_head);
             let t = rows.map_or(r, |rows| rows[r]);
             let g = h / (shape.n_head / shape.n_head_kv);
@@ -250,8 +252,21 @@ fn attention_vector<T: AttnElem>(
             };
             T::head(&kv, qh, &sm, sm.first_visible(pos[t]), scratch, o);
         }
+    });
+}
+
+/// Runs `work` over the items `0..items`, one contiguous range of them per thread of `pool`
+/// ([`split_range`]), each thread with its own buffers `scratch` (a thread-local kept between
+/// calls); a single item runs on the calling thread.
+pub(super) fn run_split<S: 'static>(
+    pool: &ThreadPool,
+    items: usize,
+    scratch: &'static LocalKey<RefCell<S>>,
+    work: impl Fn(Range<usize>, &mut S) + Sync,
+) {
+    let run = |i: usize, nt: usize| {
+        scratch.with_borrow_mut(|s| work(split_range(items, i, nt, 1), s));
     };
-    let run = |i: usize, nt: usize| SCRATCH.with_borrow_mut(|scratch| run_items(i, nt, scratch));
     if items == 1 {
         run(0, 1);
     } else {

@@ -25,12 +25,11 @@
 //! attention: each query head keeps its own softmax state and accumulator, so its arithmetic
 //! is what it would be alone). Nothing dequantizes the cache as a whole.
 
-use super::attention::{AttnShape, OutPtr};
+use super::attention::{AttnShape, OutPtr, run_split};
 use crate::kv_cache::{KvCache, SeqId};
 use half::f16;
 use mica_kernels::ThreadPool;
 use mica_kernels::ops::{f16v, hadamard, vec_f32};
-use mica_kernels::pool::split_range;
 use mica_kernels::{DType, quant};
 use std::cell::RefCell;
 
@@ -89,38 +88,31 @@ pub(super) fn attention_blocks(
     let items = groups * parts;
     let dst = OutPtr(out.as_mut_ptr());
     let sm = shape.score_mod();
-    let run = |i: usize, nt: usize| {
-        SCRATCH.with_borrow_mut(|s| {
-            for item in split_range(items, i, nt, 1) {
-                let (tg, part) = (item / parts, item % parts);
-                let (t, g) = (tg / shape.n_head_kv, tg % shape.n_head_kv);
-                let h0 = g * group + part * per_part;
-                let h1 = (h0 + per_part).min((g + 1) * group);
-                if h0 >= h1 {
-                    continue;
-                }
-                let kv = cache
-                    .block_view(layer, seq[t])
-                    .expect("a cache of blocks (checked by the caller)");
-                let heads = HeadBlocks {
-                    kv,
-                    k_off: bytes(kv.k_type, g * hd),
-                    k_len: bytes(kv.k_type, hd),
-                    v_off: bytes(kv.v_type, g * hd),
-                    v_len: bytes(kv.v_type, hd),
-                };
-                let qs = &q[t * q_dim + h0 * hd..][..(h1 - h0) * hd];
-                // SAFETY: item (t, heads h0..h1) owns this slice of `out`; items are disjoint.
-                let o = unsafe { dst.slice(t * q_dim + h0 * hd, (h1 - h0) * hd) };
-                heads.attend(qs, hd, &sm, sm.first_visible(pos[t]), pos[t] + 1, s, o);
+    run_split(pool, items, &SCRATCH, |range, s| {
+        for item in range {
+            let (tg, part) = (item / parts, item % parts);
+            let (t, g) = (tg / shape.n_head_kv, tg % shape.n_head_kv);
+            let h0 = g * group + part * per_part;
+            let h1 = (h0 + per_part).min((g + 1) * group);
+            if h0 >= h1 {
+                continue;
             }
-        })
-    };
-    if items == 1 {
-        run(0, 1);
-    } else {
-        pool.run(run);
-    }
+            let kv = cache
+                .block_view(layer, seq[t])
+                .expect("a cache of blocks (checked by the caller)");
+            let heads = HeadBlocks {
+                kv,
+                k_off: bytes(kv.k_type, g * hd),
+                k_len: bytes(kv.k_type, hd),
+                v_off: bytes(kv.v_type, g * hd),
+                v_len: bytes(kv.v_type, hd),
+            };
+            let qs = &q[t * q_dim + h0 * hd..][..(h1 - h0) * hd];
+            // SAFETY: item (t, heads h0..h1) owns this slice of `out`; items are disjoint.
+            let o = unsafe { dst.slice(t * q_dim + h0 * hd, (h1 - h0) * hd) };
+            heads.attend(qs, hd, &sm, sm.first_visible(pos[t]), pos[t] + 1, s, o);
+        }
+    });
 }
 
 /// Reads little-endian f16 values (the pools are byte buffers, not aligned for `f16`).

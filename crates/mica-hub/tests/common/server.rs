@@ -1,39 +1,57 @@
-//! A local HTTP server that lays files out as the model hub does
-//! (`/{org}/{repo}/resolve/main/{file}`, `/api/models/{org}/{repo}` for the file list with
-//! LFS sha256s), reached through `MICA_HF_ENDPOINT`. It honours `Range` requests, can cut a
-//! transfer short once or send a file slowly, and records every request.
+//! A one-thread HTTP/1.1 server on 127.0.0.1 that lays files out as the model hub does
+//! (`/{org}/{repo}/resolve/main/{file}`, `/api/models/{org}/{repo}?blobs=true` for the file
+//! list with sizes and LFS sha256s, reached through `MICA_HF_ENDPOINT`) or at any path. It
+//! serves files whole, honours `Range` requests, cuts transfers short, sends a file slowly or
+//! answers a bare status, and logs every request. Shared by the mica-hub tests and, through
+//! `#[path]`, the mica-cli tests.
+#![allow(dead_code)]
 
-use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 
-/// How the server answers a file path.
+use sha2::{Digest, Sha256};
+
+/// How the server answers one path.
 #[derive(Clone)]
 pub enum Route {
-    /// The bytes, honouring `Range`.
-    File(Vec<u8>),
-    /// Like `File`, but the first request gets only this many bytes before the connection
-    /// closes (announcing the whole length).
+    /// 200 with the whole body, or 206 with the rest after a `Range: bytes=N-` request
+    /// (416 when N is at or past the end).
+    Full(Vec<u8>),
+    /// 200 announcing the whole body's length, then closing after `n` bytes; every time.
+    Cut(Vec<u8>, usize),
+    /// Like `Cut` for the first request, then `Full`.
     CutOnce(Vec<u8>, usize),
+    /// 200 with the whole body (no `Range`), sent `chunk` bytes at a time with `pause_ms`
+    /// between chunks, so that a client's progress can be watched.
+    Slow(Vec<u8>, usize, u64),
     /// A JSON document.
     Json(String),
-    /// Like `File` (without `Range`), sent `chunk` bytes at a time with `pause_ms` between
-    /// chunks, so that a client's progress can be watched.
-    Slow(Vec<u8>, usize, u64),
+    /// An empty response with this status line.
+    Status(&'static str),
+}
+
+/// One request the server received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub path: String,
+    /// The `Range` header.
+    pub range: Option<String>,
+    /// The `Authorization` header.
+    pub auth: Option<String>,
 }
 
 #[derive(Default)]
-pub struct State {
-    pub routes: HashMap<String, Route>,
-    /// (path, Range header) of every request.
-    pub log: Vec<(String, Option<String>)>,
+struct State {
+    routes: HashMap<String, Route>,
+    log: Vec<Request>,
 }
 
+/// A server on an ephemeral port; lives until the test process exits.
 pub struct Server {
     pub base: String,
-    pub state: Arc<Mutex<State>>,
+    state: Arc<Mutex<State>>,
 }
 
 impl Server {
@@ -50,22 +68,21 @@ impl Server {
         Server { base, state }
     }
 
-    pub fn route(&self, path: &str, route: Route) {
-        self.state
-            .lock()
-            .unwrap()
-            .routes
-            .insert(path.to_string(), route);
+    /// Registers `route` at `path`; returns its URL.
+    pub fn route(&self, path: &str, route: Route) -> String {
+        let mut st = self.state.lock().unwrap();
+        st.routes.insert(path.to_string(), route);
+        format!("{}{path}", self.base)
     }
 
-    /// Serves `files` as repository `repo`, with a file list giving `sha256s` (the real
-    /// ones unless overridden).
+    /// Serves `files` as hub repository `repo`, with a file list giving each file's size and
+    /// sha256 (the real one unless `sha_override`).
     pub fn repo(&self, repo: &str, files: &[(&str, Route)], sha_override: Option<&str>) {
         let mut siblings = Vec::new();
         for (name, route) in files {
             let bytes = match route {
-                Route::File(b) | Route::CutOnce(b, _) | Route::Slow(b, ..) => b,
-                Route::Json(_) => unreachable!(),
+                Route::Full(b) | Route::Cut(b, _) | Route::CutOnce(b, _) | Route::Slow(b, ..) => b,
+                Route::Json(_) | Route::Status(_) => unreachable!(),
             };
             let sha = sha_override.map_or_else(|| sha256_hex(bytes), str::to_string);
             siblings.push(serde_json::json!({
@@ -78,7 +95,8 @@ impl Server {
         self.route(&format!("/api/models/{repo}?blobs=true"), Route::Json(json));
     }
 
-    pub fn log(&self) -> Vec<(String, Option<String>)> {
+    /// Every request so far.
+    pub fn log(&self) -> Vec<Request> {
         self.state.lock().unwrap().log.clone()
     }
 }
@@ -94,30 +112,41 @@ fn serve(mut stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
     }
     let request = String::from_utf8_lossy(&request).into_owned();
     let path = request.split_whitespace().nth(1).unwrap_or("/").to_string();
-    let range = request.lines().find_map(|l| {
-        let (k, v) = l.split_once(':')?;
-        k.eq_ignore_ascii_case("range")
-            .then(|| v.trim().to_string())
-    });
+    let header = |name: &str| {
+        request.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+        })
+    };
+    let range = header("range");
     let route = {
         let mut st = state.lock().unwrap();
-        st.log.push((path.clone(), range.clone()));
+        st.log.push(Request {
+            path: path.clone(),
+            range: range.clone(),
+            auth: header("authorization"),
+        });
         let route = st.routes.get(&path).cloned();
-        // A cut happens once; later requests get the whole file.
         if let Some(Route::CutOnce(bytes, _)) = &route {
-            st.routes.insert(path.clone(), Route::File(bytes.clone()));
+            st.routes.insert(path.clone(), Route::Full(bytes.clone()));
         }
         route
     };
+    let kind = if matches!(route, Some(Route::Json(_))) {
+        "application/json"
+    } else {
+        "application/octet-stream"
+    };
     let head = |status: &str, len: usize, extra: &str| {
-        format!("HTTP/1.1 {status}\r\nContent-Length: {len}\r\n{extra}Connection: close\r\n\r\n")
+        format!(
+            "HTTP/1.1 {status}\r\nContent-Length: {len}\r\n{extra}Content-Type: {kind}\r\nConnection: close\r\n\r\n"
+        )
     };
     match route {
         None => stream.write_all(head("404 Not Found", 0, "").as_bytes())?,
+        Some(Route::Status(status)) => stream.write_all(head(status, 0, "").as_bytes())?,
         Some(Route::Json(body)) => {
-            stream.write_all(
-                head("200 OK", body.len(), "Content-Type: application/json\r\n").as_bytes(),
-            )?;
+            stream.write_all(head("200 OK", body.len(), "").as_bytes())?;
             stream.write_all(body.as_bytes())?;
         }
         Some(Route::Slow(bytes, chunk, pause_ms)) => {
@@ -128,11 +157,11 @@ fn serve(mut stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
                 std::thread::sleep(std::time::Duration::from_millis(pause_ms));
             }
         }
-        Some(Route::CutOnce(bytes, n)) => {
+        Some(Route::Cut(bytes, n) | Route::CutOnce(bytes, n)) => {
             stream.write_all(head("200 OK", bytes.len(), "").as_bytes())?;
             stream.write_all(&bytes[..n])?;
         }
-        Some(Route::File(bytes)) => {
+        Some(Route::Full(bytes)) => {
             let start = range
                 .as_deref()
                 .and_then(|r| r.strip_prefix("bytes="))
