@@ -139,8 +139,22 @@ fn agrees_with_libm(f: ExpfFn) -> bool {
         xs.push(f32::from_bits(bits));
     }
     xs.extend([
-        0.0, -0.0, 1.0, -1.0, 88.0, -88.0, 87.9, -103.0, -104.0, 89.0, f32::INFINITY,
-        f32::NEG_INFINITY, f32::NAN, f32::MIN_POSITIVE, 1e-30, -1e-30,
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        88.0,
+        -88.0,
+        87.9,
+        -103.0,
+        -104.0,
+        89.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::MIN_POSITIVE,
+        1e-30,
+        -1e-30,
     ]);
     let mut got = xs.clone();
     f(&mut got);
@@ -367,7 +381,11 @@ mod tests {
         }
         let mut got = xs.clone();
         expf_slice(&mut got);
-        assert!(got.iter().zip(&xs).all(|(g, x)| g.to_bits() == x.exp().to_bits()));
+        assert!(
+            got.iter()
+                .zip(&xs)
+                .all(|(g, x)| g.to_bits() == x.exp().to_bits())
+        );
     }
 
     #[test]
@@ -392,7 +410,10 @@ mod tests {
                 f(&mut got);
                 for (g, x) in got.iter().zip(&xs) {
                     let w = x.exp();
-                    assert!(g.to_bits() == w.to_bits(), "{name}: expf({x}) = {g}, libm {w}");
+                    assert!(
+                        g.to_bits() == w.to_bits(),
+                        "{name}: expf({x}) = {g}, libm {w}"
+                    );
                 }
             }
         }
