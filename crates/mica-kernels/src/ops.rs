@@ -367,6 +367,7 @@ pub fn silu_in_place(x: &mut [f32]) {
 }
 
 pub mod hadamard;
+pub mod libm_expf;
 pub mod vec_f32;
 
 /// `y += x`.

@@ -157,10 +157,10 @@ impl AttnElem for f32 {
         q: &[f32],
         sm: &ScoreMod,
         lo: usize,
-        _: &mut Scratch,
+        s: &mut Scratch,
         out: &mut [f32],
     ) {
-        head_f32(kv, q, sm, lo, out)
+        head_f32(kv, q, sm, lo, s, out)
     }
     fn with_gather<R>(f: impl FnOnce(&mut Vec<(Vec<f32>, Vec<f32>)>) -> R) -> R {
         GATHER_F32.with_borrow_mut(f)
@@ -392,12 +392,70 @@ impl<T: Copy> HeadKv<'_, T> {
 struct Scratch {
     q16: Vec<f16>,
     acc16: Vec<f16>,
+    /// One tile of positions: their scores, then the online softmax's weights.
+    steps: SoftmaxSteps,
 }
 
 impl Scratch {
     fn resize(&mut self, head_dim: usize) {
         self.q16.resize(head_dim, f16::ZERO);
         self.acc16.resize(head_dim, f16::ZERO);
+        self.steps.resize(1);
+    }
+}
+
+/// Cached positions whose scores the vector paths compute before they update the softmax
+/// state, so that the `expf` calls of the tile run side by side
+/// ([`mica_kernels::ops::libm_expf`]). The arithmetic per position is unchanged.
+pub(super) const POS_TILE: usize = 64;
+
+/// The online softmax of ggml's one-chunk attention, a tile of positions at a time. Per
+/// position, ggml computes either `ms = expf(M - s)` (a new maximum: the accumulator and the
+/// sum are scaled by it, the position weighs 1) or `vs = expf(s - M)` (the position's
+/// weight). The maxima depend only on the scores, so the arguments of a whole tile are known
+/// before any `expf`; the tile's `expf` then run at once, bit-identical to the calls one by
+/// one.
+#[derive(Default)]
+pub(super) struct SoftmaxSteps {
+    /// `[rows][POS_TILE]`: the scores, per query head.
+    pub(super) scores: Vec<f32>,
+    /// `[POS_TILE]`: `expf`'s argument, then its value, for one row.
+    e: Vec<f32>,
+    /// `[POS_TILE]`: whether the position raised the maximum (its `e` is `ms`, else `vs`).
+    grew: Vec<bool>,
+}
+
+impl SoftmaxSteps {
+    pub(super) fn resize(&mut self, rows: usize) {
+        self.scores.resize(rows * POS_TILE, 0.0);
+        self.e.resize(POS_TILE, 0.0);
+        self.grew.resize(POS_TILE, false);
+    }
+
+    /// Row `row`'s scores of `n` positions: updates the running maximum `m` and returns each
+    /// position's `(ms, vs)` in order.
+    pub(super) fn weights(
+        &mut self,
+        row: usize,
+        n: usize,
+        m: &mut f32,
+    ) -> impl Iterator<Item = (f32, f32)> + '_ {
+        let scores = &self.scores[row * POS_TILE..][..n];
+        for ((&sc, e), g) in scores.iter().zip(&mut self.e).zip(&mut self.grew) {
+            if sc > *m {
+                *e = *m - sc;
+                *g = true;
+                *m = sc;
+            } else {
+                *e = sc - *m;
+                *g = false;
+            }
+        }
+        mica_kernels::ops::libm_expf::expf_slice(&mut self.e[..n]);
+        self.e[..n]
+            .iter()
+            .zip(&self.grew)
+            .map(|(&e, &g)| if g { (e, 1.0) } else { (1.0, e) })
     }
 }
 
@@ -426,19 +484,19 @@ fn head_f16(
     mica_kernels::ops::f32_to_f16(q, &mut s.q16);
     s.acc16.fill(f16::ZERO);
     let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
-    for j in lo..kv.n_kv {
-        let score = sm.apply(f16v::dot(&s.q16, kv.key(j)));
-        let (mut ms, mut vs) = (1f32, 1f32);
-        if score > m {
-            ms = (m - score).exp();
-            m = score;
-            f16v::scale(&mut s.acc16, ms);
-        } else {
-            vs = (score - m).exp();
+    for j0 in (lo..kv.n_kv).step_by(POS_TILE) {
+        let js = j0..(j0 + POS_TILE).min(kv.n_kv);
+        for (sc, j) in s.steps.scores.iter_mut().zip(js.clone()) {
+            *sc = sm.apply(f16v::dot(&s.q16, kv.key(j)));
         }
-        f16v::mad(&mut s.acc16, kv.value(j), vs);
-        // ggml computes `S*ms + vs` with one fused multiply-add (GCC contracts it).
-        sum = sum.mul_add(ms, vs);
+        for ((ms, vs), j) in s.steps.weights(0, js.len(), &mut m).zip(js) {
+            if ms != 1.0 {
+                f16v::scale(&mut s.acc16, ms);
+            }
+            f16v::mad(&mut s.acc16, kv.value(j), vs);
+            // ggml computes `S*ms + vs` with one fused multiply-add (GCC contracts it).
+            sum = sum.mul_add(ms, vs);
+        }
     }
     let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
     for (o, a) in out.iter_mut().zip(&s.acc16) {
@@ -447,26 +505,33 @@ fn head_f16(
 }
 
 /// The vector path over an f32 cache: f32 query, online softmax, f32 accumulator.
-fn head_f32(kv: &HeadKv<f32>, q: &[f32], sm: &ScoreMod, lo: usize, out: &mut [f32]) {
+fn head_f32(
+    kv: &HeadKv<f32>,
+    q: &[f32],
+    sm: &ScoreMod,
+    lo: usize,
+    s: &mut Scratch,
+    out: &mut [f32],
+) {
     out.fill(0.0);
     let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
-    for j in lo..kv.n_kv {
-        let k = kv.key(j);
-        let score = sm.apply(q.iter().zip(k).fold(0f32, |a, (&x, &y)| x.mul_add(y, a)));
-        let (mut ms, mut vs) = (1f32, 1f32);
-        if score > m {
-            ms = (m - score).exp();
-            m = score;
-            for o in out.iter_mut() {
-                *o *= ms;
+    for j0 in (lo..kv.n_kv).step_by(POS_TILE) {
+        let js = j0..(j0 + POS_TILE).min(kv.n_kv);
+        for (sc, j) in s.steps.scores.iter_mut().zip(js.clone()) {
+            let k = kv.key(j);
+            *sc = sm.apply(q.iter().zip(k).fold(0f32, |a, (&x, &y)| x.mul_add(y, a)));
+        }
+        for ((ms, vs), j) in s.steps.weights(0, js.len(), &mut m).zip(js) {
+            if ms != 1.0 {
+                for o in out.iter_mut() {
+                    *o *= ms;
+                }
             }
-        } else {
-            vs = (score - m).exp();
+            for (o, &v) in out.iter_mut().zip(kv.value(j)) {
+                *o = v.mul_add(vs, *o);
+            }
+            sum = sum.mul_add(ms, vs);
         }
-        for (o, &v) in out.iter_mut().zip(kv.value(j)) {
-            *o = v.mul_add(vs, *o);
-        }
-        sum = sum.mul_add(ms, vs);
     }
     let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
     for o in out.iter_mut() {

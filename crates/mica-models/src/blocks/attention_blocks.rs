@@ -25,7 +25,7 @@
 //! attention: each query head keeps its own softmax state and accumulator, so its arithmetic
 //! is what it would be alone). Nothing dequantizes the cache as a whole.
 
-use super::attention::{AttnShape, OutPtr, run_split};
+use super::attention::{AttnShape, OutPtr, POS_TILE, SoftmaxSteps, run_split};
 use crate::kv_cache::{KvCache, SeqId};
 use half::f16;
 use mica_kernels::ThreadPool;
@@ -49,12 +49,15 @@ struct Scratch {
     /// Per query head: running maximum and sum of the online softmax.
     m: Vec<f32>,
     sum: Vec<f32>,
-    /// Per query head: the f32 accumulator (`[heads][hd]`), and one value row as f32.
+    /// Per query head: the f32 accumulator (`[heads][hd]`), and a tile's value rows as f32
+    /// (`[POS_TILE][hd]`).
     acc: Vec<f32>,
     v32: Vec<f32>,
-    /// Per query head: the f16 accumulator and one value row, for an f16 value cache.
+    /// Per query head: the f16 accumulator, and a tile's value rows, for an f16 value cache.
     acc16: Vec<f16>,
     v16: Vec<f16>,
+    /// A tile's scores per query head and the online softmax's weights.
+    steps: SoftmaxSteps,
 }
 
 thread_local! {
@@ -190,61 +193,65 @@ impl HeadBlocks<'_> {
         if f16_values {
             s.acc16.clear();
             s.acc16.resize(heads * hd, f16::ZERO);
-            s.v16.resize(hd, f16::ZERO);
+            s.v16.resize(POS_TILE * hd, f16::ZERO);
         } else {
             s.acc.clear();
             s.acc.resize(heads * hd, 0.0);
-            s.v32.resize(hd, 0.0);
+            s.v32.resize(POS_TILE * hd, 0.0);
         }
         s.m.clear();
         s.m.resize(heads, f32::NEG_INFINITY);
         s.sum.clear();
         s.sum.resize(heads, 0.0);
-        for j in lo..n_kv {
-            let key = &self.kv.key_row(j)[self.k_off..][..self.k_len];
-            match kt {
-                DType::F16 => read_f16(key, &mut s.k16),
-                DType::F32 => read_f32(key, &mut s.k32),
-                _ => {}
-            }
-            let value = &self.kv.value_row(j)[self.v_off..][..self.v_len];
-            if f16_values {
-                read_f16(value, &mut s.v16);
-            } else {
-                quant::dequantize_row(vt, value, &mut s.v32);
+        s.steps.resize(heads);
+        for j0 in (lo..n_kv).step_by(POS_TILE) {
+            let js = j0..(j0 + POS_TILE).min(n_kv);
+            // The tile's values (once for every query head) and each head's scores.
+            for (jj, j) in js.clone().enumerate() {
+                let key = &self.kv.key_row(j)[self.k_off..][..self.k_len];
+                match kt {
+                    DType::F16 => read_f16(key, &mut s.k16),
+                    DType::F32 => read_f32(key, &mut s.k32),
+                    _ => {}
+                }
+                let value = &self.kv.value_row(j)[self.v_off..][..self.v_len];
+                if f16_values {
+                    read_f16(value, &mut s.v16[jj * hd..][..hd]);
+                } else {
+                    quant::dequantize_row(vt, value, &mut s.v32[jj * hd..][..hd]);
+                }
+                for h in 0..heads {
+                    s.steps.scores[h * POS_TILE + jj] = sm.apply(match kt {
+                        // ggml's attention calls its own f16/f32 vector dots for float keys.
+                        DType::F16 => f16v::dot(&s.q16[h * hd..][..hd], &s.k16),
+                        DType::F32 => vec_f32::dot(&s.q32[h * hd..][..hd], &s.k32),
+                        _ => kern.vec_dot(kt, hd, key, &s.q[h * qb..][..qb]),
+                    });
+                }
             }
             for h in 0..heads {
-                let score = sm.apply(match kt {
-                    // ggml's attention calls its own f16/f32 vector dots for float keys.
-                    DType::F16 => f16v::dot(&s.q16[h * hd..][..hd], &s.k16),
-                    DType::F32 => vec_f32::dot(&s.q32[h * hd..][..hd], &s.k32),
-                    _ => kern.vec_dot(kt, hd, key, &s.q[h * qb..][..qb]),
-                });
-                let (mut ms, mut vs) = (1f32, 1f32);
-                let m = &mut s.m[h];
-                if score > *m {
-                    ms = (*m - score).exp();
-                    *m = score;
-                } else {
-                    vs = (score - *m).exp();
-                }
-                if f16_values {
-                    let acc = &mut s.acc16[h * hd..][..hd];
-                    if ms != 1.0 {
-                        f16v::scale(acc, ms);
-                    }
-                    f16v::mad(acc, &s.v16, vs);
-                } else {
-                    let acc = &mut s.acc[h * hd..][..hd];
-                    if ms != 1.0 {
-                        for a in acc.iter_mut() {
-                            *a *= ms;
+                let mut sum = s.sum[h];
+                let weights = s.steps.weights(h, js.len(), &mut s.m[h]);
+                for (jj, (ms, vs)) in weights.enumerate() {
+                    if f16_values {
+                        let acc = &mut s.acc16[h * hd..][..hd];
+                        if ms != 1.0 {
+                            f16v::scale(acc, ms);
                         }
+                        f16v::mad(acc, &s.v16[jj * hd..][..hd], vs);
+                    } else {
+                        let acc = &mut s.acc[h * hd..][..hd];
+                        if ms != 1.0 {
+                            for a in acc.iter_mut() {
+                                *a *= ms;
+                            }
+                        }
+                        vec_f32::mad(acc, &s.v32[jj * hd..][..hd], vs);
                     }
-                    vec_f32::mad(acc, &s.v32, vs);
+                    // ggml computes `S*ms + vs` with one fused multiply-add (GCC contracts it).
+                    sum = sum.mul_add(ms, vs);
                 }
-                // ggml computes `S*ms + vs` with one fused multiply-add (GCC contracts it).
-                s.sum[h] = s.sum[h].mul_add(ms, vs);
+                s.sum[h] = sum;
             }
         }
         for h in 0..heads {
