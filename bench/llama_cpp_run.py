@@ -3,7 +3,9 @@
 load time, prompt tokens/s, generation tokens/s, for one prompt, greedy.
 
 Usage: bench/.venv/bin/python bench/llama_cpp_run.py MODEL.gguf THREADS N_PREDICT PROMPT
-Prints one JSON object with the same timing fields as `mica run --json`.
+    [LORA.gguf [SCALE]]
+Prints one JSON object with the same timing fields as `mica run --json`. With a GGUF LoRA
+file, llama.cpp applies it unmerged at SCALE (default 1), as `mica run --lora` does.
 """
 import json
 import sys
@@ -15,9 +17,12 @@ from llama_cpp import Llama
 
 def main():
     model, threads, n_predict, prompt = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    lora = sys.argv[5] if len(sys.argv) > 5 else None
+    lora_scale = float(sys.argv[6]) if len(sys.argv) > 6 else 1.0
     t0 = time.perf_counter()
     llm = Llama(model_path=model, n_ctx=2048, n_threads=threads, n_threads_batch=threads,
-                n_batch=512, verbose=False, logits_all=False, flash_attn=True)
+                n_batch=512, verbose=False, logits_all=False, flash_attn=True,
+                lora_path=lora, lora_scale=lora_scale)
     load_ms = (time.perf_counter() - t0) * 1e3
     ids = llm.tokenize(prompt.encode(), add_bos=True, special=True)
     llm.reset()

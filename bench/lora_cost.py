@@ -8,9 +8,14 @@ adapter`, `adapter.type = lora`, `blk.N.<proj>.weight.lora_a` `[in, r]` and `.lo
 `[r, out]` in ggml's order, f16 as llama.cpp's converter writes them by default or f32,
 alpha = r), with the shapes `mica inspect --tensors` reports, so any family works. Their values are random: the text is not the point, the time is.
 
+Several `--mica` binaries (an old and a new build) run side by side, alternating within each
+rep; `--llama` adds llama.cpp (through llama-cpp-python, `bench/llama_cpp_run.py`: the same
+GGUF, the same LoRA file applied unmerged, the same prompt, token count and threads).
+
 Usage:
-    python3 bench/lora_cost.py --mica target/release/mica --model M.gguf [--ranks 8,64]
-        [--threads 2] [--tokens 128] [--reps 5] [--dtype f16|f32]
+    python3 bench/lora_cost.py --mica target/release/mica [--mica OTHER] --model M.gguf
+        [--ranks 8,64] [--threads 2] [--tokens 128] [--reps 5] [--dtype f16|f32]
+        [--llama [--llama-python bench/.venv/bin/python]]
 """
 import argparse
 import json
@@ -75,11 +80,19 @@ def write_lora(path, arch, targets, r, rng, dtype, std=0.02):
             f.write(b"\0" * ((-size * n) % 32))
 
 
-def run(mica, model, threads, tokens, lora=None):
-    cmd = [mica, "run", "-m", model, "-t", str(threads), "--spec", "off", "--temp", "0",
-           "-n", str(tokens), "--ignore-eos", "-p", PROMPT, "--json"]
-    if lora:
-        cmd += ["--lora", lora]
+LLAMA_RUN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llama_cpp_run.py")
+
+
+def run(engine, model, threads, tokens, lora=None):
+    """Decode tokens/s of one fresh process: `engine` is a mica binary or ("llama", python)."""
+    if isinstance(engine, tuple):
+        # llama_cpp_run.py decodes greedily for `tokens` tokens whatever they are.
+        cmd = [engine[1], LLAMA_RUN, model, str(threads), str(tokens), PROMPT]
+        cmd += [lora] if lora else []
+    else:
+        cmd = [engine, "run", "-m", model, "-t", str(threads), "--spec", "off", "--temp", "0",
+               "-n", str(tokens), "--ignore-eos", "-p", PROMPT, "--json"]
+        cmd += ["--lora", lora] if lora else []
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)}\n{r.stderr}")
@@ -88,7 +101,11 @@ def run(mica, model, threads, tokens, lora=None):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--mica", default="target/release/mica")
+    ap.add_argument("--mica", action="append",
+                    help="a mica binary (repeat to compare builds; default target/release/mica)")
+    ap.add_argument("--llama", action="store_true", help="add llama.cpp (llama-cpp-python)")
+    ap.add_argument("--llama-python", default="bench/.venv/bin/python",
+                    help="the Python that has llama_cpp (default bench/.venv/bin/python)")
     ap.add_argument("--model", required=True)
     ap.add_argument("--ranks", default="8,64")
     ap.add_argument("--threads", type=int, default=2)
@@ -96,25 +113,36 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--dtype", choices=["f16", "f32"], default="f16")
     a = ap.parse_args()
-    arch, targets = shapes(a.mica, a.model)
+    micas = a.mica or ["target/release/mica"]
+    engines = [(m, m) for m in micas]
+    if a.llama:
+        engines.append(("llama.cpp", ("llama", a.llama_python)))
+    arch, targets = shapes(micas[0], a.model)
     rng = random.Random(1)
     tmp = tempfile.mkdtemp(prefix="mica-lora-cost-")
-    files = {}
+    files = {None: None}
     for r in map(int, a.ranks.split(",")):
         files[r] = os.path.join(tmp, f"r{r}.gguf")
         write_lora(files[r], arch, targets, r, rng, a.dtype)
-    base, with_ = [], {r: [] for r in files}
+    ts = {(e, r): [] for e, _ in engines for r in files}
     for _ in range(a.reps):
-        base.append(run(a.mica, a.model, a.threads, a.tokens))
-        for r, f in files.items():
-            with_[r].append(run(a.mica, a.model, a.threads, a.tokens, f))
-    b = statistics.median(base)
+        for e, how in engines:
+            for r, f in files.items():
+                ts[(e, r)].append(run(how, a.model, a.threads, a.tokens, f))
     print(f"{os.path.basename(a.model)}: {len(targets)} projections, {a.dtype} adapters, "
-          f"{a.threads} threads, {a.tokens} tokens, {a.reps} alternating reps (medians)")
-    print(f"| adapter | decode t/s | vs none |\n| --- | ---: | ---: |\n| none | {b:.1f} | |")
-    for r, v in with_.items():
-        m = statistics.median(v)
-        print(f"| rank {r} | {m:.1f} | {100 * (m / b - 1):+.1f}% |")
+          f"{a.threads} threads, {a.tokens} tokens, {a.reps} alternating reps: decode t/s, "
+          "median (min-max), and vs none")
+    print("| adapter | " + " | ".join(e for e, _ in engines) + " |")
+    print("| --- |" + " ---: |" * len(engines))
+    for r in files:
+        cells = []
+        for e, _ in engines:
+            v, b = ts[(e, r)], statistics.median(ts[(e, None)])
+            m = statistics.median(v)
+            cell = f"{m:.1f} ({min(v):.1f}-{max(v):.1f})"
+            cells.append(cell + (f" {100 * (m / b - 1):+.1f}%" if r else ""))
+        print(f"| {'none' if r is None else f'rank {r}'} | " + " | ".join(cells) + " |")
+    del files[None]
     for f in files.values():
         os.remove(f)
     os.rmdir(tmp)

@@ -221,6 +221,34 @@ pub fn matmul_rows(
     out: &mut [f32],
     rows: std::ops::Range<usize>,
 ) {
+    matmul_split(pool, w, xq, out, rows, SPLIT_WORK)
+}
+
+/// A single small product is not worth waking the pool for: multiply-adds below which
+/// [`matmul`] runs on the calling thread.
+const SPLIT_WORK: usize = 64 * 1024;
+
+/// Like [`matmul`], split across the pool from `min_work` multiply-adds on (rather than
+/// [`matmul`]'s threshold): for products whose weights are streamed from memory once per
+/// call, such as a LoRA adapter's. The split does not change any output.
+pub fn matmul_min_work(
+    pool: &ThreadPool,
+    w: &QMatrix,
+    xq: &QActs,
+    out: &mut [f32],
+    min_work: usize,
+) {
+    matmul_split(pool, w, xq, out, 0..w.rows, min_work)
+}
+
+fn matmul_split(
+    pool: &ThreadPool,
+    w: &QMatrix,
+    xq: &QActs,
+    out: &mut [f32],
+    rows: std::ops::Range<usize>,
+    min_work: usize,
+) {
     assert_eq!(xq.dtype, Some(w.dtype.vec_dot_type()), "activation format");
     assert_eq!(xq.cols, w.cols, "activation width");
     assert!(rows.end <= w.rows, "row range");
@@ -244,9 +272,8 @@ pub fn matmul_rows(
         });
     };
     let nt = pool.n_threads();
-    // A single small product is not worth waking the pool for, and one thread takes all
-    // rows in one call.
-    if n * n_out * w.cols < 64 * 1024 || nt == 1 {
+    // A small product runs on this thread, and one thread takes all rows in one call.
+    if n * n_out * w.cols < min_work || nt == 1 {
         return run_rows(0..n_out);
     }
     let chunk = chunk_rows(n_out, nt, row_align(n_out, nt).max(w.pack_group()));

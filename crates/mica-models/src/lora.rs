@@ -9,6 +9,11 @@
 //! the tensors. Adapter matrices stored in f16 stay f16 (their products convert the
 //! activations to f16, as ggml's do); f32 and bf16 ones are held in f32.
 //!
+//! Unmerged, `A x` is a matrix product through the kernels (`A`'s rows are long), and
+//! `B (A x)` a sum of `B`'s columns scaled by `A x`'s `r` values ([`LowRankB`]: `B` held
+//! transposed, streamed once per call); both are split across the thread pool once the
+//! product is large enough (`SPLIT_WORK`).
+//!
 //! Not supported, refused naming what: PEFT biases (`bias` other than `none`),
 //! `fan_in_fan_out`, DoRA (`use_dora`), `modules_to_save`, targets that are not a separate
 //! projection in mica (fused projections, embeddings, experts).
@@ -18,8 +23,10 @@ use crate::arch::{by_gguf, by_hf};
 use crate::error::{ModelError, Result};
 use crate::model::Model;
 use crate::weights::{Linear, Matrix};
+use half::f16;
 use mica_formats::{GgufFile, SafetensorsFile, TensorInfo};
-use mica_kernels::matmul::{QActs, matmul};
+use mica_kernels::lowrank::LowRankB;
+use mica_kernels::matmul::{QActs, matmul_min_work};
 use mica_kernels::{DType, ThreadPool, quant};
 use serde_json::Value;
 use std::collections::HashMap;
@@ -35,8 +42,8 @@ pub(crate) use select::RowAdapters;
 pub struct LoraPair {
     /// `[r × in]`, f32 or f16
     pub a: Matrix,
-    /// `[out × r]`, f32 or f16
-    pub b: Matrix,
+    /// `[out × r]`, f32 or f16, held transposed for the product ([`LowRankB`]).
+    pub b: LowRankB,
     /// The adapter's scale (`alpha / r`, or `alpha / √r` with rsLoRA) times the user's.
     pub scale: f32,
 }
@@ -47,6 +54,11 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<(QActs, Vec<f32>, Vec<f32>)> =
         std::cell::RefCell::new((QActs::new(), Vec::new(), Vec::new()));
 }
+
+/// Multiply-adds from which an adapter's product is split across the thread pool. Lower
+/// than the base products' threshold: an adapter's matrices are streamed from memory once
+/// per call, so a second thread's bandwidth pays for waking it sooner.
+const SPLIT_WORK: usize = 32 * 1024;
 
 impl LoraPair {
     /// `out[t] += scale · B (A x[t])` for `n` rows of `x` (`[n, in]`); `out` is `[n, out]`.
@@ -60,7 +72,7 @@ impl LoraPair {
 
     /// Calls `f` with `B (A x[t])` for the `n` rows of `x` (`[n, out]`, unscaled). Each row's
     /// result is that of the row alone: the adapter's f32/f16 products take one code path
-    /// whatever the number of rows.
+    /// whatever the number of rows, and neither depends on how the pool splits them.
     pub(crate) fn with_delta(
         &self,
         pool: &ThreadPool,
@@ -73,23 +85,28 @@ impl LoraPair {
             q.quantize(pool, self.a.dtype.vec_dot_type(), x, n, self.a.cols);
             mid.clear();
             mid.resize(n * r, 0.0);
-            matmul(pool, &self.a.view(), q, mid);
-            q.quantize(pool, self.b.dtype.vec_dot_type(), mid, n, r);
+            matmul_min_work(pool, &self.a.view(), q, mid, SPLIT_WORK);
+            if self.b.dtype() == DType::F16 {
+                // An f16 `B` takes its activations in f16, as ggml's products do.
+                for v in mid.iter_mut() {
+                    *v = f16::from_f32(*v).to_f32();
+                }
+            }
             delta.clear();
-            delta.resize(n * self.b.rows, 0.0);
-            matmul(pool, &self.b.view(), q, delta);
+            delta.resize(n * self.b.out(), 0.0);
+            self.b.product(pool, mid, n, delta, SPLIT_WORK);
             f(delta)
         })
     }
 
     /// `scale · B · A` as `[out × in]` f32 (the merged form's update).
     pub fn delta(&self) -> Vec<f32> {
-        let (r, cols, rows) = (self.a.rows, self.a.cols, self.b.rows);
-        let (a, b) = (f32_values(&self.a), f32_values(&self.b));
+        let (r, cols, rows) = (self.a.rows, self.a.cols, self.b.out());
+        let a = f32_values(&self.a);
         let mut d = vec![0f32; rows * cols];
         for (o, drow) in d.chunks_exact_mut(cols).enumerate() {
             for k in 0..r {
-                let s = b[o * r + k] * self.scale;
+                let s = self.b.get(o, k) * self.scale;
                 for (dv, av) in drow.iter_mut().zip(&a[k * cols..(k + 1) * cols]) {
                     *dv += s * av;
                 }
@@ -310,7 +327,7 @@ impl LoraAdapter {
             let a_name = format!("{canonical}.lora_a");
             let pair = LoraPair {
                 a: adapter_matrix(&st_path, a, st.tensor_data(a), &a_name)?,
-                b,
+                b: transposed(&b),
                 scale,
             };
             targets.push((canonical, Arc::new(pair)));
@@ -373,7 +390,7 @@ impl LoraAdapter {
                 base.to_string(),
                 Arc::new(LoraPair {
                     a: a_m,
-                    b: b_m,
+                    b: transposed(&b_m),
                     scale,
                 }),
             ));
@@ -396,11 +413,16 @@ impl LoraAdapter {
                 )
             })?;
             let (a, b) = (&pair.a, &pair.b);
-            if a.cols != lin.w.cols || b.rows != lin.w.rows || a.rows != b.cols {
+            if a.cols != lin.w.cols || b.out() != lin.w.rows || a.rows != b.rank() {
                 return Err(ModelError::BadShape {
                     path: self.path.clone(),
                     tensor: name.clone(),
-                    got: vec![b.rows as u64, b.cols as u64, a.rows as u64, a.cols as u64],
+                    got: vec![
+                        b.out() as u64,
+                        b.rank() as u64,
+                        a.rows as u64,
+                        a.cols as u64,
+                    ],
                     expected: vec![
                         lin.w.rows as u64,
                         a.rows as u64,
@@ -441,6 +463,11 @@ fn adapter_matrix(path: &Path, t: &TensorInfo, bytes: &[u8], name: &str) -> Resu
         quant::dequantize_row(dtype, &bytes[r * rb..(r + 1) * rb], row);
     }
     Ok(Matrix::owned_f32(name, rows, cols, &v))
+}
+
+/// An adapter's `B` (f32 or f16, as [`adapter_matrix`] holds it) in the product's layout.
+fn transposed(b: &Matrix) -> LowRankB {
+    LowRankB::from_bytes(b.dtype, b.rows, b.cols, b.view().data)
 }
 
 /// The projection of `model` whose weight is named `name`.

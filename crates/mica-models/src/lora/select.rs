@@ -148,7 +148,7 @@ impl RowAdapters {
             let Some(pair) = adapter.pair(name) else {
                 continue;
             };
-            let (cols, ocols) = (pair.a.cols, pair.b.rows);
+            let (cols, ocols) = (pair.a.cols, pair.b.out());
             runs.clear();
             runs.extend(all.iter().filter_map(|(r, s)| {
                 let (a, b) = (r.start.max(lo), r.end.min(hi));
