@@ -340,10 +340,10 @@ pub fn bench(args: BenchArgs) -> Result<()> {
                 std: r.stddev_ts,
             })
             .collect();
-        let title = format!(
-            "mica bench: {} ({}), {} | isa {isa}",
-            info.desc, records[0].model_filename, cpu
-        );
+        let file = std::path::Path::new(&records[0].model_filename)
+            .file_stem()
+            .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+        let title = format!("mica bench: {file} — {cpu}, {isa}");
         crate::charts::bench_chart(path, &title, &bars)
             .with_context(|| format!("--chart {}", path.display()))?;
         eprintln!("wrote {}", path.display());

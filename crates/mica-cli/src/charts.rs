@@ -60,7 +60,7 @@ pub fn bench_chart(path: &Path, title: &str, bars: &[BenchBar]) -> Result<()> {
     root.fill(&WHITE).map_err(err)?;
     let n = tests.len();
     let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 16))
+        .caption(title, ("sans-serif", 14))
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(64)
@@ -81,6 +81,7 @@ pub fn bench_chart(path: &Path, title: &str, bars: &[BenchBar]) -> Result<()> {
         .x_labels(n.max(2))
         .x_label_formatter(&label)
         .y_desc("tokens/s (log scale)")
+        .y_label_formatter(&|y| format!("{y:.0}"))
         .draw()
         .map_err(err)?;
     let group = 0.8;

@@ -6,6 +6,24 @@
 //! and needs no filtering by module.
 
 use log::{Level, LevelFilter, Log, Metadata, Record};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Whether log records are written as JSON lines (`mica serve --log-format json`).
+static JSON: AtomicBool = AtomicBool::new(false);
+
+/// Writes log records as one JSON object per line from now on (`event: "log"`, `level`,
+/// `message`, `ts`), as `mica serve --log-format json` writes its events.
+pub fn set_json(on: bool) {
+    JSON.store(on, Ordering::Relaxed);
+}
+
+/// Seconds since the Unix epoch, to the millisecond (the `ts` of JSON log lines).
+pub fn now_s() -> f64 {
+    let ts = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    (ts * 1e3).round() / 1e3
+}
 
 struct StderrLogger;
 
@@ -23,7 +41,14 @@ impl Log for StderrLogger {
                 Level::Debug => "debug",
                 Level::Trace => "trace",
             };
-            eprintln!("[mica] {level}: {}", r.args());
+            if JSON.load(Ordering::Relaxed) {
+                let line = serde_json::json!({
+                    "event": "log", "level": level, "message": r.args().to_string(), "ts": now_s()
+                });
+                eprintln!("{line}");
+            } else {
+                eprintln!("[mica] {level}: {}", r.args());
+            }
         }
     }
 

@@ -411,10 +411,7 @@ fn event_json(ev: &ServerEvent) -> serde_json::Value {
             v
         }
     };
-    let ts = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64());
-    v["ts"] = json!((ts * 1e3).round() / 1e3);
+    v["ts"] = json!(crate::logging::now_s());
     v
 }
 
@@ -470,6 +467,7 @@ async fn shutdown_signal() {
 }
 
 pub fn serve(args: ServeArgs) -> Result<()> {
+    crate::logging::set_json(args.log_format == LogFormat::Json);
     let cfg = config(&args)?;
     check_preload(&cfg, args.force)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -486,11 +484,19 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         let (format, level) = (args.log_format, args.log_level);
         let print = move |ev: &ServerEvent| print_event(format, level, ev);
         let state = Arc::new(AppState::with_observer(cfg, Some(Arc::new(print))));
-        eprintln!(
-            "mica serve: listening on http://{local} ({} model(s): {})",
-            state.cfg.models.len(),
-            state.model_names().join(", ")
-        );
+        if format == LogFormat::Json {
+            let line = serde_json::json!({
+                "event": "listening", "address": format!("http://{local}"),
+                "models": state.model_names(), "ts": crate::logging::now_s()
+            });
+            eprintln!("{line}");
+        } else {
+            eprintln!(
+                "mica serve: listening on http://{local} ({} model(s): {})",
+                state.cfg.models.len(),
+                state.model_names().join(", ")
+            );
+        }
         mica_server::serve(listener, state, shutdown_signal())
             .await
             .context("mica serve stopped")

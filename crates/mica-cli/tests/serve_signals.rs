@@ -8,10 +8,10 @@ mod common;
 use common::model_path;
 use common::serve::{send_post, signal, wait_exit};
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Read};
 use std::net::{SocketAddr, TcpStream};
 use std::process::Child;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const MODEL: &str = "smollm2-135m-instruct-q4_1";
 
@@ -31,28 +31,8 @@ fn serve(grace: &str) -> (Child, SocketAddr) {
             grace,
         ],
     );
-    let t = Instant::now();
-    while get_status(addr, "/ready") != 200 {
-        assert!(t.elapsed() < Duration::from_secs(120), "never ready");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::serve::wait_ready(addr);
     (child, addr)
-}
-
-fn get_status(a: SocketAddr, path: &str) -> u16 {
-    let Ok(mut s) = TcpStream::connect(a) else {
-        return 0;
-    };
-    let _ = write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {a}\r\nConnection: close\r\n\r\n"
-    );
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out.split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0)
 }
 
 /// A streaming request: reads the head and the first chunk.

@@ -135,7 +135,7 @@ fn agrees_with_libm(f: ExpfFn) -> bool {
         seed ^= seed >> 7;
         seed ^= seed << 17;
         // Uniform over the bit patterns below 0x42b00000 (|x| < 88), either sign.
-        let bits = (seed as u32) % 0x42b0_0000 | ((i & 1) << 31);
+        let bits = ((seed as u32) % 0x42b0_0000) | ((i & 1) << 31);
         xs.push(f32::from_bits(bits));
     }
     xs.extend([
