@@ -231,14 +231,16 @@ mod x86 {
             let mut special = specials8(v);
             // SAFETY: as above.
             unsafe { _mm256_storeu_ps(p.add(i), _mm256_set_m128(hi, lo)) };
-            while special != 0 {
-                let l = special.trailing_zeros() as usize;
-                // The lane's input is gone from memory; recompute from the vector.
+            if special != 0 {
+                // The inputs were overwritten in memory; the vector still holds them.
                 let mut lanes = [0f32; 8];
                 // SAFETY: 8 floats into an 8-float array.
                 unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), v) };
-                x[i + l] = lanes[l].exp();
-                special &= special - 1;
+                while special != 0 {
+                    let l = special.trailing_zeros() as usize;
+                    x[i + l] = lanes[l].exp();
+                    special &= special - 1;
+                }
             }
             i += 8;
         }
