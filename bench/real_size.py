@@ -18,7 +18,9 @@ Steps (each skipped when its output exists, unless --force):
   4. compare:  bench/compare -m <the Q4_K_M file> -t 2 -p 512 -n 128 (override with
                --compare-args).
 
-Configurations (CONFIGS): `gemma4` is the smallest published Gemma 4 text model,
+Configurations (CONFIGS): `qwen35` is the smallest published Qwen3.5 text model,
+Qwen3.5-0.8B (24 layers of 1024: 18 Gated DeltaNet and 6 gated attention layers, a tied
+248320-token vocabulary). `gemma4` is the smallest published Gemma 4 text model,
 gemma-4-E2B (35 layers of 1536, 4 sliding layers per global one, per-layer embeddings of
 256, the last 20 layers sharing keys and values with double-wide feed-forwards, a
 262144-token vocabulary: 5.1 B parameters, most of them the two embedding tables).
@@ -69,7 +71,24 @@ GEMMA4_E2B = dict(
     },
 )
 
-CONFIGS = {"gemma4": GEMMA4_E2B}
+# The smallest published Qwen3.5 text model (Qwen3.5-0.8B's text_config): 24 layers of 1024,
+# three Gated DeltaNet layers (16 heads of 128) per gated attention layer (8 query / 2
+# key-value heads of 256), feed-forward 3584, a tied 248320-token vocabulary. The converter
+# is told to leave out the multi-token-prediction layer (mica does not run it).
+QWEN35_08B = dict(
+    cls="Qwen3_5TextConfig", vocab_size=248320, hidden_size=1024, intermediate_size=3584,
+    num_hidden_layers=24, num_attention_heads=8, num_key_value_heads=2, head_dim=256,
+    attn_output_gate=True, linear_num_key_heads=16, linear_num_value_heads=16,
+    linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+    rms_norm_eps=1e-6, full_attention_interval=4, max_position_embeddings=262144,
+    tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25,
+                         mrope_section=[11, 11, 10], mrope_interleaved=True),
+)
+
+CONFIGS = {"gemma4": GEMMA4_E2B, "qwen35": QWEN35_08B}
+# Extra arguments for llama.cpp's converter, per family.
+CONVERT_ARGS = {"qwen35": ["--no-mtp"]}
 SHARD_BYTES = 2 << 30
 ROW_CHUNK_BYTES = 256 << 20
 
@@ -85,8 +104,9 @@ def config(family: str, layers: int | None, vocab: int | None):
     cls = getattr(transformers, spec.pop("cls"))
     if layers is not None:
         n = spec["num_hidden_layers"]
-        types = spec["layer_types"] = spec["layer_types"][:layers]
-        if spec.get("num_kv_shared_layers"):
+        if "layer_types" in spec:
+            types = spec["layer_types"] = spec["layer_types"][:layers]
+        if spec.get("num_kv_shared_layers"):  # (only families with layer_types have it)
             # The same fraction of unshared layers, at least up to the first global one (a
             # shared layer reuses an unshared layer of its kind).
             unshared = math.ceil((n - spec["num_kv_shared_layers"]) * layers / n)
@@ -161,11 +181,11 @@ def draw(cfg, folder: Path, seed: int) -> None:
     log(f"drew {total / 1e9:.2f} B parameters into {len(shards)} shards")
 
 
-def convert(folder: Path, out: Path, via: str) -> None:
+def convert(folder: Path, out: Path, via: str, extra: list[str]) -> None:
     import make_fixtures
 
     subprocess.run([sys.executable, "-c", make_fixtures.CONVERT_DRIVER, make_fixtures.LLAMA_CPP,
-                    str(folder), "--outtype", via, "--outfile", str(out)], check=True)
+                    str(folder), "--outtype", via, "--outfile", str(out), *extra], check=True)
 
 
 QUANTIZE = r"""
@@ -218,7 +238,7 @@ def main() -> None:
         draw(cfg, folder, args.seed)
     if args.force or not (final.is_file() or mid.is_file()):
         log(f"[2/4] converting to {mid.name} (llama.cpp's convert_hf_to_gguf.py)")
-        convert(folder, mid, args.via)
+        convert(folder, mid, args.via, CONVERT_ARGS.get(args.family, []))
     if not args.keep:
         shutil.rmtree(folder, ignore_errors=True)
     if args.force or not final.is_file():

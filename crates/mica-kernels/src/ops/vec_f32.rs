@@ -1,7 +1,8 @@
 //! f32 vector kernels with the arithmetic of llama.cpp's CPU build for AVX-512 (`vec.cpp`,
 //! `vec.h`), for operations mica runs outside the matrix products (Qwen3.5's Gated DeltaNet).
 //! Each runs with hardware FMA where the CPU has it (else `mul_add` is a libm call per
-//! element); the results are the same either way.
+//! element); the results are the same either way. The bodies ([`dot_body`], [`mad_body`])
+//! are public and always inlined, for callers that compile a whole loop for one SIMD tier.
 
 /// `ggml_vec_dot_f32`: whole groups of 64 into four 16-lane FMA accumulators, reduced
 /// pairwise (`GGML_F32x16_REDUCE`, then `_mm512_reduce_add_ps`), then the rest one by
@@ -57,8 +58,9 @@ fn fma_assign_fma(acc: &mut [f32], a: &[f32], b: &[f32]) {
     fma_assign_body(acc, a, b)
 }
 
+/// [`dot`]'s arithmetic, inlined into the caller (with the caller's target features).
 #[inline(always)]
-fn dot_body(x: &[f32], y: &[f32]) -> f32 {
+pub fn dot_body(x: &[f32], y: &[f32]) -> f32 {
     let n = x.len().min(y.len());
     let np = n & !63;
     let mut acc = [[0f32; 16]; 4];
@@ -83,15 +85,17 @@ fn dot_body(x: &[f32], y: &[f32]) -> f32 {
     s
 }
 
+/// [`mad`]'s arithmetic, inlined into the caller (with the caller's target features).
 #[inline(always)]
-fn mad_body(y: &mut [f32], x: &[f32], v: f32) {
+pub fn mad_body(y: &mut [f32], x: &[f32], v: f32) {
     for (yi, &xi) in y.iter_mut().zip(x) {
         *yi = xi.mul_add(v, *yi);
     }
 }
 
+/// [`fma_assign`]'s arithmetic, inlined into the caller (with the caller's target features).
 #[inline(always)]
-fn fma_assign_body(acc: &mut [f32], a: &[f32], b: &[f32]) {
+pub fn fma_assign_body(acc: &mut [f32], a: &[f32], b: &[f32]) {
     for ((s, &x), &w) in acc.iter_mut().zip(a).zip(b) {
         *s = x.mul_add(w, *s);
     }

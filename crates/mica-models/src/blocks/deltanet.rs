@@ -34,6 +34,7 @@ use crate::kv_cache::{KvCache, SeqId};
 use crate::model::grow;
 use crate::weights::{ActCache, Linear};
 use mica_kernels::ThreadPool;
+use mica_kernels::pool::split_range;
 use mica_kernels::ops::{self, silu, vec_f32};
 
 /// The weights of one Gated DeltaNet layer besides its input projection (`attn_qkv`, the
@@ -68,10 +69,6 @@ pub struct DeltaBufs {
     beta: Vec<f32>,
     /// `[n, n_v_heads]`
     alpha: Vec<f32>,
-    /// `[conv_dim]` one convolved row
-    row: Vec<f32>,
-    /// `[head_v_dim]` one head's delta
-    tmp: Vec<f32>,
 }
 
 impl DeltaBufs {
@@ -82,8 +79,6 @@ impl DeltaBufs {
             &self.z,
             &self.beta,
             &self.alpha,
-            &self.row,
-            &self.tmp,
         ];
         4 * bufs.iter().map(|b| b.capacity()).sum::<usize>()
     }
@@ -121,112 +116,260 @@ impl DeltaNet {
         self.beta.apply(pool, acts, xn, n, beta);
         let alpha = grow(&mut b.alpha, n * nv);
         self.alpha.apply(pool, acts, xn, n, alpha);
-        let row = grow(&mut b.row, cd);
-        let tmp = grow(&mut b.tmp, c.head_v_dim);
-        for t in 0..n {
-            let (conv_state, state) = kv.state_mut(layer, seq[t]);
-            let x = &mut b.qkv[t * cd..(t + 1) * cd];
-            self.convolve(c, conv_state, x, row);
-            x.copy_from_slice(row);
-            let o = &mut out[t * vd..(t + 1) * vd];
-            let (beta, alpha) = (&b.beta[t * nv..], &b.alpha[t * nv..]);
-            self.recur(c, x, (beta, alpha), state, (tmp, numerics), o);
-            gated_norm(c, &self.norm, &b.z[t * vd..(t + 1) * vd], eps, tmp, o);
-            kv.capture_layer(layer, seq[t], pos[t] + 1);
-        }
-    }
-
-    /// The causal convolution of one token's q | k | v row `x` over the state's previous
-    /// inputs, then SiLU, into `y`; the state shifts in `x`. (ggml's `ssm_conv`: a sum over
-    /// the taps, oldest first, then its row-wise `silu`.)
-    fn convolve(&self, c: &DeltaNetConfig, st: &mut [f32], x: &[f32], y: &mut [f32]) {
-        let (cd, kk) = (c.conv_dim(), c.conv_kernel);
-        y.fill(0.0);
-        for j in 0..kk - 1 {
-            vec_f32::fma_assign(
-                y,
-                &st[j * cd..(j + 1) * cd],
-                &self.conv[j * cd..(j + 1) * cd],
-            );
-        }
-        vec_f32::fma_assign(y, x, &self.conv[(kk - 1) * cd..]);
-        silu_row(y);
-        if kk > 1 {
-            st.copy_within(cd.., 0);
-            st[(kk - 2) * cd..].copy_from_slice(x);
-        }
-    }
-
-    /// The gated delta rule for one token, as ggml's `gated_delta_net` computes it: `x` is
-    /// its convolved q | k | v (q and k are L2-normalized here, in place), `beta` / `alpha`
-    /// its `[n_v_heads]` inputs; updates the state matrices (each stored transposed,
-    /// `M[j][i] = S[i][j]`, `head_v_dim` rows of `head_k_dim`) and writes each head's output
-    /// to `o` (`[value_dim]`); `delta` holds one head's update (`[head_v_dim]`).
-    fn recur(
-        &self,
-        c: &DeltaNetConfig,
-        x: &mut [f32],
-        (beta, alpha): (&[f32], &[f32]),
-        state: &mut [f32],
-        (delta, numerics): (&mut [f32], Numerics),
-        o: &mut [f32],
-    ) {
-        let (dk, dv, kd) = (c.head_k_dim, c.head_v_dim, c.key_dim());
-        let (qk, v) = x.split_at_mut(2 * kd);
-        for head in qk.chunks_exact_mut(dk) {
-            // The sum of squares in f64, then ggml's `l2_norm`, x / max(|x|, eps), or
-            // transformers' `l2norm`, x / sqrt(|x|² + eps).
-            let ss: f64 = head.iter().map(|&v| (v * v) as f64).sum();
-            let scale = match numerics {
-                Numerics::LlamaCpp => 1.0 / (ss as f32).sqrt().max(c.l2_eps),
-                Numerics::F32 => 1.0 / (ss as f32 + c.l2_eps).sqrt(),
+        let weights = MixWeights {
+            conv: &self.conv,
+            dt_bias: &self.dt_bias,
+            a: &self.a,
+            norm: &self.norm,
+        };
+        let mut t0 = 0;
+        while t0 < n {
+            // The tokens up to and including the next one after which a checkpoint of its
+            // sequence is taken: the state must be whole at that point.
+            let mut t1 = t0 + 1;
+            while t1 < n && !kv.wants_capture(seq[t1 - 1], pos[t1 - 1] + 1) {
+                t1 += 1;
+            }
+            let states = StatePtrs::gather(kv, layer, &seq[t0..t1]);
+            let seg = Segment {
+                c,
+                w: &weights,
+                tokens: t0..t1,
+                seq,
+                qkv: SharedMut(b.qkv.as_mut_ptr()),
+                z: &b.z,
+                beta: &b.beta,
+                alpha: &b.alpha,
+                out: SharedMut(out.as_mut_ptr()),
+                states: &states,
+                eps,
+                numerics,
             };
-            head.iter_mut().for_each(|v| *v *= scale);
+            // Each thread owns whole key heads (and the value heads that read them): their
+            // channels of the convolution, their state matrices and their outputs, so the
+            // threads never touch the same element and each element's arithmetic is the one
+            // of a single thread.
+            pool.run(|i, nt| {
+                let heads = split_range(c.n_k_heads, i, nt, 1);
+                if !heads.is_empty() {
+                    // SAFETY: threads own disjoint key heads (see `Segment::run`).
+                    unsafe { seg.run(heads) };
+                }
+            });
+            if kv.wants_capture(seq[t1 - 1], pos[t1 - 1] + 1) {
+                kv.capture_layer(layer, seq[t1 - 1], pos[t1 - 1] + 1);
+            }
+            t0 = t1;
         }
-        let (q, k) = qk.split_at(kd);
-        let scale = 1.0 / (dk as f32).sqrt();
-        for h in 0..c.n_v_heads {
-            let kh = c.k_head_of(h);
-            let (q, k) = (&q[kh * dk..(kh + 1) * dk], &k[kh * dk..(kh + 1) * dk]);
-            let v = &v[h * dv..(h + 1) * dv];
-            let o = &mut o[h * dv..(h + 1) * dv];
-            let m = &mut state[h * dk * dv..(h + 1) * dk * dv];
-            let g = softplus(alpha[h] + self.dt_bias[h]) * self.a[h];
-            let b = sigmoid(beta[h]);
-            let decay = g.exp();
-            m.iter_mut().for_each(|s| *s *= decay);
-            // delta = beta · (v − Sᵀk); S ← S + k ⊗ delta; o = Sᵀq / sqrt(dk).
-            for ((row, dj), vj) in m.chunks_exact(dk).zip(delta.iter_mut()).zip(v) {
-                *dj = (vj - vec_f32::dot(row, k)) * b;
+    }
+}
+
+/// The layer's own weights that the token mixing reads.
+struct MixWeights<'a> {
+    conv: &'a [f32],
+    dt_bias: &'a [f32],
+    a: &'a [f32],
+    norm: &'a [f32],
+}
+
+/// A pointer that threads write through at disjoint places.
+#[derive(Clone, Copy)]
+struct SharedMut(*mut f32);
+// SAFETY: only used for writes that the owners of the pointer keep disjoint between threads.
+unsafe impl Send for SharedMut {}
+// SAFETY: as above.
+unsafe impl Sync for SharedMut {}
+
+/// The convolution state and the state matrices of each sequence in a run of tokens.
+struct StatePtrs(Vec<(SeqId, SharedMut, SharedMut)>);
+
+impl StatePtrs {
+    fn gather(kv: &mut KvCache, layer: usize, seqs: &[SeqId]) -> StatePtrs {
+        let mut v: Vec<(SeqId, SharedMut, SharedMut)> = Vec::new();
+        for &s in seqs {
+            if !v.iter().any(|e| e.0 == s) {
+                let (conv, ssm) = kv.state_mut(layer, s);
+                v.push((s, SharedMut(conv.as_mut_ptr()), SharedMut(ssm.as_mut_ptr())));
             }
-            for (row, &dj) in m.chunks_exact_mut(dk).zip(delta.iter()) {
-                vec_f32::mad(row, k, dj);
+        }
+        StatePtrs(v)
+    }
+
+    fn of(&self, s: SeqId) -> (*mut f32, *mut f32) {
+        let e = self.0.iter().find(|e| e.0 == s).expect("gathered");
+        (e.1.0, e.2.0)
+    }
+}
+
+/// One run of tokens of a DeltaNet layer, after the projections: the convolution, the
+/// L2 norms, the gated delta rule and the gated norm, token by token in batch order.
+struct Segment<'a> {
+    c: &'a DeltaNetConfig,
+    w: &'a MixWeights<'a>,
+    tokens: std::ops::Range<usize>,
+    seq: &'a [SeqId],
+    /// `[n, conv_dim]` q | k | v, convolved in place.
+    qkv: SharedMut,
+    z: &'a [f32],
+    beta: &'a [f32],
+    alpha: &'a [f32],
+    /// `[n, value_dim]`
+    out: SharedMut,
+    states: &'a StatePtrs,
+    eps: f32,
+    numerics: Numerics,
+}
+
+impl Segment<'_> {
+    /// Runs key heads `heads` (and their value heads) over the segment's tokens, compiled
+    /// for the best SIMD tier of this CPU (the same results on every tier: each step is a
+    /// lane-wise multiply, add or fused multiply-add in a fixed order).
+    ///
+    /// # Safety
+    /// Concurrent calls must have disjoint `heads`; the buffers behind the pointers must
+    /// be as [`DeltaNet::forward`] set them up and not otherwise in use.
+    unsafe fn run(&self, heads: std::ops::Range<usize>) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma")
+            {
+                // SAFETY: the features were just detected; the rest is the caller's.
+                return unsafe { self.run_avx512(heads) };
             }
-            for (row, oj) in m.chunks_exact(dk).zip(o.iter_mut()) {
-                *oj = vec_f32::dot(row, q) * scale;
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                // SAFETY: as above.
+                return unsafe { self.run_avx2(heads) };
+            }
+        }
+        // SAFETY: the caller's.
+        unsafe { self.run_body(heads) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn run_avx512(&self, heads: std::ops::Range<usize>) {
+        // SAFETY: the caller's.
+        unsafe { self.run_body(heads) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn run_avx2(&self, heads: std::ops::Range<usize>) {
+        // SAFETY: the caller's.
+        unsafe { self.run_body(heads) }
+    }
+
+    #[inline(always)]
+    unsafe fn run_body(&self, heads: std::ops::Range<usize>) {
+        let c = self.c;
+        let (dk, dv, kd, cd, kk) = (
+            c.head_k_dim,
+            c.head_v_dim,
+            c.key_dim(),
+            c.conv_dim(),
+            c.conv_kernel,
+        );
+        let (nv, vd) = (c.n_v_heads, c.value_dim());
+        let vheads: Vec<usize> = (0..nv).filter(|&h| heads.contains(&c.k_head_of(h))).collect();
+        let mut y = vec![0f32; dk.max(dv)];
+        let mut delta = vec![0f32; dv];
+        let mut tmp = vec![0f32; dv];
+        let body = cd / 16 * 16;
+        for t in self.tokens.clone() {
+            let (conv_st, ssm) = self.states.of(self.seq[t]);
+            // SAFETY (for every slice made below from the raw pointers): the ranges are this
+            // thread's key heads' q and k channels, its value heads' v channels, state
+            // matrices and outputs, which no other thread touches (the caller's contract),
+            // all inside the buffers `forward` sized.
+            let x = unsafe { self.qkv.0.add(t * cd) };
+            let channels = heads
+                .clone()
+                .flat_map(|kh| [kh * dk, kd + kh * dk].map(|a| (a, dk)))
+                .chain(vheads.iter().map(|&h| (2 * kd + h * dv, dv)));
+            for (a, len) in channels {
+                let xr = unsafe { std::slice::from_raw_parts_mut(x.add(a), len) };
+                let y = &mut y[..len];
+                y.fill(0.0);
+                for j in 0..kk - 1 {
+                    let st = unsafe { std::slice::from_raw_parts(conv_st.add(j * cd + a), len) };
+                    vec_f32::fma_assign_body(y, st, &self.w.conv[j * cd + a..][..len]);
+                }
+                vec_f32::fma_assign_body(y, xr, &self.w.conv[(kk - 1) * cd + a..][..len]);
+                silu_from(y, a, body);
+                if kk > 1 {
+                    for j in 0..kk - 2 {
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                conv_st.add((j + 1) * cd + a),
+                                conv_st.add(j * cd + a),
+                                len,
+                            )
+                        };
+                    }
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(xr.as_ptr(), conv_st.add((kk - 2) * cd + a), len)
+                    };
+                }
+                xr.copy_from_slice(y);
+            }
+            for kh in heads.clone() {
+                for a in [kh * dk, kd + kh * dk] {
+                    let head = unsafe { std::slice::from_raw_parts_mut(x.add(a), dk) };
+                    l2_normalize(head, c.l2_eps, self.numerics);
+                }
+            }
+            let scale = 1.0 / (dk as f32).sqrt();
+            for &h in &vheads {
+                let kh = c.k_head_of(h);
+                let q = unsafe { std::slice::from_raw_parts(x.add(kh * dk), dk) };
+                let k = unsafe { std::slice::from_raw_parts(x.add(kd + kh * dk), dk) };
+                let v = unsafe { std::slice::from_raw_parts(x.add(2 * kd + h * dv), dv) };
+                let o = unsafe { std::slice::from_raw_parts_mut(self.out.0.add(t * vd + h * dv), dv) };
+                let m = unsafe { std::slice::from_raw_parts_mut(ssm.add(h * dk * dv), dk * dv) };
+                let g = softplus(self.alpha[t * nv + h] + self.w.dt_bias[h]) * self.w.a[h];
+                let b = sigmoid(self.beta[t * nv + h]);
+                let decay = g.exp();
+                m.iter_mut().for_each(|s| *s *= decay);
+                // delta = beta · (v − Sᵀk); S ← S + k ⊗ delta; o = Sᵀq / sqrt(dk).
+                for ((row, dj), vj) in m.chunks_exact(dk).zip(delta.iter_mut()).zip(v) {
+                    *dj = (vj - vec_f32::dot_body(row, k)) * b;
+                }
+                for (row, &dj) in m.chunks_exact_mut(dk).zip(delta.iter()) {
+                    vec_f32::mad_body(row, k, dj);
+                }
+                for (row, oj) in m.chunks_exact(dk).zip(o.iter_mut()) {
+                    *oj = vec_f32::dot_body(row, q) * scale;
+                }
+                // The gated RMSNorm of the head's output.
+                tmp.copy_from_slice(o);
+                ops::rms_norm(&tmp, self.w.norm, self.eps, o);
+                tmp.copy_from_slice(&self.z[t * vd + h * dv..][..dv]);
+                silu_from(&mut tmp, 0, dv / 16 * 16);
+                o.iter_mut().zip(tmp.iter()).for_each(|(v, s)| *v *= s);
             }
         }
     }
 }
 
-/// RMS-normalizes each head of `o` (`[value_dim]`) in place (ggml's `rms_norm`), times `w`,
-/// times `silu(z)` (each head's row of `z` through ggml's row-wise `silu`); `tmp` holds a row.
-fn gated_norm(c: &DeltaNetConfig, w: &[f32], z: &[f32], eps: f32, tmp: &mut [f32], o: &mut [f32]) {
-    let dv = c.head_v_dim;
-    for (head, zh) in o.chunks_exact_mut(dv).zip(z.chunks_exact(dv)) {
-        tmp.copy_from_slice(head);
-        ops::rms_norm(tmp, w, eps, head);
-        tmp.copy_from_slice(zh);
-        silu_row(tmp);
-        head.iter_mut().zip(tmp.iter()).for_each(|(v, s)| *v *= s);
-    }
+/// The sum of squares in f64, then ggml's `l2_norm`, x / max(|x|, eps), or transformers'
+/// `l2norm`, x / sqrt(|x|² + eps).
+#[inline(always)]
+fn l2_normalize(head: &mut [f32], eps: f32, numerics: Numerics) {
+    let ss: f64 = head.iter().map(|&v| (v * v) as f64).sum();
+    let scale = match numerics {
+        Numerics::LlamaCpp => 1.0 / (ss as f32).sqrt().max(eps),
+        Numerics::F32 => 1.0 / (ss as f32 + eps).sqrt(),
+    };
+    head.iter_mut().for_each(|v| *v *= scale);
 }
 
-/// ggml's row-wise `silu` (`ggml_vec_silu_f32` as built for AVX-512): 16-lane groups, the
-/// libm formula for the rest.
-fn silu_row(x: &mut [f32]) {
-    let body = x.len() / 16 * 16;
-    let (head, tail) = x.split_at_mut(body);
+/// ggml's row-wise `silu` (`ggml_vec_silu_f32` as built for AVX-512) on the piece of a row
+/// that starts at index `start`: 16-lane groups for the row's first `body` elements (its
+/// whole groups of 16), the libm formula for the rest.
+#[inline(always)]
+fn silu_from(y: &mut [f32], start: usize, body: usize) {
+    let split = body.saturating_sub(start).min(y.len());
+    let (head, tail) = y.split_at_mut(split);
     head.iter_mut().for_each(|v| *v = silu::silu_lane(*v));
     tail.iter_mut().for_each(|v| *v = silu::silu_libm(*v));
 }

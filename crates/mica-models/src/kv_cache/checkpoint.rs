@@ -111,6 +111,14 @@ impl KvCache {
         Ok(())
     }
 
+    /// Whether a checkpoint of `seq` is asked for at `at` (a DeltaNet layer must then call
+    /// [`KvCache::capture_layer`] once position `at - 1` is computed, before going on).
+    pub(crate) fn wants_capture(&self, seq: SeqId, at: usize) -> bool {
+        self.captures
+            .get(seq)
+            .is_some_and(|list| list.iter().any(|&(p, _)| p == at))
+    }
+
     /// Called by a DeltaNet layer after it computed position `at - 1` of `seq`: saves the
     /// layer's part of the state into the checkpoints asked for at `at`.
     pub(crate) fn capture_layer(&mut self, layer: usize, seq: SeqId, at: usize) {
