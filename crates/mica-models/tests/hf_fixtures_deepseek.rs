@@ -1,0 +1,98 @@
+//! DeepSeek-V2 (fixtures/hf/deepseek2, written by fixtures/hf/make_fixtures.py): latent
+//! attention with the query's low-rank projection, YaRN on the rope dimensions, a dense
+//! first layer and grouped routed experts plus a shared one. mica's f32 logits at every
+//! position within 1e-4 of transformers' and its greedy continuation identical, from the
+//! folder and from llama.cpp's conversion (fixtures/converted/deepseek2, ungrouped: llama.cpp
+//! ranks groups otherwise). The cache holds the latent: its bytes per token are the pool's
+//! own accounting, against what full keys and values would take.
+
+mod hf_common;
+use hf_common::*;
+use mica_models::config::Numerics;
+use mica_models::kv_cache::{BLOCK_SIZE, CacheTypes, KvType};
+
+#[test]
+fn deepseek2_matches_transformers() {
+    check("deepseek2");
+}
+
+#[test]
+fn deepseek2_gguf_matches_transformers() {
+    let model = check_converted("deepseek2");
+    assert!(
+        model.layers[1..]
+            .iter()
+            .all(|l| matches!(l.ffn, mica_models::model::Ffn::Moe(_))),
+        "the layers after the first are sparse"
+    );
+    assert!(matches!(
+        model.layers[0].ffn,
+        mica_models::model::Ffn::Dense(_)
+    ));
+}
+
+/// A prefill of 96 tokens in one batch against the same tokens one at a time (the cache's
+/// latent rows written and read back across blocks).
+#[test]
+fn deepseek2_batch_matches_token_by_token() {
+    tiled_prefill_matches_token_by_token("deepseek2");
+}
+
+/// The pool stores one latent row per token and layer (kv_lora_rank + rope dimensions, half
+/// in the key pool, half in the value pool), not per-head keys and values.
+#[test]
+fn deepseek2_cache_holds_the_latent() {
+    let (model, _, _) = load("deepseek2");
+    let cfg = &model.config;
+    let mla = cfg.mla.as_ref().expect("latent attention");
+    assert_eq!(cfg.numerics, Numerics::F32);
+    let per_token = KvCache::bytes_per_block(cfg) / BLOCK_SIZE;
+    let f32_latent = cfg.n_layer * mla.latent_dim() * 4;
+    assert_eq!(per_token, f32_latent);
+    let full = cfg.n_layer * mla.full_kv_values(cfg.n_head) * 4;
+    // (32 + 16) latent values against 4 heads × (32 key + 24 value) values per layer.
+    assert_eq!((mla.latent_dim(), mla.full_kv_values(cfg.n_head)), (48, 224));
+    println!(
+        "deepseek2 fixture: KV bytes per token (f32, {} layers) latent {per_token}, full K/V \
+         {full} ({:.1}x)",
+        cfg.n_layer,
+        full as f64 / per_token as f64
+    );
+    // A cache of 64 tokens says the same.
+    let kv = KvCache::new(cfg, 64, 1);
+    assert_eq!(kv.bytes_per_seq(), 64 * f32_latent);
+    // f16 halves it; quantized types are refused for the latent.
+    let mut c = cfg.clone();
+    c.set_cache_types(CacheTypes::both(KvType::F16)).unwrap();
+    assert_eq!(KvCache::bytes_per_block(&c) / BLOCK_SIZE, f32_latent / 2);
+    let err = c
+        .set_cache_types(CacheTypes::both(KvType::Q8_0))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("latent"), "{err}");
+}
+
+/// With llama.cpp's numerics (f16 cache) the folder still tracks transformers closely.
+#[test]
+fn deepseek2_f16_cache_stays_close() {
+    let (mut model, exp, want) = load("deepseek2");
+    model.config.numerics = Numerics::LlamaCpp;
+    let seq = ids(&exp["sequences"][0]);
+    let v = model.config.n_vocab;
+    let d = max_diff("deepseek2 (f16 cache)", &model, &seq, 64, &want[..seq.len() * v]);
+    println!("deepseek2 f16 cache: max |Δlogit| {d:.2e}");
+    assert!(d < 2e-2, "{d:.2e}");
+}
+
+/// Bad latent-attention and routing fields are refused with the field named.
+#[test]
+fn deepseek2_config_errors_name_the_field() {
+    config_error_names("deepseek2", "kv_lora_rank", |c| {
+        c.as_object_mut().unwrap().remove("kv_lora_rank");
+    });
+    config_error_names("deepseek2", "n_group", |c| c["n_group"] = 3.into());
+    config_error_names("deepseek2", "topk_method", |c| c["topk_method"] = "best".into());
+    config_error_names("deepseek2", "rope_parameters.rope_type", |c| {
+        c["rope_parameters"]["rope_type"] = "dynamic".into()
+    });
+}
