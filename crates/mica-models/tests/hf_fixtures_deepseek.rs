@@ -96,3 +96,82 @@ fn deepseek2_config_errors_name_the_field() {
         c["rope_parameters"]["rope_type"] = "dynamic".into()
     });
 }
+
+/// What makes the logits match: the fixture's expert groups, its routed scaling and YaRN's
+/// mscale² in the softmax scale each move the logits well past the tolerance when dropped.
+#[test]
+fn deepseek2_groups_scaling_and_mscale_bite() {
+    use mica_models::model::Ffn;
+    let (model, exp, want) = load("deepseek2");
+    let seq = ids(&exp["sequences"][0]);
+    let want = &want[..seq.len() * model.config.n_vocab];
+    let base = max_diff("deepseek2", &model, &seq, 64, want);
+    assert!(base <= MAX_ABS, "{base:.2e}");
+    type Edit = fn(&mut Model);
+    let edits: [(&str, Edit); 3] = [
+        ("ungrouped", |m| {
+            for l in &mut m.layers {
+                if let Ffn::Moe(moe) = &mut l.ffn {
+                    moe.routing.groups = None;
+                }
+            }
+        }),
+        ("unscaled", |m| {
+            for l in &mut m.layers {
+                if let Ffn::Moe(moe) = &mut l.ffn {
+                    moe.routing.scale = 1.0;
+                }
+            }
+        }),
+        ("no mscale", |m| {
+            let c = m.config.mla.as_mut().unwrap();
+            c.kq_scale = 1.0 / ((c.qk_nope + c.qk_rope) as f32).sqrt();
+        }),
+    ];
+    for (what, edit) in edits {
+        let (mut m, _, _) = load("deepseek2");
+        edit(&mut m);
+        let d = max_diff("deepseek2", &m, &seq, 64, want);
+        println!("deepseek2 {what}: max |Δlogit| {d:.2e}");
+        assert!(d > 1e-2, "{what}: {d:.2e}");
+    }
+}
+
+/// DeepSeek-V3 (fixtures/hf/deepseek3): sigmoid scores chosen with the correction bias
+/// from the best two of four groups (ranked by their best two experts), renormalized and
+/// scaled; a direct query projection. llama.cpp's conversion keeps the groups (its rule is
+/// V3's).
+#[test]
+fn deepseek3_matches_transformers() {
+    check("deepseek3");
+}
+
+#[test]
+fn deepseek3_gguf_matches_transformers() {
+    check_converted_moe("deepseek3");
+}
+
+/// The V3 fixture's choice bias and groups are what make the logits match.
+#[test]
+fn deepseek3_bias_and_groups_bite() {
+    use mica_models::model::Ffn;
+    let (model, exp, want) = load("deepseek3");
+    let seq = ids(&exp["sequences"][0]);
+    let want = &want[..seq.len() * model.config.n_vocab];
+    assert!(max_diff("deepseek3", &model, &seq, 64, want) <= MAX_ABS);
+    for what in ["no bias", "ungrouped"] {
+        let (mut m, _, _) = load("deepseek3");
+        for l in &mut m.layers {
+            if let Ffn::Moe(moe) = &mut l.ffn {
+                assert!(moe.routing.choice_bias.is_some());
+                match what {
+                    "no bias" => moe.routing.choice_bias = None,
+                    _ => moe.routing.groups = None,
+                }
+            }
+        }
+        let d = max_diff("deepseek3", &m, &seq, 64, want);
+        println!("deepseek3 {what}: max |Δlogit| {d:.2e}");
+        assert!(d > 1e-2, "{what}: {d:.2e}");
+    }
+}
