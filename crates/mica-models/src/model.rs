@@ -9,8 +9,8 @@ use crate::batch::Batch;
 use crate::blocks::attention::{AttnShape, attention};
 pub use crate::blocks::deltanet::DeltaNet;
 pub use crate::blocks::ffn::FFN_CHUNK;
-pub use crate::blocks::mla::{Mla, MlaInput};
 use crate::blocks::ffn::{Dense, activate, dense_ffn, ffn_chunks, glu};
+pub use crate::blocks::mla::{Mla, MlaInput};
 pub use crate::blocks::moe::{
     BranchNorms, Expert, GroupScore, Groups, Moe, MoeInput, Routing, Scoring,
 };

@@ -51,7 +51,10 @@ fn deepseek2_cache_holds_the_latent() {
     assert_eq!(per_token, f32_latent);
     let full = cfg.n_layer * mla.full_kv_values(cfg.n_head) * 4;
     // (32 + 16) latent values against 4 heads × (32 key + 24 value) values per layer.
-    assert_eq!((mla.latent_dim(), mla.full_kv_values(cfg.n_head)), (48, 224));
+    assert_eq!(
+        (mla.latent_dim(), mla.full_kv_values(cfg.n_head)),
+        (48, 224)
+    );
     println!(
         "deepseek2 fixture: KV bytes per token (f32, {} layers) latent {per_token}, full K/V \
          {full} ({:.1}x)",
@@ -79,7 +82,13 @@ fn deepseek2_f16_cache_stays_close() {
     model.config.numerics = Numerics::LlamaCpp;
     let seq = ids(&exp["sequences"][0]);
     let v = model.config.n_vocab;
-    let d = max_diff("deepseek2 (f16 cache)", &model, &seq, 64, &want[..seq.len() * v]);
+    let d = max_diff(
+        "deepseek2 (f16 cache)",
+        &model,
+        &seq,
+        64,
+        &want[..seq.len() * v],
+    );
     println!("deepseek2 f16 cache: max |Δlogit| {d:.2e}");
     assert!(d < 2e-2, "{d:.2e}");
 }
@@ -91,7 +100,9 @@ fn deepseek2_config_errors_name_the_field() {
         c.as_object_mut().unwrap().remove("kv_lora_rank");
     });
     config_error_names("deepseek2", "n_group", |c| c["n_group"] = 3.into());
-    config_error_names("deepseek2", "topk_method", |c| c["topk_method"] = "best".into());
+    config_error_names("deepseek2", "topk_method", |c| {
+        c["topk_method"] = "best".into()
+    });
     config_error_names("deepseek2", "rope_parameters.rope_type", |c| {
         c["rope_parameters"]["rope_type"] = "dynamic".into()
     });
@@ -174,4 +185,9 @@ fn deepseek3_bias_and_groups_bite() {
         println!("deepseek3 {what}: max |Δlogit| {d:.2e}");
         assert!(d > 1e-2, "{what}: {d:.2e}");
     }
+}
+
+#[test]
+fn deepseek2_q8_0_matches_llama_cpp() {
+    check_llama_cpp_q8("deepseek2");
 }

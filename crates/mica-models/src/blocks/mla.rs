@@ -18,20 +18,21 @@
 //! so attention is multi-query attention of width `kv_lora_rank + qk_rope` over the latent
 //! rows, values being their first `kv_lora_rank` entries. `k_b` holds each head's `W_UK_hᵀ`
 //! (`[kv_lora_rank × qk_nope]`, llama.cpp's `attn_k_b`) and `v_b` each head's `W_UV_h`
-//! (`[v_head_dim × kv_lora_rank]`, `attn_v_b`). Scores, softmax and the weighted sum are in
-//! f32 whatever the cache type.
+//! (`[v_head_dim × kv_lora_rank]`, `attn_v_b`). The attention itself has the arithmetic of
+//! llama.cpp's vector path for the cache type (f16 query, scores and accumulator over an f16
+//! cache; f32 over an f32 one), for prefill as for decoding.
 //!
 //! References: DeepSeek-V2 (2024), §2.1; transformers `DeepseekV2Attention`; llama.cpp's
 //! `deepseek2` graph (the absorbed form).
 
-use super::attention::{OutPtr, run_split};
+use super::attention::{OutPtr, POS_TILE, SoftmaxSteps, run_split};
 use super::moe::project;
 use crate::config::{MlaConfig, RopeConfig};
-use crate::kv_cache::{CacheElem, CacheTypes, KvCache, KvType, SeqId};
+use crate::kv_cache::{CacheElem, CacheTypes, KvCache, KvType, SeqId, SeqKv};
 use crate::weights::Linear;
 use half::f16;
 use mica_kernels::ThreadPool;
-use mica_kernels::ops::{self, rms_norm, rope_angles, rope_apply};
+use mica_kernels::ops::{self, f16v, rms_norm, rope_angles, rope_apply};
 use std::cell::RefCell;
 
 /// The weights of one latent-attention layer beside its query (`DecoderLayer::wq`: `q_b`,
@@ -61,10 +62,15 @@ pub struct MlaInput<'a> {
     pub eps: f32,
 }
 
+/// Per-thread buffers of one head's attention, kept between calls.
 #[derive(Default)]
 struct Scratch {
-    scores: Vec<f32>,
-    row: Vec<f32>,
+    q16: Vec<f16>,
+    acc16: Vec<f16>,
+    /// A tile of latent rows.
+    rows16: Vec<f16>,
+    rows32: Vec<f32>,
+    steps: SoftmaxSteps,
 }
 
 thread_local! {
@@ -156,7 +162,13 @@ impl Mla {
                 rope_apply(&mut head[nope..], rd, rope.style, &cs);
             }
             let row = &latent[t * 2 * half..][..2 * half];
-            kv.write(layer, input.seq[t], input.pos[t], &row[..half], &row[half..]);
+            kv.write(
+                layer,
+                input.seq[t],
+                input.pos[t],
+                &row[..half],
+                &row[half..],
+            );
         }
         // Absorbed queries `[n, h, lat]`: each head's latent query, then its rope part.
         let mut qa = vec![0f32; n * h * lat];
@@ -222,7 +234,7 @@ struct Shape {
 /// Causal attention of the absorbed queries `qa` (`[n, n_head, lat]`) over each token's
 /// sequence's latent rows, into `out` (`[n, n_head, rank]`); one work item per token and
 /// head.
-fn attend<T: CacheElem>(
+fn attend<T: MlaElem>(
     pool: &ThreadPool,
     s: &Shape,
     kv: &KvCache,
@@ -234,39 +246,120 @@ fn attend<T: CacheElem>(
     let items = input.seq.len() * s.n_head;
     let dst = OutPtr(out.as_mut_ptr());
     run_split(pool, items, &SCRATCH, |range, sc| {
+        sc.steps.resize(1);
         for item in range {
             let t = item / s.n_head;
             let view = kv
                 .typed_view::<T>(layer, input.seq[t])
                 .expect("the cache's type");
             let q = &qa[item * s.lat..][..s.lat];
-            let n_kv = input.pos[t] + 1;
-            sc.scores.resize(n_kv, 0.0);
-            sc.row.resize(2 * s.half, 0.0);
-            let mut m = f32::NEG_INFINITY;
-            for j in 0..n_kv {
-                T::slice_to_f32(view.key_row(j), &mut sc.row[..s.half]);
-                T::slice_to_f32(view.value_row(j), &mut sc.row[s.half..]);
-                let dot = q.iter().zip(&sc.row).fold(0f32, |a, (&x, &y)| x.mul_add(y, a));
-                sc.scores[j] = dot * s.scale;
-                m = m.max(sc.scores[j]);
-            }
-            let mut sum = 0f32;
-            for v in &mut sc.scores[..n_kv] {
-                *v = (*v - m).exp();
-                sum += *v;
-            }
             // SAFETY: item (t, head) owns this slice of `out`; items are split disjointly.
             let o = unsafe { dst.slice(item * s.rank, s.rank) };
-            o.fill(0.0);
-            for j in 0..n_kv {
-                let w = sc.scores[j] / sum;
-                T::slice_to_f32(view.key_row(j), &mut sc.row[..s.half]);
-                T::slice_to_f32(view.value_row(j), &mut sc.row[s.half..]);
-                for (o, &v) in o.iter_mut().zip(&sc.row[..s.rank]) {
-                    *o = v.mul_add(w, *o);
-                }
-            }
+            T::head(&view, q, s, input.pos[t] + 1, sc, o);
         }
     });
+}
+
+/// A cache element type with the arithmetic of llama.cpp's vector attention path for it
+/// (ggml's one-chunk flash attention, which llama.cpp runs over the latent for short
+/// batches and decoding): an online softmax a tile of positions at a time.
+trait MlaElem: CacheElem {
+    /// Attention of one absorbed query `q` over positions `0..n_kv` into `o`.
+    fn head(
+        view: &SeqKv<'_, Self>,
+        q: &[f32],
+        s: &Shape,
+        n_kv: usize,
+        sc: &mut Scratch,
+        o: &mut [f32],
+    );
+}
+
+/// The rows of positions `js` (each `2 · half` values, key half then value half) into
+/// `rows` (`[POS_TILE][2 · half]`).
+fn gather<T: Copy + Default>(
+    view: &SeqKv<'_, T>,
+    js: std::ops::Range<usize>,
+    half: usize,
+    rows: &mut Vec<T>,
+) {
+    rows.resize(POS_TILE * 2 * half, T::default());
+    for (jj, j) in js.enumerate() {
+        let row = &mut rows[jj * 2 * half..][..2 * half];
+        row[..half].copy_from_slice(view.key_row(j));
+        row[half..].copy_from_slice(view.value_row(j));
+    }
+}
+
+impl MlaElem for f16 {
+    /// f16 query, f16·f16 scores, the weighted sum accumulated in f16 (ggml's `VKQ16`).
+    fn head(
+        view: &SeqKv<'_, f16>,
+        q: &[f32],
+        s: &Shape,
+        n_kv: usize,
+        sc: &mut Scratch,
+        o: &mut [f32],
+    ) {
+        sc.q16.resize(s.lat, f16::ZERO);
+        ops::f32_to_f16(q, &mut sc.q16);
+        sc.acc16.clear();
+        sc.acc16.resize(s.rank, f16::ZERO);
+        let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+        let w = 2 * s.half;
+        for j0 in (0..n_kv).step_by(POS_TILE) {
+            let js = j0..(j0 + POS_TILE).min(n_kv);
+            gather(view, js.clone(), s.half, &mut sc.rows16);
+            for (jj, sc_j) in sc.steps.scores[..js.len()].iter_mut().enumerate() {
+                *sc_j = f16v::dot(&sc.q16, &sc.rows16[jj * w..][..s.lat]) * s.scale;
+            }
+            for (jj, (ms, vs)) in sc.steps.weights(0, js.len(), &mut m).enumerate() {
+                if ms != 1.0 {
+                    f16v::scale(&mut sc.acc16, ms);
+                }
+                f16v::mad(&mut sc.acc16, &sc.rows16[jj * w..][..s.rank], vs);
+                // ggml computes `S*ms + vs` with one fused multiply-add.
+                sum = sum.mul_add(ms, vs);
+            }
+        }
+        let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+        for (o, a) in o.iter_mut().zip(&sc.acc16) {
+            *o = a.to_f32() * inv;
+        }
+    }
+}
+
+impl MlaElem for f32 {
+    /// f32 throughout (float32 checkpoints).
+    fn head(
+        view: &SeqKv<'_, f32>,
+        q: &[f32],
+        s: &Shape,
+        n_kv: usize,
+        sc: &mut Scratch,
+        o: &mut [f32],
+    ) {
+        o.fill(0.0);
+        let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+        let w = 2 * s.half;
+        for j0 in (0..n_kv).step_by(POS_TILE) {
+            let js = j0..(j0 + POS_TILE).min(n_kv);
+            gather(view, js.clone(), s.half, &mut sc.rows32);
+            for (jj, sc_j) in sc.steps.scores[..js.len()].iter_mut().enumerate() {
+                let k = &sc.rows32[jj * w..][..s.lat];
+                *sc_j = q.iter().zip(k).fold(0f32, |a, (&x, &y)| x.mul_add(y, a)) * s.scale;
+            }
+            for (jj, (ms, vs)) in sc.steps.weights(0, js.len(), &mut m).enumerate() {
+                if ms != 1.0 {
+                    o.iter_mut().for_each(|x| *x *= ms);
+                }
+                for (x, &v) in o.iter_mut().zip(&sc.rows32[jj * w..][..s.rank]) {
+                    *x = v.mul_add(vs, *x);
+                }
+                sum = sum.mul_add(ms, vs);
+            }
+        }
+        let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+        o.iter_mut().for_each(|x| *x *= inv);
+    }
 }
