@@ -75,6 +75,42 @@ fn deepseek2_cache_holds_the_latent() {
     assert!(err.contains("latent"), "{err}");
 }
 
+/// The same accounting for DeepSeek-V2-Lite's shape (27 layers, 16 heads, latent 512 + 64,
+/// heads of 128 + 64 keys and 128 values), f16 as llama.cpp stores it: 8.9 times less than
+/// full keys and values.
+#[test]
+fn deepseek2_lite_shape_latent_bytes() {
+    let (model, _, _) = load("deepseek2");
+    let mut cfg = model.config.clone();
+    let n = 27;
+    let mla = mica_models::config::MlaConfig {
+        q_lora_rank: None,
+        kv_lora_rank: 512,
+        qk_nope: 128,
+        qk_rope: 64,
+        v_head_dim: 128,
+        kq_scale: 1.0,
+        rope_mscale: 1.0,
+    };
+    cfg.n_layer = n;
+    cfg.n_head = 16;
+    cfg.head_dim = mla.half();
+    cfg.layer_head_dim = vec![mla.half(); n];
+    cfg.layer_n_head_kv = vec![1; n];
+    cfg.layer_kv_from = vec![None; n];
+    cfg.numerics = Numerics::LlamaCpp;
+    cfg.mla = Some(mla.clone());
+    let per_token = KvCache::bytes_per_block(&cfg) / BLOCK_SIZE;
+    let full = n * mla.full_kv_values(16) * 2;
+    assert_eq!(per_token, n * 576 * 2);
+    assert_eq!(full, 276_480);
+    println!(
+        "DeepSeek-V2-Lite shape: KV bytes per token (f16) latent {per_token}, full K/V {full} \
+         ({:.1}x)",
+        full as f64 / per_token as f64
+    );
+}
+
 /// With llama.cpp's numerics (f16 cache) the folder still tracks transformers closely.
 #[test]
 fn deepseek2_f16_cache_stays_close() {
