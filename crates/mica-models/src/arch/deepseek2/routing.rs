@@ -16,7 +16,7 @@ fn groups(
     if n_group <= 1 {
         return Ok(None);
     }
-    if n_expert % n_group != 0 || topk_group == 0 || topk_group > n_group {
+    if !n_expert.is_multiple_of(n_group) || topk_group == 0 || topk_group > n_group {
         return Err(format!(
             "{n_expert} experts in {n_group} groups, {topk_group} searched: the groups must \
              divide the experts and between 1 and all of them be searched"
