@@ -70,6 +70,9 @@ struct Scratch {
     /// A tile of latent rows.
     rows16: Vec<f16>,
     rows32: Vec<f32>,
+    /// Per head: the online softmax's running maximum and sum.
+    m: Vec<f32>,
+    sum: Vec<f32>,
     steps: SoftmaxSteps,
 }
 
@@ -232,8 +235,9 @@ struct Shape {
 }
 
 /// Causal attention of the absorbed queries `qa` (`[n, n_head, lat]`) over each token's
-/// sequence's latent rows, into `out` (`[n, n_head, rank]`); one work item per token and
-/// head.
+/// sequence's latent rows, into `out` (`[n, n_head, rank]`). A work item is a run of one
+/// token's heads, which read each tile of latent rows once between them; a token's heads are
+/// cut into runs so that there are at least two items per thread (decoding has one token).
 fn attend<T: MlaElem>(
     pool: &ThreadPool,
     s: &Shape,
@@ -243,31 +247,39 @@ fn attend<T: MlaElem>(
     qa: &[f32],
     out: &mut [f32],
 ) {
-    let items = input.seq.len() * s.n_head;
+    let n_tok = input.seq.len();
+    let parts = (2 * pool.n_threads()).div_ceil(n_tok).clamp(1, s.n_head);
+    let per_part = s.n_head.div_ceil(parts);
     let dst = OutPtr(out.as_mut_ptr());
-    run_split(pool, items, &SCRATCH, |range, sc| {
-        sc.steps.resize(1);
+    run_split(pool, n_tok * parts, &SCRATCH, |range, sc| {
         for item in range {
-            let t = item / s.n_head;
+            let (t, part) = (item / parts, item % parts);
+            let h0 = part * per_part;
+            let h1 = (h0 + per_part).min(s.n_head);
+            if h0 >= h1 {
+                continue;
+            }
             let view = kv
                 .typed_view::<T>(layer, input.seq[t])
                 .expect("the cache's type");
-            let q = &qa[item * s.lat..][..s.lat];
-            // SAFETY: item (t, head) owns this slice of `out`; items are split disjointly.
-            let o = unsafe { dst.slice(item * s.rank, s.rank) };
-            T::head(&view, q, s, input.pos[t] + 1, sc, o);
+            let first = t * s.n_head + h0;
+            let qs = &qa[first * s.lat..][..(h1 - h0) * s.lat];
+            // SAFETY: item (t, heads h0..h1) owns this slice of `out`; items are disjoint.
+            let o = unsafe { dst.slice(first * s.rank, (h1 - h0) * s.rank) };
+            T::heads(&view, qs, s, input.pos[t] + 1, sc, o);
         }
     });
 }
 
 /// A cache element type with the arithmetic of llama.cpp's vector attention path for it
 /// (ggml's one-chunk flash attention, which llama.cpp runs over the latent for short
-/// batches and decoding): an online softmax a tile of positions at a time.
+/// batches and decoding): per head, an online softmax a tile of positions at a time.
 trait MlaElem: CacheElem {
-    /// Attention of one absorbed query `q` over positions `0..n_kv` into `o`.
-    fn head(
+    /// Attention of the absorbed queries `qs` (`[heads][lat]`) over positions `0..n_kv`
+    /// into `o` (`[heads][rank]`); each head's arithmetic is what it would be alone.
+    fn heads(
         view: &SeqKv<'_, Self>,
-        q: &[f32],
+        qs: &[f32],
         s: &Shape,
         n_kv: usize,
         sc: &mut Scratch,
@@ -291,75 +303,111 @@ fn gather<T: Copy + Default>(
     }
 }
 
+/// Per head: the running maximum and sum of its online softmax, reset.
+fn reset_softmax(sc: &mut Scratch, heads: usize) {
+    sc.m.clear();
+    sc.m.resize(heads, f32::NEG_INFINITY);
+    sc.sum.clear();
+    sc.sum.resize(heads, 0.0);
+    sc.steps.resize(heads);
+}
+
 impl MlaElem for f16 {
-    /// f16 query, f16·f16 scores, the weighted sum accumulated in f16 (ggml's `VKQ16`).
-    fn head(
+    /// f16 queries, f16·f16 scores, the weighted sums accumulated in f16 (ggml's `VKQ16`).
+    fn heads(
         view: &SeqKv<'_, f16>,
-        q: &[f32],
+        qs: &[f32],
         s: &Shape,
         n_kv: usize,
         sc: &mut Scratch,
         o: &mut [f32],
     ) {
-        sc.q16.resize(s.lat, f16::ZERO);
-        ops::f32_to_f16(q, &mut sc.q16);
+        let heads = qs.len() / s.lat;
+        sc.q16.resize(heads * s.lat, f16::ZERO);
+        ops::f32_to_f16(qs, &mut sc.q16);
         sc.acc16.clear();
-        sc.acc16.resize(s.rank, f16::ZERO);
-        let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+        sc.acc16.resize(heads * s.rank, f16::ZERO);
+        reset_softmax(sc, heads);
         let w = 2 * s.half;
         for j0 in (0..n_kv).step_by(POS_TILE) {
             let js = j0..(j0 + POS_TILE).min(n_kv);
-            gather(view, js.clone(), s.half, &mut sc.rows16);
-            for (jj, sc_j) in sc.steps.scores[..js.len()].iter_mut().enumerate() {
-                *sc_j = f16v::dot(&sc.q16, &sc.rows16[jj * w..][..s.lat]) * s.scale;
-            }
-            for (jj, (ms, vs)) in sc.steps.weights(0, js.len(), &mut m).enumerate() {
-                if ms != 1.0 {
-                    f16v::scale(&mut sc.acc16, ms);
+            let n = js.len();
+            gather(view, js, s.half, &mut sc.rows16);
+            for h in 0..heads {
+                let q = &sc.q16[h * s.lat..][..s.lat];
+                for (jj, x) in sc.steps.scores[h * POS_TILE..][..n].iter_mut().enumerate() {
+                    *x = f16v::dot(q, &sc.rows16[jj * w..][..s.lat]) * s.scale;
                 }
-                f16v::mad(&mut sc.acc16, &sc.rows16[jj * w..][..s.rank], vs);
-                // ggml computes `S*ms + vs` with one fused multiply-add.
-                sum = sum.mul_add(ms, vs);
+            }
+            for h in 0..heads {
+                let acc = &mut sc.acc16[h * s.rank..][..s.rank];
+                let mut sum = sc.sum[h];
+                for (jj, (ms, vs)) in sc.steps.weights(h, n, &mut sc.m[h]).enumerate() {
+                    if ms != 1.0 {
+                        f16v::scale(acc, ms);
+                    }
+                    f16v::mad(acc, &sc.rows16[jj * w..][..s.rank], vs);
+                    // ggml computes `S*ms + vs` with one fused multiply-add.
+                    sum = sum.mul_add(ms, vs);
+                }
+                sc.sum[h] = sum;
             }
         }
-        let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-        for (o, a) in o.iter_mut().zip(&sc.acc16) {
-            *o = a.to_f32() * inv;
+        for h in 0..heads {
+            let sum = sc.sum[h];
+            let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+            let acc = &sc.acc16[h * s.rank..][..s.rank];
+            for (o, a) in o[h * s.rank..][..s.rank].iter_mut().zip(acc) {
+                *o = a.to_f32() * inv;
+            }
         }
     }
 }
 
 impl MlaElem for f32 {
     /// f32 throughout (float32 checkpoints).
-    fn head(
+    fn heads(
         view: &SeqKv<'_, f32>,
-        q: &[f32],
+        qs: &[f32],
         s: &Shape,
         n_kv: usize,
         sc: &mut Scratch,
         o: &mut [f32],
     ) {
+        let heads = qs.len() / s.lat;
         o.fill(0.0);
-        let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+        reset_softmax(sc, heads);
         let w = 2 * s.half;
         for j0 in (0..n_kv).step_by(POS_TILE) {
             let js = j0..(j0 + POS_TILE).min(n_kv);
-            gather(view, js.clone(), s.half, &mut sc.rows32);
-            for (jj, sc_j) in sc.steps.scores[..js.len()].iter_mut().enumerate() {
-                let k = &sc.rows32[jj * w..][..s.lat];
-                *sc_j = q.iter().zip(k).fold(0f32, |a, (&x, &y)| x.mul_add(y, a)) * s.scale;
+            let n = js.len();
+            gather(view, js, s.half, &mut sc.rows32);
+            for h in 0..heads {
+                let q = &qs[h * s.lat..][..s.lat];
+                for (jj, x) in sc.steps.scores[h * POS_TILE..][..n].iter_mut().enumerate() {
+                    let k = &sc.rows32[jj * w..][..s.lat];
+                    *x = q.iter().zip(k).fold(0f32, |a, (&x, &y)| x.mul_add(y, a)) * s.scale;
+                }
             }
-            for (jj, (ms, vs)) in sc.steps.weights(0, js.len(), &mut m).enumerate() {
-                if ms != 1.0 {
-                    o.iter_mut().for_each(|x| *x *= ms);
+            for h in 0..heads {
+                let acc = &mut o[h * s.rank..][..s.rank];
+                let mut sum = sc.sum[h];
+                for (jj, (ms, vs)) in sc.steps.weights(h, n, &mut sc.m[h]).enumerate() {
+                    if ms != 1.0 {
+                        acc.iter_mut().for_each(|x| *x *= ms);
+                    }
+                    for (x, &v) in acc.iter_mut().zip(&sc.rows32[jj * w..][..s.rank]) {
+                        *x = v.mul_add(vs, *x);
+                    }
+                    sum = sum.mul_add(ms, vs);
                 }
-                for (x, &v) in o.iter_mut().zip(&sc.rows32[jj * w..][..s.rank]) {
-                    *x = v.mul_add(vs, *x);
-                }
-                sum = sum.mul_add(ms, vs);
+                sc.sum[h] = sum;
             }
         }
-        let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-        o.iter_mut().for_each(|x| *x *= inv);
+        for h in 0..heads {
+            let sum = sc.sum[h];
+            let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+            o[h * s.rank..][..s.rank].iter_mut().for_each(|x| *x *= inv);
+        }
     }
 }
