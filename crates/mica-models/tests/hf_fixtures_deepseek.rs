@@ -227,3 +227,58 @@ fn deepseek3_bias_and_groups_bite() {
 fn deepseek2_q8_0_matches_llama_cpp() {
     check_llama_cpp_q8("deepseek2");
 }
+
+/// Two sequences in one batch, interleaved, with the second one's prompt continued by a
+/// token of decoding while the first still prefills: each token's logits are those of its
+/// sequence run alone (each reads only its own sequence's latent rows), on the f16 cache.
+#[test]
+fn deepseek2_ragged_batch_matches_sequences_alone() {
+    let (mut model, exp, _) = load("deepseek2");
+    model.config.numerics = Numerics::LlamaCpp;
+    let pool = ThreadPool::new(2);
+    let v = model.config.n_vocab;
+    let a = ids(&exp["sequences"][0]);
+    let b = ids(&exp["sequences"][1]);
+    let alone = |seq: &[u32]| {
+        let mut kv = KvCache::new(&model.config, 64, 1);
+        let mut ws = Workspace::default();
+        model
+            .forward(&pool, &Batch::for_sequence(seq, 0, 0, true), &mut kv, &mut ws)
+            .unwrap()
+            .to_vec()
+    };
+    let (want_a, want_b) = (alone(&a), alone(&b));
+    let mut kv = KvCache::new(&model.config, 64, 2);
+    let mut ws = Workspace::default();
+    // b's first 5 tokens first, then a's whole prompt and the rest of b, interleaved.
+    let first = model
+        .forward(&pool, &Batch::for_sequence(&b[..5], 0, 1, true), &mut kv, &mut ws)
+        .unwrap()
+        .to_vec();
+    let mut batch = Batch::new();
+    let mut order = Vec::new();
+    for i in 0..a.len().max(b.len() - 5) {
+        if i < a.len() {
+            batch.push(a[i], i, 0, true);
+            order.push((0, i));
+        }
+        if 5 + i < b.len() {
+            batch.push(b[5 + i], 5 + i, 1, true);
+            order.push((1, 5 + i));
+        }
+    }
+    let got = model.forward(&pool, &batch, &mut kv, &mut ws).unwrap().to_vec();
+    let mut worst = 0f32;
+    for p in 0..5 {
+        for (x, y) in first[p * v..(p + 1) * v].iter().zip(&want_b[p * v..]) {
+            worst = worst.max((x - y).abs());
+        }
+    }
+    for (k, &(s, p)) in order.iter().enumerate() {
+        let want = if s == 0 { &want_a } else { &want_b };
+        for (x, y) in got[k * v..(k + 1) * v].iter().zip(&want[p * v..]) {
+            worst = worst.max((x - y).abs());
+        }
+    }
+    assert_eq!(worst, 0.0, "ragged batch vs alone: {worst:.2e}");
+}
