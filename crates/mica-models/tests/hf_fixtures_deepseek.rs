@@ -243,7 +243,12 @@ fn deepseek2_ragged_batch_matches_sequences_alone() {
         let mut kv = KvCache::new(&model.config, 64, 1);
         let mut ws = Workspace::default();
         model
-            .forward(&pool, &Batch::for_sequence(seq, 0, 0, true), &mut kv, &mut ws)
+            .forward(
+                &pool,
+                &Batch::for_sequence(seq, 0, 0, true),
+                &mut kv,
+                &mut ws,
+            )
             .unwrap()
             .to_vec()
     };
@@ -252,7 +257,12 @@ fn deepseek2_ragged_batch_matches_sequences_alone() {
     let mut ws = Workspace::default();
     // b's first 5 tokens first, then a's whole prompt and the rest of b, interleaved.
     let first = model
-        .forward(&pool, &Batch::for_sequence(&b[..5], 0, 1, true), &mut kv, &mut ws)
+        .forward(
+            &pool,
+            &Batch::for_sequence(&b[..5], 0, 1, true),
+            &mut kv,
+            &mut ws,
+        )
         .unwrap()
         .to_vec();
     let mut batch = Batch::new();
@@ -267,7 +277,10 @@ fn deepseek2_ragged_batch_matches_sequences_alone() {
             order.push((1, 5 + i));
         }
     }
-    let got = model.forward(&pool, &batch, &mut kv, &mut ws).unwrap().to_vec();
+    let got = model
+        .forward(&pool, &batch, &mut kv, &mut ws)
+        .unwrap()
+        .to_vec();
     let mut worst = 0f32;
     for p in 0..5 {
         for (x, y) in first[p * v..(p + 1) * v].iter().zip(&want_b[p * v..]) {

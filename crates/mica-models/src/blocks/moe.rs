@@ -501,4 +501,49 @@ mod tests {
             "the shared expert does not read xn"
         );
     }
+
+    /// DeepSeek's routing rules on one token: a group ranked by its best expert (V2) or its
+    /// best two (V3, llama.cpp) picks different experts; sigmoid scores are chosen by score +
+    /// bias but weighed by the score, renormalized and scaled.
+    #[test]
+    fn grouped_and_biased_routing() {
+        let (d, ff) = (4, 2);
+        let mut moe = Moe {
+            router: lin("router", 4, d, |_| 0.0),
+            experts: (0..4).map(|e| expert(e, d, ff, false)).collect(),
+            top_k: 2,
+            norm_topk: false,
+            shared: None,
+            shared_gate: None,
+            expert_scale: None,
+            norms: None,
+            routing: Routing {
+                scale: 1.5,
+                groups: Some(Groups {
+                    n_group: 2,
+                    topk_group: 1,
+                    score: GroupScore::Max,
+                }),
+                ..Routing::default()
+            },
+        };
+        // Softmax: group 0 holds the best expert, group 1 the best pair.
+        let row = [2.0, -3.0, 1.5, 1.4];
+        let e: Vec<f32> = row.iter().map(|&v: &f32| (v - 2.0).exp()).collect();
+        let z: f32 = e.iter().sum();
+        let picked = moe.route(&row);
+        assert_eq!(picked, vec![(0, e[0] / z * 1.5), (1, e[1] / z * 1.5)]);
+        moe.routing.groups.as_mut().unwrap().score = GroupScore::TopTwoSum;
+        let picked: Vec<usize> = moe.route(&row).iter().map(|p| p.0).collect();
+        assert_eq!(picked, vec![2, 3]);
+        // Sigmoid: equal scores, the bias decides; weights are the scores, renormalized.
+        moe.routing = Routing {
+            scoring: Scoring::Sigmoid,
+            choice_bias: Some(vec![0.0, 1.0, 0.0, 2.0]),
+            groups: None,
+            scale: 2.0,
+        };
+        moe.norm_topk = true;
+        assert_eq!(moe.route(&[0.0; 4]), vec![(3, 1.0), (1, 1.0)]);
+    }
 }
