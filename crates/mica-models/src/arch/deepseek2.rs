@@ -97,8 +97,10 @@ struct Spec {
     rope: RopeConfig,
     mla: MlaConfig,
     moe: MoeSpec,
-    /// Routed experts' scoring, grouping and scale; shared experts' width (0: none).
+    /// Routed experts' scoring, grouping and scale.
     routing: crate::model::Routing,
+    /// Width of the shared experts together (`n_shared_experts · moe_intermediate_size`;
+    /// 0: none).
     shared_ff: usize,
     /// The checkpoint keeps `kv_b` whole (Hugging Face, legacy GGUF): split at load.
     kv_b_whole: bool,
