@@ -22,10 +22,11 @@ use crate::config::{
 };
 use crate::error::Result;
 use crate::hf::HfFolder;
-use crate::model::{DecoderLayer, Expert, Ffn, Mla, Model};
+use crate::model::{DecoderLayer, Expert, Ffn, GroupScore, Mla, Model, Scoring};
 use crate::names::{DECODER_GLOBAL, NameTable, decoder_layer_names};
 use crate::weights::{Linear, Matrix, WeightLoader};
 use mica_kernels::ops::RopeStyle;
+use mica_formats::MetaValue;
 use serde_json::Value;
 use std::sync::Arc;
 
@@ -39,6 +40,8 @@ pub(super) static FAMILY: Family = Family {
     load,
     gguf: GgufHints {
         arch: "deepseek2",
+        stack_experts: true,
+        mla_kv_b: true,
         keys: gguf_keys,
         ..PLAIN
     },
@@ -78,12 +81,95 @@ static HF_NAMES: NameTable = NameTable {
     ],
 };
 
-/// mica's converter does not write this family: llama.cpp's converter splits `kv_b_proj`
-/// into per-head absorbed matrices, which the hints cannot say.
-fn gguf_keys(_: &Model, _: &HfFolder, _: &mut GgufKeys) -> std::result::Result<(), String> {
-    Err("DeepSeek-V2/V3 (latent attention) is not written by mica's converter yet; use \
-         llama.cpp's convert_hf_to_gguf.py"
-        .into())
+/// The `deepseek2.*` keys llama.cpp's converter writes: the latent and per-head widths
+/// (replacing the shared key/value lengths, which are the cache's), leading dense layers,
+/// experts, routing and YaRN. A V2 folder ranking expert groups by their best expert
+/// (`group_limited_greedy`) is refused: llama.cpp ranks them by their best two.
+fn gguf_keys(model: &Model, hf: &HfFolder, keys: &mut GgufKeys) -> std::result::Result<(), String> {
+    let m = model.config.mla.as_ref().ok_or("no latent attention")?;
+    let c = &hf.config;
+    let moe = model.layers.iter().find_map(|l| match &l.ffn {
+        Ffn::Moe(m) => Some(m),
+        _ => None,
+    });
+    if let Some(g) = moe.and_then(|m| m.routing.groups.as_ref())
+        && g.score == GroupScore::Max
+    {
+        return Err(format!(
+            "the experts are chosen from the best {} of {} groups ranked by their best expert \
+             (topk_method group_limited_greedy); llama.cpp's deepseek2 ranks groups by their \
+             best two experts",
+            g.topk_group, g.n_group
+        ));
+    }
+    let p = hf.rope_params("full_attention");
+    if num(&p, "attention_factor").is_some() {
+        return Err("rope_parameters.attention_factor: llama.cpp's deepseek2 derives the YaRN \
+                    attention factor from mscale_all_dim"
+            .into());
+    }
+    keys.entries.retain(|(k, _)| {
+        !k.ends_with(".attention.key_length") && !k.ends_with(".attention.value_length")
+    });
+    let dense = model
+        .layers
+        .iter()
+        .take_while(|l| !matches!(l.ffn, Ffn::Moe(_)))
+        .count();
+    keys.u32("leading_dense_block_count", dense);
+    if let Some(r) = m.q_lora_rank {
+        keys.u32("attention.q_lora_rank", r);
+    }
+    keys.u32("attention.kv_lora_rank", m.kv_lora_rank);
+    keys.u32("attention.key_length", m.latent_dim());
+    keys.u32("attention.value_length", m.kv_lora_rank);
+    keys.u32("attention.key_length_mla", m.qk_head_dim());
+    keys.u32("attention.value_length_mla", m.v_head_dim);
+    let ff = c.moe_intermediate_size.unwrap_or(model.config.n_ff);
+    keys.u32("expert_feed_forward_length", ff);
+    if let Some(moe) = moe {
+        keys.u32("expert_count", moe.experts.len());
+        keys.u32("expert_used_count", moe.top_k);
+    }
+    keys.u32("expert_shared_count", c.n_shared_experts.unwrap_or(0));
+    if let Some(s) = c.routed_scaling_factor {
+        keys.f32("expert_weights_scale", s as f32);
+    }
+    if c.norm_topk_prob == Some(true) {
+        keys.bool("expert_weights_norm", true);
+    }
+    if let Some(g) = c.n_group {
+        keys.u32("expert_group_count", g);
+    }
+    if let Some(g) = c.topk_group {
+        keys.u32("expert_group_used_count", g);
+    }
+    if let Some(moe) = moe
+        && (c.scoring_func.is_some() || hf.architecture().is_ok_and(|a| a.ends_with("V3ForCausalLM")))
+    {
+        let f = match moe.routing.scoring {
+            Scoring::Softmax => 1,
+            Scoring::Sigmoid => 2,
+        };
+        keys.u32("expert_gating_func", f);
+    }
+    if p["rope_type"].as_str().or(p["type"].as_str()) == Some("yarn") {
+        keys.set("rope.scaling.type", MetaValue::String("yarn".into()));
+        keys.f32("rope.scaling.factor", num(&p, "factor").unwrap_or(1.0) as f32);
+        if let Some(o) = num(&p, "original_max_position_embeddings") {
+            keys.u32("rope.scaling.original_context_length", o as usize);
+        }
+        for (k, name) in [("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow")] {
+            if let Some(b) = num(&p, k) {
+                keys.f32(&format!("rope.scaling.{name}"), b as f32);
+            }
+        }
+    }
+    if let Some(a) = num(&p, "mscale_all_dim") {
+        // llama.cpp's converter writes 0.1 · mscale_all_dim (its loader divides it back).
+        keys.f32("rope.scaling.yarn_log_multiplier", (0.1 * a) as f32);
+    }
+    Ok(())
 }
 
 /// Everything a model of the family is built from, whichever the source.
