@@ -158,10 +158,24 @@ fn resolved(lm: &LoadedModel, vocab_model: &str) {
         "layers:        {}   embedding {}   feed-forward {}   vocab {}",
         c.n_layer, c.n_embd, c.n_ff, c.n_vocab
     );
-    println!(
-        "attention:     {} heads, {} KV heads, head dim {}, norm eps {:e}",
-        c.n_head, c.n_head_kv, c.head_dim, c.norm_eps
-    );
+    match &c.mla {
+        Some(m) => println!(
+            "attention:     latent (MLA), {} heads of {} + {} rope (values {}), query rank {}, \
+             cached latent {} + {} per token, norm eps {:e}",
+            c.n_head,
+            m.qk_nope,
+            m.qk_rope,
+            m.v_head_dim,
+            m.q_lora_rank.map_or("full".to_string(), |r| r.to_string()),
+            m.kv_lora_rank,
+            m.qk_rope,
+            c.norm_eps
+        ),
+        None => println!(
+            "attention:     {} heads, {} KV heads, head dim {}, norm eps {:e}",
+            c.n_head, c.n_head_kv, c.head_dim, c.norm_eps
+        ),
+    }
     println!(
         "rope:          {:?}, {} dims, base {}, scale {}{}",
         c.rope.style,

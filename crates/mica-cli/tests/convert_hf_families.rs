@@ -35,6 +35,8 @@ const REFUSED: &[(&str, &str)] = &[
     ("opt", "no OPT architecture"),
     ("opt350", "no OPT architecture"),
     ("codegen", "no CodeGen architecture"),
+    // DeepSeek-V2's groups ranked by their best expert; llama.cpp ranks them by their best two.
+    ("deepseek2", "best two experts"),
 ];
 
 /// Families whose folders mica's converter refuses (every fixture of theirs is in

@@ -235,6 +235,56 @@ pub struct ModelConfig {
     /// The KV cache's key and value types when chosen by the user
     /// ([`ModelConfig::set_cache_types`]); `None`: the numerics' type for both.
     pub kv_override: Option<CacheTypes>,
+    /// Multi-head latent attention (DeepSeek-V2/V3): every layer caches one latent row per
+    /// token instead of per-head keys and values; `None` in other families.
+    pub mla: Option<MlaConfig>,
+}
+
+/// The shape of multi-head latent attention (DeepSeek-V2's MLA). Each token's latent row is
+/// `kv_lora_rank` compressed values (normed) followed by the `qk_rope` dimensions of its
+/// rotated key, shared by every head. The cache stores that row split across its key and
+/// value pools ([`MlaConfig::half`] values in each; `n_head_kv` 1 and `head_dim` the half in
+/// [`ModelConfig`]), so the pool holds the latent and nothing else.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlaConfig {
+    /// Rank of the query's own low-rank projection (`q_a` → norm → `q_b`); `None`: one
+    /// query projection.
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    /// Per-head query/key dimensions without RoPE and with it (the rope part of the key is
+    /// shared by all heads).
+    pub qk_nope: usize,
+    pub qk_rope: usize,
+    /// Per-head value width.
+    pub v_head_dim: usize,
+    /// Multiplies q·k (`1/sqrt(qk_nope + qk_rope)`, times YaRN's `mscale²`).
+    pub kq_scale: f32,
+    /// Multiplies the RoPE cos/sin (YaRN's attention factor; 1 without scaling).
+    pub rope_mscale: f32,
+}
+
+impl MlaConfig {
+    /// Width of a cached latent row: `kv_lora_rank + qk_rope`.
+    pub fn latent_dim(&self) -> usize {
+        self.kv_lora_rank + self.qk_rope
+    }
+
+    /// Values of a latent row in each of the key and value pools (the last one is padding
+    /// when the row is odd).
+    pub fn half(&self) -> usize {
+        self.latent_dim().div_ceil(2)
+    }
+
+    /// Per-head query (and full key) width: `qk_nope + qk_rope`.
+    pub fn qk_head_dim(&self) -> usize {
+        self.qk_nope + self.qk_rope
+    }
+
+    /// What a cache of full keys and values (`n_head` heads of `qk_nope + qk_rope` keys and
+    /// `v_head_dim` values) would hold per token and layer, in values.
+    pub fn full_kv_values(&self, n_head: usize) -> usize {
+        n_head * (self.qk_head_dim() + self.v_head_dim)
+    }
 }
 
 impl ModelConfig {
@@ -584,6 +634,7 @@ impl ModelConfig {
             numerics: Numerics::LlamaCpp,
             kv_override: None,
             delta_net: None,
+            mla: None,
         })
     }
 }

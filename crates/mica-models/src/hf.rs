@@ -87,6 +87,24 @@ pub struct HfConfig {
     pub norm_topk_prob: Option<bool>,
     pub decoder_sparse_step: Option<usize>,
     pub mlp_only_layers: Option<Vec<usize>>,
+    /// DeepSeek-V2/V3 latent attention: the query's and the keys' / values' ranks, the
+    /// per-head dimensions without and with RoPE, the value width.
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: Option<usize>,
+    pub qk_nope_head_dim: Option<usize>,
+    pub qk_rope_head_dim: Option<usize>,
+    pub v_head_dim: Option<usize>,
+    /// DeepSeek-V2/V3 experts: routed and shared counts, leading dense layers, expert
+    /// groups (`n_group`, of which `topk_group` are searched), the routing method and
+    /// scoring, the routed experts' output scale.
+    pub n_routed_experts: Option<usize>,
+    pub n_shared_experts: Option<usize>,
+    pub first_k_dense_replace: Option<usize>,
+    pub n_group: Option<usize>,
+    pub topk_group: Option<usize>,
+    pub topk_method: Option<String>,
+    pub scoring_func: Option<String>,
+    pub routed_scaling_factor: Option<f64>,
     pub bos_token_id: Option<Value>,
     pub eos_token_id: Option<Value>,
     /// GPT-2's names of shared fields (folded into the shared ones by [`HfConfig::resolve_aliases`]).
@@ -312,6 +330,7 @@ impl HfFolder {
             numerics: Numerics::LlamaCpp,
             kv_override: None,
             delta_net: None,
+            mla: None,
         })
     }
 

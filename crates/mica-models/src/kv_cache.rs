@@ -179,6 +179,14 @@ impl CacheTypes {
     /// multiple of the block size (a head is then a run of whole blocks), as llama.cpp
     /// requires.
     pub fn check(self, cfg: &ModelConfig) -> Result<()> {
+        // A latent row is split across the two pools and read back whole as floats.
+        let float = |t: KvType| matches!(t, KvType::F16 | KvType::F32);
+        if cfg.mla.is_some() && (self.k != self.v || !float(self.k)) {
+            return Err(ModelError::CacheType(format!(
+                "{self}: a latent-attention (MLA) cache stores one latent row per token in f16 \
+                 or f32, the same type for keys and values"
+            )));
+        }
         for (side, t) in [("keys", self.k), ("values", self.v)] {
             let bs = t.block_size();
             let bad = (0..cfg.n_layer)

@@ -10,7 +10,10 @@ use crate::blocks::attention::{AttnShape, attention};
 pub use crate::blocks::deltanet::DeltaNet;
 pub use crate::blocks::ffn::FFN_CHUNK;
 use crate::blocks::ffn::{Dense, activate, dense_ffn, ffn_chunks, glu};
-pub use crate::blocks::moe::{BranchNorms, Expert, Moe, MoeInput};
+pub use crate::blocks::mla::{Mla, MlaInput};
+pub use crate::blocks::moe::{
+    BranchNorms, Expert, GroupScore, Groups, Moe, MoeInput, Routing, Scoring,
+};
 pub use crate::blocks::ple::{LayerPle, PerLayerInputs};
 use crate::config::{ModelConfig, NormKind, RopeConfig};
 use crate::error::{ModelError, Result};
@@ -86,6 +89,7 @@ impl Model {
                 .into_iter()
                 .flatten()
                 .chain(delta)
+                .chain(l.mla.iter().flat_map(Mla::linears))
                 .map(|lin| &lin.w);
             let ffn: Vec<&Matrix> = match &l.ffn {
                 Ffn::Dense(e) => expert_matrices(e).to_vec(),
@@ -407,6 +411,18 @@ impl Model {
                     grow(&mut ws.attn, n * vd),
                 );
                 vd
+            } else if let (Some(m), Some(c)) = (&layer.mla, &cfg.mla) {
+                let width = m.n_head() * c.v_head_dim;
+                let input = MlaInput {
+                    xn,
+                    seq: &batch.seq,
+                    pos: &batch.pos,
+                    rope: &cfg.rope,
+                    eps: cfg.norm_eps,
+                };
+                let out = grow(&mut ws.attn, n * width);
+                m.forward(c, &layer.wq, pool, &input, kv, l, out);
+                width
             } else {
                 // A layer reusing an earlier layer's keys and values computes none.
                 let kvd = if layer.wk.is_some() {

@@ -175,6 +175,7 @@ pub fn build_with(
                 wq,
                 q_gate: false,
                 delta: None,
+                mla: None,
                 wk,
                 wv,
                 v_norm: (parts.v_norm && has_kv).then(|| vec![1.0; hd]),

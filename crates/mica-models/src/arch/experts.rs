@@ -143,6 +143,7 @@ impl MoeSpec {
                 }),
                 false => None,
             },
+            routing: Default::default(),
         })))
     }
 

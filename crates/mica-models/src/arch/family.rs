@@ -63,6 +63,11 @@ pub struct GgufHints {
     /// 1 is added to every norm weight (`*norm.weight`): the checkpoint stores `w` of
     /// Gemma's `(1 + w)` RMSNorm, the GGUF file `1 + w`.
     pub norm_plus_one: bool,
+    /// Latent attention (DeepSeek): each layer's `attn_kv_b` (`[n_head · (qk_nope + v)] ×
+    /// kv_lora_rank`) is written as llama.cpp's absorbed matrices, `attn_k_b` (each head's
+    /// key rows transposed, `[n_head][kv_lora_rank][qk_nope]`) and `attn_v_b` (each head's
+    /// value rows, `[n_head][v][kv_lora_rank]`); no `rope_freqs.weight` (YaRN is in keys).
+    pub mla_kv_b: bool,
     /// The `{arch}.*` keys only this family has, from the loaded model and its folder, and
     /// the checks that GGUF (as llama.cpp reads it) can say what the model does. `Err` says
     /// why the model cannot be written faithfully.
@@ -142,5 +147,6 @@ pub const PLAIN: GgufHints = GgufHints {
     qkv_per_head: false,
     stack_experts: false,
     norm_plus_one: false,
+    mla_kv_b: false,
     keys: no_keys,
 };

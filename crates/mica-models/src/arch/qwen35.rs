@@ -380,6 +380,7 @@ pub(super) fn build(
                 q_gate: mixer.delta.is_none(),
                 wq: mixer.wq,
                 delta: mixer.delta,
+                mla: None,
                 wk: mixer.wk,
                 wv: mixer.wv,
                 v_norm: None,

@@ -41,6 +41,15 @@ pub enum Rearrange {
     Transpose { rows: usize, cols: usize },
     /// Rows `[n_head][3][head_dim]` → `[3][n_head][head_dim]`.
     RegroupQkv { n_head: usize, head_dim: usize },
+    /// One half of a latent-attention `kv_b` (rows `[n_head][nope + v]`, `rank` wide): each
+    /// head's `nope` key rows transposed (`[n_head][rank][nope]`), or its `v` value rows.
+    KvB {
+        value: bool,
+        n_head: usize,
+        nope: usize,
+        v: usize,
+        rank: usize,
+    },
 }
 
 /// Where one GGUF tensor's bytes come from.
@@ -128,7 +137,7 @@ impl GgufLayout {
         let (mut tensors, mut origins) = checkpoint_tensors(folder, family, &model.config)?;
         let cfg = &model.config;
         let mut extra = Vec::new();
-        if let Some(ff) = &cfg.rope.freq_factors {
+        if let Some(ff) = cfg.rope.freq_factors.as_ref().filter(|_| !hints.mla_kv_b) {
             let p = folder.rope_params("full_attention");
             let ff = llama3_factors_f32(&p, cfg.head_dim, cfg.rope.freq_base).unwrap_or(ff.clone());
             extra.push(computed("rope_freqs.weight", &ff));
@@ -223,6 +232,31 @@ impl GgufLayout {
                     h * 3 * head_dim + c * head_dim + j
                 };
                 Cow::Owned(reorder_rows(&bytes, bytes.len() / (3 * qd), from))
+            }
+            Rearrange::KvB {
+                value,
+                n_head,
+                nope,
+                v,
+                rank,
+            } => {
+                let per = nope + v;
+                let mut out =
+                    Vec::with_capacity(n_head * (if value { v } else { nope }) * rank * es);
+                for h in 0..n_head {
+                    if value {
+                        let start = (h * per + nope) * rank * es;
+                        out.extend_from_slice(&bytes[start..start + v * rank * es]);
+                    } else {
+                        for b in 0..rank {
+                            for a in 0..nope {
+                                let at = ((h * per + a) * rank + b) * es;
+                                out.extend_from_slice(&bytes[at..at + es]);
+                            }
+                        }
+                    }
+                }
+                Cow::Owned(out)
             }
         })
     }
@@ -398,6 +432,51 @@ fn checkpoint_tensors(
                 .entry((l, kind.to_string()))
                 .or_default()
                 .insert(e, (t.clone(), key));
+            continue;
+        }
+        if let (Some(l), true, Some(m)) = (layer, hints.mla_kv_b, &cfg.mla)
+            && suffix == "attn_kv_b.weight"
+        {
+            let (n_head, nope, v, rank) = (cfg.n_head, m.qk_nope, m.v_head_dim, m.kv_lora_rank);
+            if t.shape != [rank as u64, (n_head * (nope + v)) as u64] {
+                return Err(tensor_err(
+                    folder,
+                    &t.name,
+                    format!(
+                        "shape {:?}, not {rank} × {} heads of {}",
+                        t.shape,
+                        n_head,
+                        nope + v
+                    ),
+                ));
+            }
+            for (value, shape) in [
+                (false, vec![nope as u64, rank as u64, n_head as u64]),
+                (true, vec![rank as u64, v as u64, n_head as u64]),
+            ] {
+                let part = if value { "attn_v_b" } else { "attn_k_b" };
+                let info = TensorInfo {
+                    name: format!("blk.{l}.{part}.weight"),
+                    ggml_type: t.ggml_type,
+                    n_bytes: t.ggml_type.n_bytes(&shape).unwrap_or(0),
+                    shape,
+                    offset: 0,
+                };
+                let rearrange = Rearrange::KvB {
+                    value,
+                    n_head,
+                    nope,
+                    v,
+                    rank,
+                };
+                let origin = Origin::Tensor {
+                    name: t.name.clone(),
+                    rearrange,
+                    widen: false,
+                    plus_one: false,
+                };
+                out.push((key, info, origin));
+            }
             continue;
         }
         let rearrange = if hints.permute_qk && matches!(suffix, "attn_q.weight" | "attn_q.bias") {

@@ -52,6 +52,68 @@ pub struct Moe {
     /// branches' outputs; `None`: router and experts read the feed-forward norm's output and
     /// the branches are summed as they are.
     pub norms: Option<BranchNorms>,
+    /// How scores are made and experts chosen beyond plain softmax top-k (DeepSeek).
+    pub routing: Routing,
+}
+
+/// How a router's logits choose and weigh experts. The default is softmax top-k.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Routing {
+    pub scoring: Scoring,
+    /// `[n_expert]` added to the scores only to choose experts (DeepSeek-V3's
+    /// `e_score_correction_bias`, llama.cpp's `exp_probs_b`); the weights are the scores.
+    pub choice_bias: Option<Vec<f32>>,
+    /// Experts chosen only from the best groups.
+    pub groups: Option<Groups>,
+    /// Multiplies the routed experts' weights (`routed_scaling_factor`).
+    pub scale: f32,
+}
+
+impl Default for Routing {
+    fn default() -> Routing {
+        Routing {
+            scoring: Scoring::Softmax,
+            choice_bias: None,
+            groups: None,
+            scale: 1.0,
+        }
+    }
+}
+
+/// How router logits become expert scores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scoring {
+    /// Probabilities over all experts.
+    Softmax,
+    /// Each expert's own `sigmoid(logit)` (DeepSeek-V3).
+    Sigmoid,
+}
+
+/// Group-limited routing: the experts are `n_group` consecutive groups; only the
+/// `topk_group` best groups (by [`GroupScore`]) are searched for the top-k experts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Groups {
+    pub n_group: usize,
+    pub topk_group: usize,
+    pub score: GroupScore,
+}
+
+/// What ranks a group of experts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupScore {
+    /// Its best expert's score (transformers' DeepSeek-V2 `group_limited_greedy`).
+    Max,
+    /// The sum of its best two (DeepSeek-V3, and llama.cpp for every grouped model).
+    TopTwoSum,
+}
+
+/// The indices of the `k` largest values, largest first; ties to the lower index (as
+/// torch.topk on CPU).
+fn top_indices(v: &[f32], k: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..v.len()).collect();
+    order.sort_by(|&a, &b| v[b].total_cmp(&v[a]).then(a.cmp(&b)));
+    order.truncate(k.min(v.len()));
+    order
 }
 
 /// Gemma 4's norms around its two feed-forward branches (each `[n_embd]`).
@@ -85,7 +147,7 @@ pub struct MoeInput<'a> {
 }
 
 /// `y = W x` for `n` rows of `x` (`[n, cols]`) into `out` (`[n, rows]`).
-fn project(pool: &ThreadPool, lin: &Linear, x: &[f32], n: usize, out: &mut Vec<f32>) {
+pub(super) fn project(pool: &ThreadPool, lin: &Linear, x: &[f32], n: usize, out: &mut Vec<f32>) {
     let mut acts = QActs::new();
     acts.quantize(pool, lin.w.dtype.vec_dot_type(), x, n, lin.w.cols);
     out.resize(n * lin.out_dim(), 0.0);
@@ -129,6 +191,74 @@ fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
 }
 
 impl Moe {
+    /// The experts one token's router logits `row` select, with their weights.
+    fn route(&self, row: &[f32]) -> Vec<(usize, f32)> {
+        let n_exp = row.len();
+        let r = &self.routing;
+        // Scores: softmax probabilities (`e / z`, chosen by `e`), or independent sigmoids.
+        let (scores, z): (Vec<f32>, f32) = match r.scoring {
+            Scoring::Softmax => {
+                let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let e: Vec<f32> = row.iter().map(|&v| (v - m).exp()).collect();
+                let z: f32 = e.iter().sum();
+                (e, z)
+            }
+            Scoring::Sigmoid => (row.iter().map(|&v| 1.0 / (1.0 + (-v).exp())).collect(), 1.0),
+        };
+        // What experts are chosen by: the scores plus the choice bias, outside the chosen
+        // groups 0 (softmax, as DeepSeek-V2) or -inf (sigmoid, as DeepSeek-V3).
+        let mut choice = scores.clone();
+        let mut masked = vec![false; n_exp];
+        if let Some(b) = &r.choice_bias {
+            choice.iter_mut().zip(b).for_each(|(c, b)| *c += b);
+        }
+        if let Some(g) = r.groups.as_ref().filter(|g| g.n_group > 1) {
+            let per = n_exp / g.n_group;
+            let score = |grp: &[f32]| match g.score {
+                GroupScore::Max => grp.iter().copied().fold(f32::NEG_INFINITY, f32::max),
+                GroupScore::TopTwoSum => {
+                    let mut v = grp.to_vec();
+                    v.sort_by(|a, b| b.total_cmp(a));
+                    v.iter().take(2).sum()
+                }
+            };
+            let gs: Vec<f32> = choice.chunks(per).map(score).collect();
+            let kept = top_indices(&gs, g.topk_group);
+            let off = match r.scoring {
+                Scoring::Softmax => 0.0,
+                Scoring::Sigmoid => f32::NEG_INFINITY,
+            };
+            for (i, c) in choice.iter_mut().enumerate() {
+                if !kept.contains(&(i / per)) {
+                    *c = off;
+                    masked[i] = true;
+                }
+            }
+        }
+        let top = top_indices(&choice, self.top_k);
+        // A softmax expert outside the chosen groups weighs 0 (it was picked among zeros).
+        let mut w: Vec<f32> = top
+            .iter()
+            .map(|&i| match r.scoring {
+                Scoring::Softmax if masked[i] => 0.0,
+                Scoring::Softmax => scores[i] / z,
+                Scoring::Sigmoid => scores[i],
+            })
+            .collect();
+        if self.norm_topk {
+            let s: f32 = w.iter().sum();
+            let s = match r.scoring {
+                Scoring::Softmax => s,
+                Scoring::Sigmoid => s + 1e-20,
+            };
+            w.iter_mut().for_each(|v| *v /= s);
+        }
+        if r.scale != 1.0 {
+            w.iter_mut().for_each(|v| *v *= r.scale);
+        }
+        top.into_iter().zip(w).collect()
+    }
+
     /// `out` (`[n, d]`) = the block on `input`.
     pub fn forward(&self, pool: &ThreadPool, input: &MoeInput<'_>, d: usize, out: &mut [f32]) {
         let (n, glu, eps) = (input.n, input.glu, input.eps);
@@ -156,19 +286,7 @@ impl Moe {
         let mut routed: Vec<Vec<(usize, f32)>> = vec![Vec::new(); n_exp];
         for t in 0..n {
             let row = &logits[t * n_exp..(t + 1) * n_exp];
-            let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let e: Vec<f32> = row.iter().map(|&v| (v - m).exp()).collect();
-            let z: f32 = e.iter().sum();
-            let mut order: Vec<usize> = (0..n_exp).collect();
-            // Most probable first; ties to the lower index (as torch.topk on CPU).
-            order.sort_by(|&a, &b| e[b].total_cmp(&e[a]).then(a.cmp(&b)));
-            let top = &order[..self.top_k.min(n_exp)];
-            let mut w: Vec<f32> = top.iter().map(|&i| e[i] / z).collect();
-            if self.norm_topk {
-                let s: f32 = w.iter().sum();
-                w.iter_mut().for_each(|v| *v /= s);
-            }
-            for (&i, &p) in top.iter().zip(&w) {
+            for (i, p) in self.route(row) {
                 routed[i].push((t, p));
             }
         }
@@ -292,6 +410,7 @@ mod tests {
             shared_gate: Some(lin("shared_gate", 1, d, |c| 0.2 - 0.05 * c as f32)),
             expert_scale: None,
             norms: None,
+            routing: Routing::default(),
         };
         let pool = ThreadPool::new(1);
         let n = 5;
@@ -342,6 +461,7 @@ mod tests {
                 shared_out: norm(2),
                 experts_out: norm(3),
             }),
+            routing: Routing::default(),
         };
         let pool = ThreadPool::new(1);
         let n = 5;
@@ -380,5 +500,50 @@ mod tests {
             run(&moe, &x, &poisoned, n).iter().all(|v| v.is_nan()),
             "the shared expert does not read xn"
         );
+    }
+
+    /// DeepSeek's routing rules on one token: a group ranked by its best expert (V2) or its
+    /// best two (V3, llama.cpp) picks different experts; sigmoid scores are chosen by score +
+    /// bias but weighed by the score, renormalized and scaled.
+    #[test]
+    fn grouped_and_biased_routing() {
+        let (d, ff) = (4, 2);
+        let mut moe = Moe {
+            router: lin("router", 4, d, |_| 0.0),
+            experts: (0..4).map(|e| expert(e, d, ff, false)).collect(),
+            top_k: 2,
+            norm_topk: false,
+            shared: None,
+            shared_gate: None,
+            expert_scale: None,
+            norms: None,
+            routing: Routing {
+                scale: 1.5,
+                groups: Some(Groups {
+                    n_group: 2,
+                    topk_group: 1,
+                    score: GroupScore::Max,
+                }),
+                ..Routing::default()
+            },
+        };
+        // Softmax: group 0 holds the best expert, group 1 the best pair.
+        let row = [2.0, -3.0, 1.5, 1.4];
+        let e: Vec<f32> = row.iter().map(|&v: &f32| (v - 2.0).exp()).collect();
+        let z: f32 = e.iter().sum();
+        let picked = moe.route(&row);
+        assert_eq!(picked, vec![(0, e[0] / z * 1.5), (1, e[1] / z * 1.5)]);
+        moe.routing.groups.as_mut().unwrap().score = GroupScore::TopTwoSum;
+        let picked: Vec<usize> = moe.route(&row).iter().map(|p| p.0).collect();
+        assert_eq!(picked, vec![2, 3]);
+        // Sigmoid: equal scores, the bias decides; weights are the scores, renormalized.
+        moe.routing = Routing {
+            scoring: Scoring::Sigmoid,
+            choice_bias: Some(vec![0.0, 1.0, 0.0, 2.0]),
+            groups: None,
+            scale: 2.0,
+        };
+        moe.norm_topk = true;
+        assert_eq!(moe.route(&[0.0; 4]), vec![(3, 1.0), (1, 1.0)]);
     }
 }

@@ -1,7 +1,7 @@
 //! The weights of one decoder layer ([`DecoderLayer`], its feed-forward [`Ffn`]) and the
 //! walks over their matrices.
 
-use super::{DeltaNet, Expert, LayerPle, Moe};
+use super::{DeltaNet, Expert, LayerPle, Mla, Moe};
 use crate::weights::{Linear, Matrix};
 
 /// The weights of one transformer block (pre-norm attention + MLP, with the optional
@@ -32,6 +32,10 @@ pub struct DecoderLayer {
     /// no keys or values, and keeps a recurrent state in the cache); `wq` and `wo` are its
     /// input and output projections.
     pub delta: Option<DeltaNet>,
+    /// A latent-attention layer (DeepSeek-V2's MLA): `wq` is its query projection (`q_b`
+    /// after the low-rank `q_a`, or direct), `wo` its output; it has no `wk` / `wv` and caches
+    /// one latent row per token ([`crate::config::MlaConfig`]).
+    pub mla: Option<Mla>,
     /// `[kv_dim × n_embd]`; `None` in a layer that attends over an earlier layer's keys
     /// and values ([`crate::ModelConfig::layer_kv_from`]) and computes none.
     pub wk: Option<Linear>,
@@ -81,6 +85,7 @@ pub(super) fn layer_matrices_mut(l: &mut DecoderLayer) -> impl Iterator<Item = &
     .into_iter()
     .flatten()
     .chain(delta)
+    .chain(l.mla.iter_mut().flat_map(Mla::linears_mut))
     .map(|lin| &mut lin.w);
     let ffn: Vec<&mut Matrix> = match &mut l.ffn {
         Ffn::Dense(e) => vec![&mut e.gate.w, &mut e.up.w, &mut e.down.w],

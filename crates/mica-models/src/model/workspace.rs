@@ -101,6 +101,7 @@ impl Workspace {
     /// formats, 4 bytes an element to cover float weights), and attention's per-sequence
     /// gathered keys and values (`[n_ctx][kv_dim]` each, f32 at most). `ple_width` is the
     /// per-layer embedding inputs' width (`n_layer · dim`; 0 for models without them).
+    /// Latent attention's buffers are counted where the model has it.
     pub fn estimate_bytes(
         cfg: &ModelConfig,
         ple_width: usize,
@@ -118,12 +119,27 @@ impl Workspace {
         let delta = cfg.delta_net.as_ref().map_or(0, |c| {
             n * (c.conv_dim() + c.value_dim() + 2 * c.n_v_heads) + c.conv_dim() + c.head_v_dim
         });
+        // Latent attention's own buffers (`blocks::mla`): queries, the query's low-rank
+        // input, the projected and the cached latent rows, the absorbed queries, the latent
+        // outputs, one head's input and output.
+        let mla = cfg.mla.as_ref().map_or(0, |m| {
+            let h = cfg.n_head;
+            let per_head = m.qk_nope.max(m.kv_lora_rank) + m.kv_lora_rank.max(m.v_head_dim);
+            n * (h * m.qk_head_dim()
+                + m.q_lora_rank.unwrap_or(0)
+                + m.latent_dim()
+                + 2 * m.half()
+                + h * m.latent_dim()
+                + h * m.kv_lora_rank
+                + per_head)
+        });
         let floats = 3 * n * d
             + 2 * n * qd
             + 2 * n * kvd
             + gate_up
             + n_out.max(1) * cfg.n_vocab
             + delta
+            + mla
             + n * ple_width;
         let acts = 2 * n * d.max(ff).max(qd) * 4;
         let gather = 2 * n_ctx * kvd * 4;
