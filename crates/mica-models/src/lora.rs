@@ -494,6 +494,11 @@ impl Model {
     /// `W + s·B·A`, held in memory as f32 (quantize afterwards to store it narrower).
     pub fn merge_lora(&mut self, adapter: &LoraAdapter) -> Result<()> {
         adapter.check(self)?;
+        if self.stream.is_some() {
+            return Err(ModelError::Streaming(
+                "a LoRA adapter cannot be merged into streamed layers (attach it unmerged)".into(),
+            ));
+        }
         for (name, pair) in &adapter.targets {
             let delta = pair.delta();
             for lin in self.linears_mut() {

@@ -217,6 +217,7 @@ pub fn build_with(
         embd_proj: None,
         output,
         file,
+        stream: None,
     })
 }
 

@@ -409,5 +409,6 @@ pub(super) fn build(
         embd_proj: None,
         output,
         file,
+        stream: None,
     })
 }
