@@ -237,21 +237,27 @@ fn stream_within(
     let costs = layer_costs(&mut lm.model, repack);
     let budget = usize::try_from(budget).unwrap_or(usize::MAX);
     let plan = stream::plan(full.total(), &costs, mode.slots(), budget)?;
-    if plan.streamed.is_empty() {
+    if plan.streamed.is_empty() && !plan.head {
         info!(
             "memory: the model fits in the budget of {} fully resident; nothing streamed",
             mib(budget)
         );
         return Ok(());
     }
-    stream::start(&mut lm.model, &plan.streamed, mode)?;
+    stream::start(&mut lm.model, &plan.streamed, plan.head, mode)?;
     let s = lm.model.stream.as_ref().expect("started above");
+    let layers = match (plan.streamed.first(), plan.streamed.last()) {
+        (Some(a), Some(b)) => format!("layers {a}..={b} of {}", lm.model.layers.len()),
+        _ => "no layer".into(),
+    };
     info!(
-        "memory: streaming layers {}..={} of {} ({mode:?}, {} read per forward pass) through \
-         a ring of {}; {} resident of a budget of {}",
-        plan.streamed[0],
-        plan.streamed[plan.streamed.len() - 1],
-        lm.model.layers.len(),
+        "memory: streaming {layers}{} ({mode:?}, {} read per forward pass) through a ring of \
+         {}; {} resident of a budget of {}",
+        if plan.head {
+            " and the output head"
+        } else {
+            ""
+        },
         mib(s.bytes_per_pass()),
         mib(plan.ring),
         mib(plan.resident),

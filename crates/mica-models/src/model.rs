@@ -350,7 +350,7 @@ impl Model {
         };
         // A head tied to the embedding may hold the packed copy (and the file's pages be
         // released): look the rows up there.
-        let emb = if self.output.w.name == self.tok_embd.name {
+        let emb = if self.output.w.name == self.tok_embd.name && !self.output.w.is_streamed() {
             self.output.w.view()
         } else {
             self.tok_embd.view()
@@ -633,7 +633,6 @@ impl Model {
             }
         }
 
-        drop(pass);
         // Every layer has run: the recurrent states now hold the batch's positions.
         for &(s, end) in &ends {
             kv.end_state(s, end);
@@ -666,7 +665,24 @@ impl Model {
             xn = &ws.proj[..n_out * e];
         }
         let logits = grow(&mut ws.logits, n_out * cfg.n_vocab);
-        self.output.apply(pool, &mut ws.acts, xn, n_out, logits);
+        match (&mut pass, &self.stream) {
+            (Some(pass), Some(s)) if s.streams_head() => {
+                // The head in chunks of rows, each in its turn: products into `ws.gate`,
+                // scattered into each output row's logits.
+                for (unit, r0, chunk) in s.head_chunks() {
+                    pass.enter(unit)?;
+                    let rows = chunk.out_dim();
+                    let part = grow(&mut ws.gate, n_out * rows);
+                    chunk.forward(pool, ws.acts.get(pool, &chunk.w, xn, n_out), part);
+                    for (t, p) in part.chunks_exact(rows).enumerate() {
+                        let at = t * cfg.n_vocab + r0;
+                        logits[at..at + rows].copy_from_slice(p);
+                    }
+                }
+            }
+            _ => self.output.apply(pool, &mut ws.acts, xn, n_out, logits),
+        }
+        drop(pass);
         if let Some(cap) = cfg.final_softcap {
             ops::softcap(logits, cap);
         }

@@ -149,6 +149,23 @@ impl Matrix {
         (&self.data.file, self.data.start, self.data.len)
     }
 
+    /// Rows `r0..r0 + rows` as a matrix of their own over the same bytes (no packed copy).
+    pub(crate) fn rows_view(&self, r0: usize, rows: usize) -> Matrix {
+        let row = self.data.len / self.rows.max(1);
+        Matrix {
+            name: format!("{}[{r0}..{}]", self.name, r0 + rows),
+            rows,
+            data: TensorData {
+                file: self.data.file.clone(),
+                start: self.data.start + r0 * row,
+                len: rows * row,
+                streamed: self.data.streamed,
+            },
+            packed: None,
+            ..self.clone()
+        }
+    }
+
     /// Points the matrix at `start..start + len` of `bytes` (a ring slot of a streamed
     /// layer), dropping any packed copy.
     pub(crate) fn set_streamed(&mut self, bytes: Arc<dyn TensorBytes>, start: usize) {
