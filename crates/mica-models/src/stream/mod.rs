@@ -146,7 +146,7 @@ impl LayerStream {
 
     /// Bytes of the ring's buffers (resident while the model lives).
     pub fn buffer_bytes(&self) -> usize {
-        self.ring.bufs.iter().map(|b| b.layout.size()).sum()
+        self.ring.bufs.iter().map(SlotBuf::len).sum()
     }
 
     /// Bytes one forward pass reads from the file.
@@ -270,7 +270,7 @@ impl Drop for Pass<'_> {
 }
 
 /// The smallest slot a streamed head's chunks get when no layer is streamed.
-const MIN_HEAD_CHUNK: usize = 16 << 20;
+const MIN_HEAD_CHUNK: usize = 4 << 20;
 
 /// A matrix of the file's, or an error.
 pub(crate) fn from_file(m: &Matrix, file: &Arc<GgufFile>) -> bool {

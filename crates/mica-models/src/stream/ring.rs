@@ -4,7 +4,6 @@
 use crate::error::{ModelError, Result};
 use crate::memory::mib;
 use mica_formats::TensorBytes;
-use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
@@ -70,11 +69,13 @@ pub(super) fn layout(
     (extents, offsets, used.next_multiple_of(PAGE))
 }
 
-/// One ring buffer: page-aligned heap memory, written and read through raw pointers under
-/// the slot protocol of the module docs.
+/// One ring buffer: anonymous pages (page-aligned; untouched pages are not resident),
+/// written and read through a raw pointer under the slot protocol of the module docs.
 pub(super) struct SlotBuf {
     ptr: NonNull<u8>,
-    pub(super) layout: Layout,
+    len: usize,
+    /// Owns the pages `ptr` points to; never accessed otherwise.
+    _map: memmap2::MmapMut,
 }
 
 // SAFETY: the buffer is plain memory owned by the ring; who may touch its bytes when is the
@@ -84,13 +85,21 @@ unsafe impl Sync for SlotBuf {}
 
 impl SlotBuf {
     pub(super) fn new(len: usize) -> Result<SlotBuf> {
-        let layout = Layout::from_size_align(len.max(PAGE), PAGE)
-            .map_err(|e| ModelError::Streaming(format!("ring buffer of {len} bytes: {e}")))?;
-        // SAFETY: the layout has a non-zero size.
-        let ptr = NonNull::new(unsafe { alloc_zeroed(layout) }).ok_or_else(|| {
-            ModelError::Streaming(format!("cannot allocate a ring buffer of {}", mib(len)))
+        let len = len.max(PAGE);
+        let mut map = memmap2::MmapMut::map_anon(len).map_err(|e| {
+            ModelError::Streaming(format!("cannot map a ring buffer of {}: {e}", mib(len)))
         })?;
-        Ok(SlotBuf { ptr, layout })
+        let ptr = NonNull::new(map.as_mut_ptr()).expect("a mapping is not null");
+        Ok(SlotBuf {
+            ptr,
+            len,
+            _map: map,
+        })
+    }
+
+    /// Bytes of the buffer.
+    pub(super) fn len(&self) -> usize {
+        self.len
     }
 
     /// The bytes, to read.
@@ -98,8 +107,9 @@ impl SlotBuf {
     /// # Safety
     /// Nobody may write them while the slice lives: the slot is `Held` by the caller.
     unsafe fn slice(&self) -> &[u8] {
-        // SAFETY: `ptr` points to `layout.size()` initialised (zeroed or read) bytes.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.layout.size()) }
+        // SAFETY: `ptr` points to `len` mapped, initialised (zeroed or read) bytes that live
+        // as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
     /// The bytes, to write.
@@ -110,14 +120,7 @@ impl SlotBuf {
     #[allow(clippy::mut_from_ref)]
     unsafe fn slice_mut(&self) -> &mut [u8] {
         // SAFETY: as `slice`, and the caller has exclusive access.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
-    }
-}
-
-impl Drop for SlotBuf {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout.
-        unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 }
 
