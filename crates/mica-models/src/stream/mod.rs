@@ -422,6 +422,12 @@ pub fn start(model: &mut Model, layers: &[usize], head: bool, mode: StreamMode) 
         }
         model.output.w.set_streamed(Arc::new(ring::Chunked), 0);
     }
+    // Loading read small tensors (norms, biases) between the streamed ones, and each such
+    // page fault read the pages around it into the page cache (up to the device's
+    // read-ahead, megabytes): give those back too.
+    for e in ring.reads.iter().flat_map(|r| &r.extents) {
+        ring::drop_cached(&ring.file, e.file_off, e.len);
+    }
     let io = match mode {
         StreamMode::Sync => None,
         StreamMode::Overlapped => {

@@ -91,7 +91,8 @@ pub fn plan(total: usize, costs: &Costs, slots: usize, budget: usize) -> Result<
     // Streaming layers `k..` (and the head when `head`): (bytes resident, ring bytes).
     let cost = |k: usize, head: bool| -> (usize, usize) {
         let streamed = &layers[k..];
-        let units = streamed.len() + usize::from(head);
+        // A streamed head is read in chunks: as many as the ring has slots, at least.
+        let units = streamed.len() + if head { slots } else { 0 };
         let head = head.then_some(costs.head).flatten();
         let slot = streamed
             .iter()
