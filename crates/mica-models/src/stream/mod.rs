@@ -43,7 +43,6 @@ use crate::model::Model;
 use crate::weights::{Linear, Matrix};
 use mica_formats::{GgufFile, TensorBytes};
 use ring::{LayerReads, Ring, RingState, SlotBuf, SlotState, SlotView, layout};
-use std::fs::File;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -378,7 +377,7 @@ pub fn start(model: &mut Model, layers: &[usize], head: bool, mode: StreamMode) 
             shutdown: false,
         }),
         cv: Condvar::new(),
-        file: File::open(file.path()).map_err(|e| {
+        file: ring::open_unbuffered(file.path()).map_err(|e| {
             ModelError::Streaming(format!("opening {} to stream: {e}", file.path().display()))
         })?,
         reads,

@@ -251,6 +251,17 @@ impl Ring {
     }
 }
 
+/// Opens `path` to stream from: reads are whole extents, so the kernel's read-ahead (which
+/// would cache pages past each extent, up to the device's read-ahead size) is turned off.
+pub(super) fn open_unbuffered(path: &std::path::Path) -> std::io::Result<File> {
+    let file = File::open(path)?;
+    // SAFETY: a plain syscall on an open descriptor; failure only leaves read-ahead on.
+    unsafe {
+        libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM);
+    }
+    Ok(file)
+}
+
 /// Drops the page cache's copy of a range just read (the slot holds the bytes now).
 pub(super) fn drop_cached(file: &File, off: u64, len: usize) {
     // SAFETY: a plain syscall on an open descriptor; failure only leaves pages cached.
