@@ -199,6 +199,8 @@ pub fn fit(
         stream_within(lm, repack, &full, budget, mode)?;
         let est = estimate(lm, repack, sizing);
         info!("memory estimate: {est}");
+        // Loading's read-around cached pages of the file that a cgroup counts as used.
+        stream::drop_page_cache(&lm.model);
         return verdict(est, args.force, limit);
     }
     slow_settings();
@@ -212,6 +214,14 @@ pub fn fit(
     if args.force {
         return verdict(est, args.force, limit);
     }
+    // A cgroup counts the page cache loading read around the small tensors it touched (up to
+    // the device's read-ahead per fault) as used: give it back and look again.
+    stream::drop_page_cache(&lm.model);
+    let available = limit.map(Available::limit).or_else(host::available_memory);
+    let fits = available.as_ref().map(|a| host::check_fits(&est, a));
+    let (Some(available), Some(Err(e))) = (available, fits) else {
+        return verdict(est, args.force, limit);
+    };
     // What the estimate may total: the usable bytes, plus what a measured figure already
     // left out (the process's resident set).
     let held = est.total() as u64 - host::still_needed(&est, &available);

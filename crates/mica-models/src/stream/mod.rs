@@ -268,6 +268,17 @@ impl Drop for Pass<'_> {
     }
 }
 
+/// Drops the page cache's pages of `model`'s file that no process maps (what reading
+/// around the tensors loading touched brought in, which a memory cgroup counts as used).
+/// A hint: pages still needed are read again on their next use.
+pub fn drop_page_cache(model: &Model) {
+    if let Some(f) = &model.file
+        && let Ok(file) = std::fs::File::open(f.path())
+    {
+        ring::drop_cached(&file, 0, 0);
+    }
+}
+
 /// The smallest slot a streamed head's chunks get when no layer is streamed.
 const MIN_HEAD_CHUNK: usize = 4 << 20;
 
