@@ -36,9 +36,10 @@ pub struct BudgetArgs {
     #[arg(long = "mem-limit", value_name = "SIZE")]
     pub mem_limit: Option<String>,
     /// Fit the model in SIZE (e.g. 128M, 1G) by streaming its last layers from the file a
-    /// layer at a time (the embeddings, norms, output head and as many layers as fit stay
-    /// resident). Without it, layers are streamed only when the model does not fit in the
-    /// memory available (instead of refusing it). See docs/streaming.md.
+    /// layer at a time (the embeddings, norms and as many layers as fit stay resident; the
+    /// output head too, unless streaming every layer is not enough). Without it, layers are
+    /// streamed only when the model does not fit in the memory available (instead of
+    /// refusing it). See docs/streaming.md.
     #[arg(long = "mem-budget", value_name = "SIZE")]
     pub mem_budget: Option<String>,
     /// How streamed layers are read: `overlapped` (an IO thread reads ahead of compute into
@@ -208,10 +209,7 @@ pub fn fit(
     info!("memory estimate: {est}");
     let available = limit.map(Available::limit).or_else(host::available_memory);
     let fits = available.as_ref().map(|a| host::check_fits(&est, a));
-    let (Some(available), Some(Err(e))) = (available, fits) else {
-        return verdict(est, args.force, limit);
-    };
-    if args.force {
+    if args.force || !matches!(fits, Some(Err(_))) {
         return verdict(est, args.force, limit);
     }
     // A cgroup counts the page cache loading read around the small tensors it touched (up to
