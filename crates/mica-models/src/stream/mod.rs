@@ -377,33 +377,8 @@ pub fn start(model: &mut Model, layers: &[usize], head: bool, mode: StreamMode) 
         }
     }
     let slots = mode.slots().min(reads.len());
-    let ring = Arc::new(Ring {
-        bufs: (0..slots)
-            .map(|_| SlotBuf::new(slot_len))
-            .collect::<Result<_>>()?,
-        readable: (0..slots).map(|_| AtomicUsize::new(0)).collect(),
-        state: Mutex::new(RingState {
-            slots: vec![SlotState::Empty; slots],
-            error: None,
-            shutdown: false,
-        }),
-        cv: Condvar::new(),
-        file: ring::open_unbuffered(file.path()).map_err(|e| {
-            ModelError::Streaming(format!("opening {} to stream: {e}", file.path().display()))
-        })?,
-        reads,
-        bytes_read: AtomicU64::new(0),
-        wait_ns: AtomicU64::new(0),
-    });
-    let view = |j: usize| -> Arc<dyn TensorBytes> {
-        let r = &ring.reads[j];
-        Arc::new(SlotView {
-            ring: ring.clone(),
-            slot: j % slots,
-            unit: r.unit,
-            label: r.label.clone(),
-        })
-    };
+    let ring = make_ring(file.path(), reads, slot_len, slots)?;
+    let view = |j: usize| view(&ring, j);
     let mut order = vec![None; n_layers + chunks.len()];
     for (j, (&l, offs)) in layers.iter().zip(&offsets).enumerate() {
         order[l] = Some(j);
@@ -438,6 +413,56 @@ pub fn start(model: &mut Model, layers: &[usize], head: bool, mode: StreamMode) 
     for e in ring.reads.iter().flat_map(|r| &r.extents) {
         ring::drop_cached(&ring.file, e.file_off, e.len);
     }
+    model.stream = Some(launch(ring, mode, order, chunks, n_layers)?);
+    Ok(())
+}
+
+/// The ring of `slots` buffers of `slot_len` bytes for `reads` from the file at `path`.
+fn make_ring(
+    path: &std::path::Path,
+    reads: Vec<LayerReads>,
+    slot_len: usize,
+    slots: usize,
+) -> Result<Arc<Ring>> {
+    Ok(Arc::new(Ring {
+        bufs: (0..slots)
+            .map(|_| SlotBuf::new(slot_len))
+            .collect::<Result<_>>()?,
+        readable: (0..slots).map(|_| AtomicUsize::new(0)).collect(),
+        state: Mutex::new(RingState {
+            slots: vec![SlotState::Empty; slots],
+            error: None,
+            shutdown: false,
+        }),
+        cv: Condvar::new(),
+        file: ring::open_unbuffered(path).map_err(|e| {
+            ModelError::Streaming(format!("opening {} to stream: {e}", path.display()))
+        })?,
+        reads,
+        bytes_read: AtomicU64::new(0),
+        wait_ns: AtomicU64::new(0),
+    }))
+}
+
+/// The bytes of the `j`-th unit of the streaming order: its slot, readable in its turn.
+fn view(ring: &Arc<Ring>, j: usize) -> Arc<dyn TensorBytes> {
+    let r = &ring.reads[j];
+    Arc::new(SlotView {
+        ring: ring.clone(),
+        slot: j % ring.bufs.len(),
+        unit: r.unit,
+        label: r.label.clone(),
+    })
+}
+
+/// The stream over `ring`, its IO thread started in overlapped mode.
+fn launch(
+    ring: Arc<Ring>,
+    mode: StreamMode,
+    order: Vec<Option<usize>>,
+    head: Vec<(usize, Linear)>,
+    n_layers: usize,
+) -> Result<LayerStream> {
     let io = match mode {
         StreamMode::Sync => None,
         StreamMode::Overlapped => {
@@ -449,24 +474,82 @@ pub fn start(model: &mut Model, layers: &[usize], head: bool, mode: StreamMode) 
             Some(h)
         }
     };
-    model.stream = Some(LayerStream {
+    Ok(LayerStream {
         ring,
         mode,
         order,
-        head: chunks,
+        head,
         n_layers,
         cursor: Mutex::new(Cursor {
             next: 0,
             held: None,
         }),
         io,
-    });
-    Ok(())
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ring::{Extent, PAGE};
+
+    /// Many passes over a stream of 7 units (of which 5 streamed) whose bytes are each
+    /// unit's number, with random units skipped and passes ended early: every turn sees its
+    /// own unit's bytes, in both modes.
+    #[test]
+    fn every_turn_reads_its_own_units_bytes() {
+        let n = 7;
+        let streamed = [1, 2, 4, 5, 6];
+        let path = std::env::temp_dir().join(format!("mica-stream-test-{}", std::process::id()));
+        let bytes: Vec<u8> = (0..n).flat_map(|u| vec![u as u8; 3 * PAGE]).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        for mode in [StreamMode::Overlapped, StreamMode::Sync] {
+            let reads = streamed
+                .iter()
+                .map(|&u| LayerReads {
+                    unit: u,
+                    label: format!("unit {u}"),
+                    extents: vec![Extent {
+                        file_off: (u * 3 * PAGE) as u64,
+                        len: 3 * PAGE,
+                        slot_off: PAGE,
+                    }],
+                })
+                .collect();
+            let slots = mode.slots();
+            let ring = make_ring(&path, reads, 4 * PAGE, slots).unwrap();
+            let views: Vec<_> = (0..streamed.len()).map(|j| view(&ring, j)).collect();
+            let mut order = vec![None; n];
+            for (j, &u) in streamed.iter().enumerate() {
+                order[u] = Some(j);
+            }
+            let s = launch(ring, mode, order, Vec::new(), n).unwrap();
+            let mut seed = 12345u64;
+            let mut rand = move || {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (seed >> 33) as usize
+            };
+            for _ in 0..300 {
+                let mut pass = s.begin_pass();
+                let stop = rand() % (n + 3);
+                for u in 0..n.min(stop) {
+                    if rand() % 4 == 0 {
+                        continue;
+                    }
+                    pass.enter(u).unwrap();
+                    if let Some(j) = streamed.iter().position(|&x| x == u) {
+                        let b = views[j].bytes();
+                        assert!(b[PAGE..4 * PAGE].iter().all(|&x| x == u as u8), "unit {u}");
+                    }
+                }
+            }
+            let read = s.stats().bytes_read;
+            assert!(read > 0 && read.is_multiple_of((3 * PAGE) as u64));
+        }
+        std::fs::remove_file(&path).unwrap();
+    }
 
     #[test]
     fn stream_mode_parses() {
