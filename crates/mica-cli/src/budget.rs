@@ -8,6 +8,10 @@
 //! first forward pass (when the weights, the buffers and the prompt's KV blocks have been
 //! touched) the resident set is compared with the estimate ([`ResidentCheck`]): a warning
 //! past 10%, an `info` line otherwise. See docs/deploy.md.
+//!
+//! A model that does not fit (or any model, given `--mem-budget`) may instead stream its
+//! last layers from the file ([`mica::models::stream`], docs/streaming.md): [`fit`] plans
+//! how many layers stay resident and starts the streaming before the weights are repacked.
 
 use anyhow::{Result, bail};
 use clap::Args;
@@ -16,6 +20,7 @@ use mica::engine::host::{self, Available, RssCheck};
 use mica::models::memory::{
     EstimateParams, KvSizing, MemoryEstimate, compute_bytes, kv_bytes_for_positions, mib,
 };
+use mica::models::stream::{self, StreamMode, layer_costs};
 use mica::models::{LoadOptions, LoadedModel, Model};
 use std::path::Path;
 use std::sync::Once;
@@ -30,6 +35,21 @@ pub struct BudgetArgs {
     /// process may use (its cgroup's limit, else MemAvailable, less a margin).
     #[arg(long = "mem-limit", value_name = "SIZE")]
     pub mem_limit: Option<String>,
+    /// Fit the model in SIZE (e.g. 128M, 1G) by streaming its last layers from the file a
+    /// layer at a time (the embeddings, norms and as many layers as fit stay resident; the
+    /// output head too, unless streaming every layer is not enough). Without it, layers are
+    /// streamed only when the model does not fit in the memory available (instead of
+    /// refusing it). See docs/streaming.md.
+    #[arg(long = "mem-budget", value_name = "SIZE")]
+    pub mem_budget: Option<String>,
+    /// How streamed layers are read: `overlapped` (an IO thread reads ahead of compute into
+    /// three buffers) or `sync` (each layer read when the forward pass reaches it).
+    #[arg(
+        long = "stream-mode",
+        value_name = "MODE",
+        default_value = "overlapped"
+    )]
+    pub stream_mode: String,
 }
 
 impl BudgetArgs {
@@ -43,6 +63,27 @@ impl BudgetArgs {
                     .map_err(|e| e.context("--mem-limit"))
             })
             .transpose()
+    }
+}
+
+impl BudgetArgs {
+    /// `--mem-budget` in bytes.
+    pub fn budget(&self) -> Result<Option<u64>> {
+        self.mem_budget
+            .as_deref()
+            .map(|s| {
+                crate::serve::parse_size(s)
+                    .map(|b| b as u64)
+                    .map_err(|e| e.context("--mem-budget"))
+            })
+            .transpose()
+    }
+
+    /// `--stream-mode`.
+    pub fn mode(&self) -> Result<StreamMode> {
+        self.stream_mode
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!("--stream-mode: {e}"))
     }
 }
 
@@ -93,13 +134,24 @@ pub fn check(
     force: bool,
     limit: Option<u64>,
 ) -> Result<MemoryEstimate> {
+    slow_settings();
+    let est = estimate(lm, repack, sizing);
+    info!("memory estimate: {est}");
+    verdict(est, force, limit)
+}
+
+/// Warns, once per process, about settings that slow decoding.
+fn slow_settings() {
     static SLOW: Once = Once::new();
     SLOW.call_once(|| {
         for w in host::slow_settings() {
             warn!("{w}");
         }
     });
-    let est = MemoryEstimate::new(
+}
+
+fn estimate(lm: &LoadedModel, repack: bool, sizing: Sizing) -> MemoryEstimate {
+    MemoryEstimate::new(
         &lm.model,
         &EstimateParams {
             repack,
@@ -109,8 +161,11 @@ pub fn check(
             n_outputs: sizing.n_outputs,
             runtime: host::resident_bytes().unwrap_or(0) as usize,
         },
-    );
-    info!("memory estimate: {est}");
+    )
+}
+
+/// `est` against the memory available: an error when it does not fit, unless `force`.
+fn verdict(est: MemoryEstimate, force: bool, limit: Option<u64>) -> Result<MemoryEstimate> {
     let available = limit.map(Available::limit).or_else(host::available_memory);
     let Some(available) = available else {
         debug!("memory: nothing says how much is available; not checked");
@@ -125,6 +180,98 @@ pub fn check(
         }
     }
     Ok(est)
+}
+
+/// [`check`], with layer streaming: given `--mem-budget`, the model is fitted in it by
+/// streaming its last layers (then checked against the memory available as usual);
+/// without, a model that does not fit is streamed within the memory available rather than
+/// refused (unless `--force`, which loads it whole). Call before [`prepare`].
+pub fn fit(
+    lm: &mut LoadedModel,
+    repack: bool,
+    sizing: Sizing,
+    args: &BudgetArgs,
+) -> Result<MemoryEstimate> {
+    let mode = args.mode()?;
+    let limit = args.limit()?;
+    if let Some(budget) = args.budget()? {
+        let full = estimate(lm, repack, sizing);
+        info!("memory estimate fully resident: {full}");
+        stream_within(lm, repack, &full, budget, mode)?;
+        let est = estimate(lm, repack, sizing);
+        info!("memory estimate: {est}");
+        // Loading's read-around cached pages of the file that a cgroup counts as used.
+        stream::drop_page_cache(&lm.model);
+        return verdict(est, args.force, limit);
+    }
+    slow_settings();
+    let est = estimate(lm, repack, sizing);
+    info!("memory estimate: {est}");
+    let available = limit.map(Available::limit).or_else(host::available_memory);
+    let fits = available.as_ref().map(|a| host::check_fits(&est, a));
+    if args.force || !matches!(fits, Some(Err(_))) {
+        return verdict(est, args.force, limit);
+    }
+    // A cgroup counts the page cache loading read around the small tensors it touched (up to
+    // the device's read-ahead per fault) as used: give it back and look again.
+    stream::drop_page_cache(&lm.model);
+    let available = limit.map(Available::limit).or_else(host::available_memory);
+    let fits = available.as_ref().map(|a| host::check_fits(&est, a));
+    let (Some(available), Some(Err(e))) = (available, fits) else {
+        return verdict(est, args.force, limit);
+    };
+    // What the estimate may total: the usable bytes, plus what a measured figure already
+    // left out (the process's resident set).
+    let held = est.total() as u64 - host::still_needed(&est, &available);
+    let budget = available.usable() + held;
+    if let Err(why) = stream_within(lm, repack, &est, budget, mode) {
+        bail!("{e}\n{why:#}\n(pass --force to load it anyway)");
+    }
+    warn!("{e}: streaming layers instead (see --mem-budget)");
+    let est = estimate(lm, repack, sizing);
+    info!("memory estimate: {est}");
+    Ok(est)
+}
+
+/// Streams as few of `lm`'s last layers as make `full` (its estimate fully resident) fit in
+/// `budget` bytes; nothing when it fits already.
+fn stream_within(
+    lm: &mut LoadedModel,
+    repack: bool,
+    full: &MemoryEstimate,
+    budget: u64,
+    mode: StreamMode,
+) -> Result<()> {
+    let costs = layer_costs(&mut lm.model, repack);
+    let budget = usize::try_from(budget).unwrap_or(usize::MAX);
+    let plan = stream::plan(full.total(), &costs, mode.slots(), budget)?;
+    if plan.streamed.is_empty() && !plan.head {
+        info!(
+            "memory: the model fits in the budget of {} fully resident; nothing streamed",
+            mib(budget)
+        );
+        return Ok(());
+    }
+    stream::start(&mut lm.model, &plan.streamed, plan.head, mode)?;
+    let s = lm.model.stream.as_ref().expect("started above");
+    let layers = match (plan.streamed.first(), plan.streamed.last()) {
+        (Some(a), Some(b)) => format!("layers {a}..={b} of {}", lm.model.layers.len()),
+        _ => "no layer".into(),
+    };
+    info!(
+        "memory: streaming {layers}{} ({mode:?}, {} read per forward pass) through a ring of \
+         {}; {} resident of a budget of {}",
+        if plan.head {
+            " and the output head"
+        } else {
+            ""
+        },
+        mib(s.bytes_per_pass()),
+        mib(plan.ring),
+        mib(plan.resident),
+        mib(budget)
+    );
+    Ok(())
 }
 
 /// Repacks the weights when asked (stage 2, logged with its time).
@@ -152,7 +299,8 @@ pub fn load(
 ) -> Result<(LoadedModel, MemoryEstimate)> {
     let mut lm = open(path)?;
     cache.apply(&mut lm)?;
-    let est = check(&lm, repack, sizing(&lm), args.force, args.limit()?)?;
+    let sizing = sizing(&lm);
+    let est = fit(&mut lm, repack, sizing, args)?;
     prepare(&mut lm, repack);
     Ok((lm, est))
 }

@@ -104,7 +104,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         bail!("the context size must be positive");
     }
     let sizing = Sizing::one_sequence(n_ctx, PROMPT_CHUNK);
-    let est = budget::check(&lm, repack, sizing, args.budget.force, args.budget.limit()?)?;
+    let est = budget::fit(&mut lm, repack, sizing, &args.budget)?;
     budget::prepare(&mut lm, repack);
     args.lora.apply(&mut lm, args.json)?;
     let load_time = t0.elapsed();

@@ -85,6 +85,9 @@ pub enum ModelError {
     /// A KV cache type this model cannot store (see [`crate::kv_cache::KvType`]).
     #[error("KV cache type: {0}")]
     CacheType(String),
+    /// Layer streaming cannot run as asked ([`crate::stream`]).
+    #[error("layer streaming: {0}")]
+    Streaming(String),
     /// A batch is malformed (bad token id, positions that skip or rewind...).
     #[error("invalid batch: {0}")]
     Batch(String),

@@ -17,6 +17,7 @@ pub mod memory;
 pub mod model;
 pub mod names;
 mod packed_buf;
+pub mod stream;
 pub mod tokenizer;
 pub mod weights;
 
@@ -29,3 +30,4 @@ pub use loader::{ChatPromptError, LoadOptions, LoadStage, LoadedModel, open_toke
 pub use lora::{LoraAdapter, LoraSpec};
 pub use memory::{EstimateParams, KvSizing, MemoryEstimate};
 pub use model::{Model, Output, WeightFootprint, Workspace};
+pub use stream::{StreamMode, StreamPlan};

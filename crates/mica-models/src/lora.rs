@@ -480,6 +480,16 @@ impl Model {
     /// output from now on (several adapters add up). The base weights are unchanged.
     pub fn attach_lora(&mut self, adapter: &LoraAdapter) -> Result<()> {
         adapter.check(self)?;
+        if self.stream.as_ref().is_some_and(|s| s.streams_head())
+            && adapter
+                .targets
+                .iter()
+                .any(|(name, _)| *name == self.output.w.name)
+        {
+            return Err(ModelError::Streaming(
+                "a LoRA adapter cannot update an output head streamed in chunks".into(),
+            ));
+        }
         for (name, pair) in &adapter.targets {
             for lin in self.linears_mut() {
                 if lin.w.name == *name {
@@ -494,6 +504,11 @@ impl Model {
     /// `W + s·B·A`, held in memory as f32 (quantize afterwards to store it narrower).
     pub fn merge_lora(&mut self, adapter: &LoraAdapter) -> Result<()> {
         adapter.check(self)?;
+        if self.stream.is_some() {
+            return Err(ModelError::Streaming(
+                "a LoRA adapter cannot be merged into streamed layers (attach it unmerged)".into(),
+            ));
+        }
         for (name, pair) in &adapter.targets {
             let delta = pair.delta();
             for lin in self.linears_mut() {

@@ -87,10 +87,10 @@ impl MemoryEstimate {
         }
     }
 
-    /// Bytes of weights counted: mapped plus repacked (embedding tables read on demand
-    /// are not).
+    /// Bytes of weights counted: mapped, repacked and the streaming ring's buffers
+    /// (embedding tables read on demand and streamed layers are not).
     pub fn weight_bytes(&self) -> usize {
-        self.weights.mapped + self.weights.repacked
+        self.weights.mapped + self.weights.repacked + self.weights.stream_buffers
     }
 
     /// Everything counted: weights, KV cache, recurrent state, compute and runtime.
@@ -130,9 +130,17 @@ pub fn mib(bytes: usize) -> String {
 
 impl fmt::Display for MemoryEstimate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let streamed = match self.weights.streamed {
+            0 => String::new(),
+            s => format!(
+                ", ring {} for {} of streamed layers",
+                mib(self.weights.stream_buffers),
+                mib(s)
+            ),
+        };
         write!(
             f,
-            "weights {} (mapped {}, repacked {}) + KV cache {} + recurrent state {} + \
+            "weights {} (mapped {}, repacked {}{streamed}) + KV cache {} + recurrent state {} + \
              compute {} + runtime {} = {}",
             mib(self.weight_bytes()),
             mib(self.weights.mapped),

@@ -18,6 +18,7 @@ pub use crate::blocks::ple::{LayerPle, PerLayerInputs};
 use crate::config::{ModelConfig, NormKind, RopeConfig};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::{KvCache, SeqId};
+use crate::stream::LayerStream;
 use crate::weights::{Linear, Matrix};
 
 mod layer;
@@ -54,6 +55,8 @@ pub struct Model {
     pub output: Linear,
     /// The GGUF file, when the model came from one (a Hugging Face folder has none).
     pub file: Option<Arc<GgufFile>>,
+    /// Layers streamed from the file ([`crate::stream::start`]); `None`: all resident.
+    pub stream: Option<LayerStream>,
 }
 
 /// A model's weight matrices by how they occupy memory ([`Model::weight_footprint`]).
@@ -70,6 +73,11 @@ pub struct WeightFootprint {
     /// per-layer embeddings): a page becomes resident when a token on it is first read, so
     /// they take a fraction of their size that grows with the vocabulary a run uses.
     pub on_demand: usize,
+    /// Matrices of streamed layers ([`crate::stream`]): read from the file each pass, not
+    /// resident (not counted).
+    pub streamed: usize,
+    /// The streaming ring's buffers: resident.
+    pub stream_buffers: usize,
 }
 
 /// The projections between a token embedding of `e` values and layers of `n_embd`.
@@ -230,6 +238,7 @@ impl Model {
     /// file's pages of the repacked matrices back to the OS so the model is not resident
     /// twice. Returns the bytes of the packed copies.
     pub fn repack(&mut self) -> usize {
+        // (Streamed matrices are skipped: see `Matrix::repack`.)
         let _span = tracing::trace_span!("repack").entered();
         self.product_matrices_mut().map(|m| m.repack(true)).sum()
     }
@@ -239,7 +248,8 @@ impl Model {
     /// usable as its own draft model for speculative decoding ("self-speculation"). Returns
     /// false, changing nothing, when `n` is out of range.
     pub fn truncate_layers(&mut self, n: usize) -> bool {
-        if n == 0 || n > self.layers.len() {
+        // A streamed model's ring reads every streamed layer in turn.
+        if n == 0 || n > self.layers.len() || self.stream.is_some() {
             return false;
         }
         self.layers.truncate(n);
@@ -258,8 +268,15 @@ impl Model {
         // `matrices` lists a tied head once, as the token embedding; products read it
         // through `output`, which repacking copies.
         let tied_head = (self.output.w.name == self.tok_embd.name).then_some(&self.output.w);
-        let mut f = WeightFootprint::default();
+        let mut f = WeightFootprint {
+            stream_buffers: self.stream.as_ref().map_or(0, LayerStream::buffer_bytes),
+            ..WeightFootprint::default()
+        };
         for m in self.matrices().chain(tied_head) {
+            if m.is_streamed() {
+                f.streamed += m.n_bytes();
+                continue;
+            }
             if lookups.iter().any(|l| std::ptr::eq(*l, m)) {
                 f.on_demand += m.n_bytes();
                 continue;
@@ -270,6 +287,11 @@ impl Model {
             }
         }
         f
+    }
+
+    /// The weight matrices of layer `l`, mutably.
+    pub(crate) fn layer_matrices_mut(&mut self, l: usize) -> impl Iterator<Item = &mut Matrix> {
+        layer_matrices_mut(&mut self.layers[l])
     }
 
     /// Bytes of the weight matrices as stored.
@@ -332,7 +354,7 @@ impl Model {
         };
         // A head tied to the embedding may hold the packed copy (and the file's pages be
         // released): look the rows up there.
-        let emb = if self.output.w.name == self.tok_embd.name {
+        let emb = if self.output.w.name == self.tok_embd.name && !self.output.w.is_streamed() {
             self.output.w.view()
         } else {
             self.tok_embd.view()
@@ -379,10 +401,16 @@ impl Model {
         // A hybrid model's recurrent state cannot be rolled back: its pass may be given up
         // only before the first layer.
         let recurrent = cfg.has_recurrent_state();
+        // Streamed layers are read into their slots as the pass reaches them; the pass's end
+        // (its drop, early returns included) ends the last turn.
+        let mut pass = self.stream.as_ref().map(LayerStream::begin_pass);
         for (l, layer) in self.layers.iter().enumerate() {
             if (l == 0 || !recurrent) && stop() {
                 ws.out_rows = out_rows;
                 return Ok(None);
+            }
+            if let Some(p) = &mut pass {
+                p.enter(l)?;
             }
             let _layer = tracing::trace_span!("layer", l).entered();
             // Token mixing, in the layer's shape: attention, or a Gated DeltaNet layer.
@@ -653,7 +681,24 @@ impl Model {
             xn = &ws.proj[..n_out * e];
         }
         let logits = grow(&mut ws.logits, n_out * cfg.n_vocab);
-        self.output.apply(pool, &mut ws.acts, xn, n_out, logits);
+        match (&mut pass, &self.stream) {
+            (Some(pass), Some(s)) if s.streams_head() => {
+                // The head in chunks of rows, each in its turn: products into `ws.gate`,
+                // scattered into each output row's logits.
+                for (unit, r0, chunk) in s.head_chunks() {
+                    pass.enter(unit)?;
+                    let rows = chunk.out_dim();
+                    let part = grow(&mut ws.gate, n_out * rows);
+                    chunk.forward(pool, ws.acts.get(pool, &chunk.w, xn, n_out), part);
+                    for (t, p) in part.chunks_exact(rows).enumerate() {
+                        let at = t * cfg.n_vocab + r0;
+                        logits[at..at + rows].copy_from_slice(p);
+                    }
+                }
+            }
+            _ => self.output.apply(pool, &mut ws.acts, xn, n_out, logits),
+        }
+        drop(pass);
         if let Some(cap) = cfg.final_softcap {
             ops::softcap(logits, cap);
         }

@@ -13,12 +13,16 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-/// Where a tensor's bytes live: a range of a mapped file (GGUF, or one safetensors shard).
+/// Where a tensor's bytes live: a range of a mapped file (GGUF, or one safetensors shard),
+/// or of a streamed layer's ring slot ([`crate::stream`]).
 #[derive(Clone)]
 pub struct TensorData {
     file: Arc<dyn TensorBytes>,
     start: usize,
     len: usize,
+    /// The bytes are a ring slot's, readable only during their layer's turn of a forward
+    /// pass ([`crate::stream`]).
+    streamed: bool,
 }
 
 impl TensorData {
@@ -61,6 +65,11 @@ impl Matrix {
     /// still reads the file's bytes, such as embedding lookups of a tied head, faults its pages
     /// in again). Returns the bytes the copy takes (0 when the type has no packed layout).
     pub fn repack(&mut self, release: bool) -> usize {
+        if self.data.streamed {
+            // Read a layer at a time from the file: its bytes are used in the file's layout
+            // (products are bit-identical either way).
+            return 0;
+        }
         self.packed = None;
         let rb = self.view().row_bytes();
         let group = self.view().pack_group();
@@ -109,6 +118,9 @@ impl Matrix {
     /// Bytes [`Matrix::repack`] makes (or made) the packed copy take: `None` where the
     /// kernels have no packed layout for this type.
     pub fn repacked_len(&self) -> Option<usize> {
+        if self.data.streamed {
+            return None;
+        }
         match &self.packed {
             Some(p) => Some(p.as_slice().len()),
             None => self.view().packed_len(),
@@ -123,6 +135,47 @@ impl Matrix {
     /// Bytes the weights occupy.
     pub fn n_bytes(&self) -> usize {
         self.data.len
+    }
+
+    /// Whether the weights are streamed from the file a layer at a time ([`crate::stream`]):
+    /// their bytes may be read only inside a forward pass, during their layer's turn.
+    pub fn is_streamed(&self) -> bool {
+        self.data.streamed
+    }
+
+    /// The bytes holding the weights in the file's layout and the range of them that is
+    /// this matrix's: `(bytes, start, len)`.
+    pub(crate) fn source(&self) -> (&Arc<dyn TensorBytes>, usize, usize) {
+        (&self.data.file, self.data.start, self.data.len)
+    }
+
+    /// Rows `r0..r0 + rows` as a matrix of their own over the same bytes (no packed copy).
+    pub(crate) fn rows_view(&self, r0: usize, rows: usize) -> Matrix {
+        let row = self.data.len / self.rows.max(1);
+        Matrix {
+            name: format!("{}[{r0}..{}]", self.name, r0 + rows),
+            rows,
+            data: TensorData {
+                file: self.data.file.clone(),
+                start: self.data.start + r0 * row,
+                len: rows * row,
+                streamed: self.data.streamed,
+            },
+            packed: None,
+            ..self.clone()
+        }
+    }
+
+    /// Points the matrix at `start..start + len` of `bytes` (a ring slot of a streamed
+    /// layer), dropping any packed copy.
+    pub(crate) fn set_streamed(&mut self, bytes: Arc<dyn TensorBytes>, start: usize) {
+        self.packed = None;
+        self.data = TensorData {
+            file: bytes,
+            start,
+            len: self.data.len,
+            streamed: true,
+        };
     }
 
     /// Replaces the weights by `bytes` of type `dtype` held in memory (same rows and
@@ -144,6 +197,7 @@ impl Matrix {
             len: bytes.len(),
             file: Arc::new(OwnedBytes(bytes)),
             start: 0,
+            streamed: false,
         };
     }
 }
@@ -169,6 +223,7 @@ impl Matrix {
                 len: bytes.len(),
                 file: Arc::new(OwnedBytes(bytes)),
                 start: 0,
+                streamed: false,
             },
             packed: None,
         }
@@ -585,6 +640,7 @@ impl WeightLoader {
                 file: bytes.clone(),
                 start: t.offset as usize,
                 len: t.n_bytes as usize,
+                streamed: false,
             },
             packed: None,
         })
@@ -623,6 +679,7 @@ impl WeightLoader {
                 file: bytes.clone(),
                 start: t.offset as usize + first * row_bytes,
                 len: rows * row_bytes,
+                streamed: false,
             },
             packed: None,
         })

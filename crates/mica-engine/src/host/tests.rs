@@ -234,6 +234,8 @@ fn a_measured_figure_already_left_out_the_runtime() {
             mapped: 10 << 20,
             repacked: 80 << 20,
             on_demand: 0,
+            streamed: 0,
+            stream_buffers: 0,
         },
         kv_cache: 40 << 20,
         recurrent_state: 0,

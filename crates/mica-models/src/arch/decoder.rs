@@ -218,6 +218,7 @@ pub fn build_with(
         embd_proj: None,
         output,
         file,
+        stream: None,
     })
 }
 

@@ -410,5 +410,6 @@ pub(super) fn build(
         embd_proj: None,
         output,
         file,
+        stream: None,
     })
 }
