@@ -668,6 +668,7 @@ fn build(
         embd_proj: None,
         output,
         file,
+        stream: None,
     })
 }
 

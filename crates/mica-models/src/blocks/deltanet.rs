@@ -34,8 +34,8 @@ use crate::kv_cache::{KvCache, SeqId};
 use crate::model::grow;
 use crate::weights::{ActCache, Linear};
 use mica_kernels::ThreadPool;
-use mica_kernels::pool::split_range;
 use mica_kernels::ops::{self, silu, vec_f32};
+use mica_kernels::pool::split_range;
 
 /// The weights of one Gated DeltaNet layer besides its input projection (`attn_qkv`, the
 /// layer's `wq`) and output projection (`ssm_out`, the layer's `wo`).
@@ -74,12 +74,7 @@ pub struct DeltaBufs {
 impl DeltaBufs {
     /// Bytes the buffers hold now (their capacity).
     pub(crate) fn buffer_bytes(&self) -> usize {
-        let bufs = [
-            &self.qkv,
-            &self.z,
-            &self.beta,
-            &self.alpha,
-        ];
+        let bufs = [&self.qkv, &self.z, &self.beta, &self.alpha];
         4 * bufs.iter().map(|b| b.capacity()).sum::<usize>()
     }
 }
@@ -231,8 +226,7 @@ impl Segment<'_> {
     unsafe fn run(&self, heads: std::ops::Range<usize>) {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma")
-            {
+            if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma") {
                 // SAFETY: the features were just detected; the rest is the caller's.
                 return unsafe { self.run_avx512(heads) };
             }
@@ -270,7 +264,9 @@ impl Segment<'_> {
             c.conv_kernel,
         );
         let (nv, vd) = (c.n_v_heads, c.value_dim());
-        let vheads: Vec<usize> = (0..nv).filter(|&h| heads.contains(&c.k_head_of(h))).collect();
+        let vheads: Vec<usize> = (0..nv)
+            .filter(|&h| heads.contains(&c.k_head_of(h)))
+            .collect();
         let mut y = vec![0f32; dk.max(dv)];
         let mut delta = vec![0f32; dv];
         let mut tmp = vec![0f32; dv];
@@ -307,7 +303,11 @@ impl Segment<'_> {
                         };
                     }
                     unsafe {
-                        std::ptr::copy_nonoverlapping(xr.as_ptr(), conv_st.add((kk - 2) * cd + a), len)
+                        std::ptr::copy_nonoverlapping(
+                            xr.as_ptr(),
+                            conv_st.add((kk - 2) * cd + a),
+                            len,
+                        )
                     };
                 }
                 xr.copy_from_slice(y);
@@ -324,7 +324,8 @@ impl Segment<'_> {
                 let q = unsafe { std::slice::from_raw_parts(x.add(kh * dk), dk) };
                 let k = unsafe { std::slice::from_raw_parts(x.add(kd + kh * dk), dk) };
                 let v = unsafe { std::slice::from_raw_parts(x.add(2 * kd + h * dv), dv) };
-                let o = unsafe { std::slice::from_raw_parts_mut(self.out.0.add(t * vd + h * dv), dv) };
+                let o =
+                    unsafe { std::slice::from_raw_parts_mut(self.out.0.add(t * vd + h * dv), dv) };
                 let m = unsafe { std::slice::from_raw_parts_mut(ssm.add(h * dk * dv), dk * dv) };
                 let g = softplus(self.alpha[t * nv + h] + self.w.dt_bias[h]) * self.w.a[h];
                 let b = sigmoid(self.beta[t * nv + h]);
