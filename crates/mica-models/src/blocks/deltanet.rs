@@ -268,7 +268,6 @@ impl Segment<'_> {
             .filter(|&h| heads.contains(&c.k_head_of(h)))
             .collect();
         let mut y = vec![0f32; dk.max(dv)];
-        let mut delta = vec![0f32; dv];
         let mut tmp = vec![0f32; dv];
         let body = cd / 16 * 16;
         for t in self.tokens.clone() {
@@ -330,15 +329,13 @@ impl Segment<'_> {
                 let g = softplus(self.alpha[t * nv + h] + self.w.dt_bias[h]) * self.w.a[h];
                 let b = sigmoid(self.beta[t * nv + h]);
                 let decay = g.exp();
-                m.iter_mut().for_each(|s| *s *= decay);
-                // delta = beta · (v − Sᵀk); S ← S + k ⊗ delta; o = Sᵀq / sqrt(dk).
-                for ((row, dj), vj) in m.chunks_exact(dk).zip(delta.iter_mut()).zip(v) {
-                    *dj = (vj - vec_f32::dot_body(row, k)) * b;
-                }
-                for (row, &dj) in m.chunks_exact_mut(dk).zip(delta.iter()) {
+                // Row j of the (transposed) state depends only on itself: decay it, then
+                // delta_j = beta · (v_j − row·k), row += k · delta_j, o_j = row·q / sqrt(dk),
+                // all while the row is in L1 (the same arithmetic as four passes over S).
+                for ((row, &vj), oj) in m.chunks_exact_mut(dk).zip(v).zip(o.iter_mut()) {
+                    row.iter_mut().for_each(|s| *s *= decay);
+                    let dj = (vj - vec_f32::dot_body(row, k)) * b;
                     vec_f32::mad_body(row, k, dj);
-                }
-                for (row, oj) in m.chunks_exact(dk).zip(o.iter_mut()) {
                     *oj = vec_f32::dot_body(row, q) * scale;
                 }
                 // The gated RMSNorm of the head's output.
