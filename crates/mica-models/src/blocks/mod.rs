@@ -6,3 +6,4 @@ pub mod deltanet;
 pub mod ffn;
 pub mod moe;
 pub mod ple;
+pub mod sinks;
