@@ -18,7 +18,8 @@ use mica_kernels::ops::f16v;
 use std::cell::RefCell;
 
 thread_local! {
-    static Q16: RefCell<Vec<f16>> = const { RefCell::new(Vec::new()) };
+    /// Per thread: the query rounded to f16, and one head's scores.
+    static SCRATCH: RefCell<(Vec<f16>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// Scales each head of `out` (`[n, n_head · head_dim]`, the attention of `q` over layer
@@ -85,16 +86,18 @@ fn run<'a, T: Copy + 'a>(
     }
     let sm = shape.score_mod();
     let dst = OutPtr(out.as_mut_ptr());
-    run_split(pool, items, &Q16, |range, q16| {
+    run_split(pool, items, &SCRATCH, |range, (q16, scores)| {
         q16.resize(hd, f16::ZERO);
         for item in range {
             let (t, h) = (item / nh, item % nh);
             let off = (h / (nh / shape.n_head_kv)) * hd;
             let kv = view(seq[t]);
             let qh = &q[t * q_dim + h * hd..][..hd];
-            let scores: Vec<f32> = (sm.first_visible(pos[t])..=pos[t])
-                .map(|j| sm.apply(dot(qh, &kv.key_row(j)[off..][..hd], q16)))
-                .collect();
+            scores.clear();
+            scores.extend(
+                (sm.first_visible(pos[t])..=pos[t])
+                    .map(|j| sm.apply(dot(qh, &kv.key_row(j)[off..][..hd], q16))),
+            );
             let m = scores.iter().copied().fold(sinks[h], f32::max);
             let z: f32 = scores.iter().map(|&x| (x - m).exp()).sum();
             let f = z / (z + (sinks[h] - m).exp());
