@@ -37,11 +37,17 @@ const REFUSED: &[(&str, &str)] = &[
     ("codegen", "no CodeGen architecture"),
     // DeepSeek-V2's groups ranked by their best expert; llama.cpp ranks them by their best two.
     ("deepseek2", "best two experts"),
+    // mica's converter does not write gpt-oss yet (llama.cpp's does).
+    ("gptoss", "writing gpt-oss as GGUF is not supported"),
+    (
+        "converted/gptoss",
+        "writing gpt-oss as GGUF is not supported",
+    ),
 ];
 
 /// Families whose folders mica's converter refuses (every fixture of theirs is in
 /// `REFUSED`): llama.cpp's converter writes their GGUF files.
-const NOT_CONVERTED: &[&str] = &["qwen35", "qwen35moe", "opt", "codegen"];
+const NOT_CONVERTED: &[&str] = &["qwen35", "qwen35moe", "opt", "codegen", "gptoss"];
 
 /// Fixtures whose sliding window GGUF `llama` cannot say (dropped with a warning): compared
 /// on the positions within the window only.

@@ -18,8 +18,54 @@ pub struct RopeConfig {
     pub freq_base: f32,
     /// 1 / linear scaling factor (1.0 when unscaled).
     pub freq_scale: f32,
-    /// Per-pair frequency divisors (`rope_freqs.weight`, how GGUF encodes Llama-3 scaling).
+    /// Per-pair frequency divisors (`rope_freqs.weight`, how GGUF encodes Llama-3 scaling;
+    /// YaRN's blend of interpolated and extrapolated frequencies, [`yarn_factors`]).
     pub freq_factors: Option<Vec<f32>>,
+    /// Multiplies cos and sin (YaRN's `attention_factor`; 1 otherwise).
+    pub attn_factor: f32,
+}
+
+/// YaRN's per-pair frequency divisors ("YaRN: Efficient Context Window Extension of Large
+/// Language Models", Peng et al. 2023): pair `i` rotates at `base^(-2i/n_dims) · (r_i +
+/// (1 - r_i) / factor)`, `r_i` ramping from 1 (extrapolated, high frequencies) below the
+/// correction dimension of `beta_fast` rotations over `orig_ctx` positions to 0
+/// (interpolated) above that of `beta_slow`. `truncate` rounds the correction range outwards
+/// (llama.cpp always does; transformers unless `truncate: false`).
+pub fn yarn_factors(
+    n_dims: usize,
+    base: f32,
+    factor: f32,
+    orig_ctx: usize,
+    (beta_fast, beta_slow): (f32, f32),
+    truncate: bool,
+) -> Vec<f32> {
+    let corr = |rot: f32| {
+        let two_pi = 2.0 * std::f32::consts::PI;
+        n_dims as f32 * (orig_ctx as f32 / (rot * two_pi)).ln() / (2.0 * base.ln())
+    };
+    let (mut low, mut high) = (corr(beta_fast), corr(beta_slow));
+    if truncate {
+        (low, high) = (low.floor(), high.ceil());
+    }
+    let (low, mut high) = (low.max(0.0), high.min(n_dims as f32 - 1.0));
+    if high == low {
+        high += 0.001;
+    }
+    (0..n_dims / 2)
+        .map(|i| {
+            let r = 1.0 - ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
+            1.0 / (r + (1.0 - r) / factor)
+        })
+        .collect()
+}
+
+/// YaRN's default cos/sin factor, `1 + 0.1 ln(factor)` (1 for factors up to 1).
+pub fn yarn_mscale(factor: f32) -> f32 {
+    if factor <= 1.0 {
+        1.0
+    } else {
+        1.0 + 0.1 * factor.ln()
+    }
 }
 
 /// Phi-3's LongRoPE ("su") scaling: per-pair frequency divisors for short and long
@@ -70,6 +116,9 @@ pub enum Activation {
     GeluErf,
     /// `max(x, 0)` (OPT).
     Relu,
+    /// gpt-oss's clamped SwiGLU, gated only: `(clamp(up, ±7) + 1) · g · sigmoid(1.702 g)`
+    /// with `g = min(gate, 7)` (llama.cpp's `swiglu_oai`).
+    SwigluOai,
 }
 
 /// The normalization before each sub-block and before the output head.
@@ -572,8 +621,43 @@ impl ModelConfig {
         let freq_base = k.f32_opt("rope.freq_base")?.unwrap_or(10000.0);
         let scaling = k.str_opt("rope.scaling.type").unwrap_or("none");
         let factor = k.f32_opt("rope.scaling.factor")?;
+        let mut yarn = None;
         let freq_scale = match scaling {
             "none" => 1.0,
+            // As llama.cpp: the correction range truncated, cos and sin scaled by
+            // `1 + 0.1 ln(factor)`.
+            "yarn" => {
+                let f = factor.filter(|&f| f > 0.0).ok_or_else(|| {
+                    k.err(
+                        &format!("{arch}.rope.scaling.factor"),
+                        "YaRN needs a positive factor",
+                    )
+                })?;
+                for unsupported in ["yarn_attn_factor", "yarn_log_multiplier"] {
+                    if gguf
+                        .metadata(&format!("{arch}.rope.scaling.{unsupported}"))
+                        .is_some()
+                    {
+                        return Err(k.err(
+                            &format!("{arch}.rope.scaling.{unsupported}"),
+                            "not supported yet",
+                        ));
+                    }
+                }
+                let orig = k
+                    .usize_opt("rope.scaling.original_context_length")?
+                    .ok_or_else(|| {
+                        k.err(
+                            &format!("{arch}.rope.scaling.original_context_length"),
+                            "missing (required by YaRN)",
+                        )
+                    })?;
+                let beta_fast = k.f32_opt("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0);
+                let beta_slow = k.f32_opt("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0);
+                let ff = yarn_factors(n_dims, freq_base, f, orig, (beta_fast, beta_slow), true);
+                yarn = Some((ff, yarn_mscale(f)));
+                1.0
+            }
             "linear" => match factor {
                 Some(f) if f > 0.0 => 1.0 / f,
                 _ => {
@@ -586,7 +670,7 @@ impl ModelConfig {
             other => {
                 return Err(k.err(
                     &format!("{arch}.rope.scaling.type"),
-                    format!("RoPE scaling '{other}' is not supported yet (none, linear, and Llama-3 frequency factors are)"),
+                    format!("RoPE scaling '{other}' is not supported yet (none, linear, yarn, and Llama-3 frequency factors are)"),
                 ));
             }
         };
@@ -616,7 +700,8 @@ impl ModelConfig {
                 n_dims,
                 freq_base,
                 freq_scale,
-                freq_factors: None,
+                freq_factors: yarn.as_ref().map(|y| y.0.clone()),
+                attn_factor: yarn.as_ref().map_or(1.0, |y| y.1),
             },
             rope_local: None,
             long_rope: None,

@@ -7,7 +7,9 @@
 //! decoder shares into a [`ModelConfig`], with an error naming any required field that is
 //! missing or invalid. Family-specific fields are resolved by the architecture files.
 
-use crate::config::{Activation, LongRope, ModelConfig, NormKind, Numerics, RopeConfig};
+use crate::config::{
+    Activation, LongRope, ModelConfig, NormKind, Numerics, RopeConfig, yarn_factors, yarn_mscale,
+};
 use crate::error::{ModelError, Result};
 use crate::names::NameTable;
 use crate::weights::WeightLoader;
@@ -428,9 +430,47 @@ impl HfFolder {
             freq_base,
             freq_scale: 1.0,
             freq_factors: None,
+            attn_factor: 1.0,
         };
         match kind {
             "default" => {}
+            // transformers' `_compute_yarn_parameters` without `mscale` / `mscale_all_dim`
+            // (DeepSeek's, refused below).
+            "yarn" => {
+                let f = match factor {
+                    Some(f) if f > 0.0 => f as f32,
+                    _ => {
+                        return Err(self
+                            .field_err("rope_parameters.factor", "YaRN needs a positive factor"));
+                    }
+                };
+                if p.get("mscale").is_some() || p.get("mscale_all_dim").is_some() {
+                    return Err(self.field_err(
+                        "rope_parameters.mscale",
+                        "YaRN with mscale / mscale_all_dim is not supported yet",
+                    ));
+                }
+                let orig = p["original_max_position_embeddings"]
+                    .as_u64()
+                    .or(self
+                        .config
+                        .original_max_position_embeddings
+                        .map(|v| v as u64))
+                    .ok_or_else(|| {
+                        self.field_err(
+                            "rope_parameters.original_max_position_embeddings",
+                            "missing (required by YaRN)",
+                        )
+                    })? as usize;
+                let beta = |k: &str, d: f64| p[k].as_f64().unwrap_or(d) as f32;
+                let betas = (beta("beta_fast", 32.0), beta("beta_slow", 1.0));
+                let truncate = p["truncate"].as_bool().unwrap_or(true);
+                rope.freq_factors = Some(yarn_factors(n_dims, freq_base, f, orig, betas, truncate));
+                rope.attn_factor = match p["attention_factor"].as_f64() {
+                    Some(a) => a as f32,
+                    None => yarn_mscale(f),
+                };
+            }
             "linear" => match factor {
                 Some(f) if f > 0.0 => rope.freq_scale = 1.0 / f as f32,
                 _ => {
@@ -466,7 +506,7 @@ impl HfFolder {
                 return Err(self.field_err(
                     "rope_scaling.rope_type",
                     format!(
-                        "RoPE scaling '{other}' is not supported yet (default, linear, llama3, longrope, proportional are)"
+                        "RoPE scaling '{other}' is not supported yet (default, linear, llama3, longrope, proportional, yarn are)"
                     ),
                 ));
             }

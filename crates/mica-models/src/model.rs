@@ -539,6 +539,12 @@ impl Model {
                     &ws.q[..n * qd],
                     grow(&mut ws.attn, n * qd),
                 );
+                if let Some(sinks) = &layer.sinks {
+                    let at = (kv_layer, &batch.seq[..], &batch.pos[..]);
+                    crate::blocks::sinks::apply(pool, shape, kv, at, &ws.q[..n * qd], sinks, {
+                        &mut ws.attn[..n * qd]
+                    })?;
+                }
                 if layer.q_gate {
                     for (a, g) in ws.attn[..n * qd].iter_mut().zip(&ws.gate[..n * qd]) {
                         *a *= 1.0 / (1.0 + (-g).exp());
@@ -795,7 +801,7 @@ impl Model {
                 let (f, s) = lr.for_ctx(n_ctx);
                 (Some(f), s)
             }
-            None => (r.freq_factors.as_deref(), 1.0),
+            None => (r.freq_factors.as_deref(), r.attn_factor),
         };
         for (t, &p) in batch.pos.iter().enumerate() {
             rope_angles(p as f32, r.n_dims, r.freq_base, r.freq_scale, factors, cs);

@@ -625,6 +625,16 @@ impl WeightLoader {
         Ok(())
     }
 
+    /// Tensor `from` (canonical) is also found as `name` (a GGUF architecture whose file
+    /// names a tensor otherwise than the canonical layer asks for it: gpt-oss's feed-forward
+    /// norm is `post_attention_norm`). Nothing happens when `from` is absent.
+    pub fn alias(&mut self, name: &str, from: &str) {
+        if let Some(e) = self.tensors.get(&self.file_name(from)).cloned() {
+            let key = self.file_name(name);
+            self.tensors.insert(key, e);
+        }
+    }
+
     /// A matrix of `rows` outputs × `cols` inputs (shape `[cols, rows]` innermost first).
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
         let (t, bytes) = self.require(name)?;

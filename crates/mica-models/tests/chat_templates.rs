@@ -235,3 +235,45 @@ fn smollm3_template_matches_transformers() {
     }
     assert_eq!(checked, 16);
 }
+
+/// gpt-oss's harmony template (llama.cpp's copy, which its converter writes into gpt-oss
+/// GGUF files) against transformers' renderer (`fixtures/tokenizer/gptoss_chat_reference.json`,
+/// from `gen_gptoss_chat_reference.py`): a lone user turn, a system message with several
+/// turns, a tool call and its result. The template prints today's date, masked on both
+/// sides.
+#[test]
+fn gptoss_template_matches_transformers() {
+    fn mask_date(s: &str) -> String {
+        const KEY: &str = "Current date: ";
+        match s.find(KEY) {
+            Some(i) => {
+                let at = i + KEY.len();
+                format!("{}DATE{}", &s[..at], &s[at + "YYYY-MM-DD".len()..])
+            }
+            None => s.to_string(),
+        }
+    }
+    let reference = tokenizer_fixture("gptoss_chat_reference.json");
+    let source = reference["template"].as_str().unwrap();
+    let template = ChatTemplate::new(source, "<|startoftext|>", "<|return|>").unwrap();
+    let mut checked = 0;
+    for r in reference["renders"].as_array().unwrap() {
+        let got = template
+            .render(
+                &messages(&r["messages"]),
+                r["add_generation_prompt"].as_bool().unwrap(),
+            )
+            .unwrap_or_else(|e| panic!("{}: {e}", r["conversation"]));
+        let want = r["text"].as_str().unwrap();
+        assert!(want.contains("Current date: "), "the reference has no date");
+        assert_eq!(
+            mask_date(&got),
+            mask_date(want),
+            "{} {}",
+            r["conversation"],
+            r["add_generation_prompt"]
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 6);
+}

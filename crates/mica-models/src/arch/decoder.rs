@@ -186,6 +186,7 @@ pub fn build_with(
                     false => None,
                 },
                 ple: None,
+                sinks: None,
                 wo: w.linear(&p("attn_output"), d, qd)?,
                 post_attn_norm: opt(parts.post_norms, p("post_attention_norm.weight"), d)?,
                 ffn_norm: w.norm(&p("ffn_norm.weight"), d)?,

@@ -283,6 +283,7 @@ fn hf_spec(hf: &HfFolder, arch: &str, n_vocab_embd: usize) -> Result<Spec> {
         freq_base: base as f32,
         freq_scale: 1.0,
         freq_factors: None,
+        attn_factor: 1.0,
     };
     let (mut kq_scale, mut rope_mscale) = (1.0 / qk.sqrt(), 1.0);
     match kind {
@@ -412,6 +413,7 @@ fn gguf_spec(k: &Keys, n_vocab_embd: usize) -> Result<Spec> {
         freq_base: base as f32,
         freq_scale: 1.0,
         freq_factors: None,
+        attn_factor: 1.0,
     };
     let (mut kq_scale, mut rope_mscale) = (1.0 / (qk as f64).sqrt(), 1.0);
     match k.str_opt("rope.scaling.type").unwrap_or("none") {
@@ -639,6 +641,7 @@ fn build(
                 post_ffn_norm: None,
                 wq,
                 q_gate: false,
+                sinks: None,
                 delta: None,
                 mla: Some(mla),
                 wk: None,

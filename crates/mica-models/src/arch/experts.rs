@@ -128,6 +128,7 @@ impl MoeSpec {
             experts,
             top_k: self.top_k,
             norm_topk: self.norm_topk,
+            topk_softmax: false,
             shared,
             shared_gate,
             expert_scale: match w.info(&p("ffn_down_exps.scale")) {

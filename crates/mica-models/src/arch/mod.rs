@@ -36,7 +36,7 @@ macro_rules! registry {
 
 registry![
     llama, qwen2, qwen3, gemma3, phi3, qwen2moe, qwen3moe, mixtral, gpt2, gptneox, gemma2, smollm3,
-    gemma4, qwen35, qwen35moe, starcoder, opt, codegen, deepseek2,
+    gemma4, qwen35, qwen35moe, starcoder, opt, codegen, deepseek2, gptoss,
 ];
 
 /// The family whose GGUF files name themselves `arch` (`general.architecture`).

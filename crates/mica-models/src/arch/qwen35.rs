@@ -386,6 +386,7 @@ pub(super) fn build(
                 v_norm: None,
                 out_scale: None,
                 ple: None,
+                sinks: None,
                 wo: mixer.wo,
                 ffn_norm: w.norm(&p("post_attention_norm.weight"), d)?,
                 ffn_norm_b: None,

@@ -81,6 +81,7 @@ pub(crate) fn dense_ffn(
 pub(crate) fn glu(cfg: &ModelConfig, gate: &mut [f32], up: &[f32]) {
     match (cfg.act, cfg.numerics) {
         (Activation::Silu, _) => ops::swiglu(gate, up),
+        (Activation::SwigluOai, _) => swiglu_oai(gate, up),
         (Activation::Relu, _) => gate
             .iter_mut()
             .zip(up)
@@ -90,11 +91,31 @@ pub(crate) fn glu(cfg: &ModelConfig, gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// gpt-oss's `swiglu_limit` and `swiglu_alpha` (fixed by llama.cpp's `swiglu_oai`).
+pub const SWIGLU_OAI_LIMIT: f32 = 7.0;
+pub const SWIGLU_OAI_ALPHA: f32 = 1.702;
+
+/// gpt-oss's clamped SwiGLU in place: `g = min(gate, 7)`, `u = clamp(up, -7, 7)`,
+/// `gate = g · sigmoid(1.702 g) · (u + 1)` (transformers `GptOssExperts._apply_gate`,
+/// ggml's `swiglu_oai`).
+fn swiglu_oai(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = g.min(SWIGLU_OAI_LIMIT);
+        let y = u.clamp(-SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT);
+        *g = x / (1.0 + (-SWIGLU_OAI_ALPHA * x).exp()) * (y + 1.0);
+    }
+}
+
 /// The plain (ungated) MLP activation in place, with the model's numerics.
 pub(crate) fn activate(cfg: &ModelConfig, h: &mut [f32]) {
     match (cfg.act, cfg.numerics) {
         (Activation::Silu, _) => ops::silu_in_place(h),
         (Activation::Relu, _) => h.iter_mut().for_each(|v| *v = v.max(0.0)),
+        // Gated only (gpt-oss's experts): an ungated MLP takes its gate half.
+        (Activation::SwigluOai, _) => h.iter_mut().for_each(|v| {
+            let g = v.min(SWIGLU_OAI_LIMIT);
+            *v = g / (1.0 + (-SWIGLU_OAI_ALPHA * g).exp());
+        }),
         // llama.cpp computes every GELU with its f16 table of the tanh approximation.
         (_, Numerics::LlamaCpp) => ops::gelu(h),
         (Activation::GeluTanh, Numerics::F32) => ops::gelu_precise(h),

@@ -7,3 +7,4 @@ pub mod ffn;
 pub mod mla;
 pub mod moe;
 pub mod ple;
+pub mod sinks;

@@ -42,6 +42,9 @@ pub struct Moe {
     /// Renormalize the selected probabilities to sum to 1 (Mixtral; Qwen MoE when
     /// `norm_topk_prob`).
     pub norm_topk: bool,
+    /// gpt-oss's routing: the `top_k` largest router logits (the router's bias included),
+    /// softmaxed among themselves (`norm_topk` then changes nothing).
+    pub topk_softmax: bool,
     pub shared: Option<Expert>,
     /// `[1 × n_embd]`: the shared expert's output is scaled by `sigmoid(x · g)`.
     pub shared_gate: Option<Linear>,
@@ -286,6 +289,19 @@ impl Moe {
         let mut routed: Vec<Vec<(usize, f32)>> = vec![Vec::new(); n_exp];
         for t in 0..n {
             let row = &logits[t * n_exp..(t + 1) * n_exp];
+            if self.topk_softmax {
+                let mut order: Vec<usize> = (0..n_exp).collect();
+                // Largest first; ties to the lower index.
+                order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+                let top = &order[..self.top_k.min(n_exp)];
+                let m = row[top[0]];
+                let e: Vec<f32> = top.iter().map(|&i| (row[i] - m).exp()).collect();
+                let z: f32 = e.iter().sum();
+                for (&i, &p) in top.iter().zip(&e) {
+                    routed[i].push((t, p / z));
+                }
+                continue;
+            }
             for (i, p) in self.route(row) {
                 routed[i].push((t, p));
             }
@@ -406,6 +422,7 @@ mod tests {
             experts: (0..n_exp).map(|e| expert(e, d, ff, e == 3)).collect(),
             top_k: 2,
             norm_topk: true,
+            topk_softmax: false,
             shared: Some(expert(9, d, ff, false)),
             shared_gate: Some(lin("shared_gate", 1, d, |c| 0.2 - 0.05 * c as f32)),
             expert_scale: None,
@@ -452,6 +469,7 @@ mod tests {
             experts: (0..n_exp).map(|e| expert(e, d, ff, false)).collect(),
             top_k: 2,
             norm_topk: true,
+            topk_softmax: false,
             shared: None,
             shared_gate: None,
             expert_scale: Some(vec![0.5, 1.0, 1.5, 2.0]),
@@ -513,6 +531,7 @@ mod tests {
             experts: (0..4).map(|e| expert(e, d, ff, false)).collect(),
             top_k: 2,
             norm_topk: false,
+            topk_softmax: false,
             shared: None,
             shared_gate: None,
             expert_scale: None,

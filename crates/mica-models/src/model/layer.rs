@@ -49,6 +49,9 @@ pub struct DecoderLayer {
     /// The layer's per-layer-embedding term (Gemma 4's smaller models), added after the
     /// feed-forward residual, before `out_scale`.
     pub ple: Option<LayerPle>,
+    /// `[n_head]` attention sinks: a learned logit per query head in the softmax's
+    /// denominator (gpt-oss; [`crate::blocks::sinks`]).
+    pub sinks: Option<Vec<f32>>,
     /// `[n_embd × q_dim]` (`[n_embd × value_dim]` in a Gated DeltaNet layer)
     pub wo: Linear,
     /// `[n_embd]`
