@@ -35,12 +35,17 @@ fn model() -> LoadedModel {
     LoadedModel::open(common::model_path(common::SMOLLM)).unwrap()
 }
 
-/// The random adapter for the test model, written once per test process.
+/// The random adapter for the test model, written once per test process (tests run in
+/// parallel: rewriting the file while another test has it mapped would fault that test).
 fn adapter_dir(lm: &LoadedModel) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("mica-engine-lora-{}", std::process::id()));
-    let c = &lm.model.config;
-    peft::write_random_peft(&dir, c.n_layer, c.n_embd, c.n_head_kv * c.head_dim, 7);
-    dir
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("mica-engine-lora-{}", std::process::id()));
+        let c = &lm.model.config;
+        peft::write_random_peft(&dir, c.n_layer, c.n_embd, c.n_head_kv * c.head_dim, 7);
+        dir
+    })
+    .clone()
 }
 
 fn engine(lm: Arc<LoadedModel>) -> EngineHandle {
