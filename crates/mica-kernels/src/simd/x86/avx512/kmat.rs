@@ -12,9 +12,12 @@
 //! per super-block on the *total* integer sums), so their micro-kernel computes 16 outputs at
 //! once (4 rows × 4 tokens, 8 × 2 or 16 × 1): the i32 lanes of the 16 outputs are reduced
 //! together by a transposing add tree, and the FMAs run with one output per f32 lane, each
-//! lane doing exactly the scalar sequence. `vec_dot` keeps llama.cpp's eight `sumi` lanes per
-//! output (`dot.rs`), four rows × up to four tokens per step (each super-block unpacked once
-//! for the tokens: a speculative verification pass sends several through this path).
+//! lane doing exactly the scalar sequence. Token tiles of 16 or more tokens go to
+//! `kgemm.rs` instead (rows interleaved once per tile, one `vpdpbusd` per four elements of
+//! sixteen rows, no reduction tree; same integer sums and float steps). `vec_dot` keeps
+//! llama.cpp's eight `sumi` lanes per output (`dot.rs`), four rows × up to four tokens per
+//! step (each super-block unpacked once for the tokens: a speculative verification pass
+//! sends several through this path).
 //!
 //! Every kernel reads the rows in the file's layout or in Q4_K's packed layout
 //! (`kpacked.rs`, sixteen rows per group: one sequential stream for the decode
@@ -23,6 +26,7 @@
 use std::arch::x86_64::*;
 
 use super::fold;
+use super::kgemm::{self, Inter};
 use super::kunpack::{KFormat, Unpacked, VecKind};
 use crate::DType;
 use crate::quant::blocks::QK_K;
@@ -32,9 +36,9 @@ use crate::simd::x86::avx2::{finish_q4k, hsum_f32, hsum_i32x4, rd16};
 /// Tokens per cache tile (their activations stay in L2 while the rows run over them).
 const TOK_TILE: usize = 64;
 /// Bytes of a Q8_K block; its f32 scale, quants and group sums.
-const XB: usize = 292;
-const XQ: usize = 4;
-const XBS: usize = 260;
+pub(super) const XB: usize = 292;
+pub(super) const XQ: usize = 4;
+pub(super) const XBS: usize = 260;
 
 // ---------------------------------------------------------------------------------------------
 // Integer sums.
@@ -120,9 +124,9 @@ pub(super) trait BatchPath {
 
 /// Per-lane f32 scales of a super-block.
 pub(super) struct Scales {
-    dw: __m512,
-    dmin: __m512,
-    dx: __m512,
+    pub dw: __m512,
+    pub dmin: __m512,
+    pub dx: __m512,
 }
 
 pub(super) struct Tiled;
@@ -184,7 +188,11 @@ impl BatchPath for Gemm {
 /// 16 f16 fields (at `off` of each row's block) to f32, lane i from row `i / per`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,f16c")]
-unsafe fn f16_lanes<const R: usize>(w: &[*const u8; R], off: usize, per: usize) -> __m512 {
+pub(super) unsafe fn f16_lanes<const R: usize>(
+    w: &[*const u8; R],
+    off: usize,
+    per: usize,
+) -> __m512 {
     let mut h = [0u64; 4];
     for (i, w) in w.iter().enumerate() {
         // SAFETY: the caller passes block pointers with the field inside.
@@ -397,8 +405,14 @@ pub(super) unsafe fn batch<F: KFormat, P: BatchPath>(
     // Tiles of at least DECODE_MIN_TOKENS tokens unpack each block of their 16 rows once
     // into `buf` (`[16][nb]`) for all their micro-kernels.
     let mut buf: Vec<Unpacked> = Vec::new();
+    let mut inter: Vec<Inter> = Vec::new();
     for t0 in (0..x.n).step_by(TOK_TILE) {
         let t1 = (t0 + TOK_TILE).min(x.n);
+        if t1 - t0 >= kgemm::MIN_TOKENS {
+            // SAFETY: the sizes are checked above.
+            unsafe { kgemm::tile::<F, P>(w, x, out, (t0, t1), &mut inter) };
+            continue;
+        }
         let decode = t1 - t0 >= DECODE_MIN_TOKENS;
         for r0 in (0..w.rows).step_by(16) {
             let r1 = (r0 + 16).min(w.rows);
@@ -453,15 +467,15 @@ fn check<F: KFormat>(w: &WeightRows, x: &ActRows) {
 /// Where the kernels find each row's super-blocks: in the file's layout, row r's blocks
 /// follow each other from `r · stride`; packed (`kpacked.rs`), block b of row r is the
 /// `r % group`-th block of its group's b-th step of `group` blocks.
-struct Rows<'a, F> {
+pub(super) struct Rows<'a, F> {
     w: &'a WeightRows<'a>,
     /// Bytes from one block of a row to its next.
-    step: usize,
+    pub step: usize,
     _f: std::marker::PhantomData<F>,
 }
 
 impl<'a, F: KFormat> Rows<'a, F> {
-    fn new(w: &'a WeightRows<'a>) -> Self {
+    pub(super) fn new(w: &'a WeightRows<'a>) -> Self {
         let step = if w.packed {
             w.group * F::BYTES
         } else {
@@ -476,7 +490,7 @@ impl<'a, F: KFormat> Rows<'a, F> {
 
     /// Row `r`'s first block (`r < w.rows`, inside the data by [`check`]).
     #[inline(always)]
-    fn at(&self, r: usize) -> *const u8 {
+    pub(super) fn at(&self, r: usize) -> *const u8 {
         let w = self.w;
         let off = if w.packed {
             r / w.group * w.stride + r % w.group * F::BYTES

@@ -34,6 +34,8 @@ pub(super) unsafe trait KFormat {
     const DMIN: usize;
     /// How llama.cpp's `vec_dot` finishes this format (`None`: no `vec_dot` kernel here).
     const VEC: Option<VecKind>;
+    /// Whether the scales cover 32 elements (two groups of 16 share one): Q4_K, Q5_K.
+    const SC32: bool = false;
     unsafe fn unpack(p: *const u8) -> Unpacked;
 }
 
@@ -79,6 +81,7 @@ unsafe impl KFormat for Q4K {
     const D: usize = 0;
     const DMIN: usize = 2;
     const VEC: Option<VecKind> = Some(VecKind::Q4);
+    const SC32: bool = true;
     #[inline]
     #[target_feature(enable = "avx2,avx512f,avx512bw")]
     unsafe fn unpack(p: *const u8) -> Unpacked {
@@ -95,6 +98,7 @@ unsafe impl KFormat for Q5K {
     const D: usize = 0;
     const DMIN: usize = 2;
     const VEC: Option<VecKind> = Some(VecKind::Q5);
+    const SC32: bool = true;
     #[inline]
     #[target_feature(enable = "avx2,avx512f,avx512bw")]
     unsafe fn unpack(p: *const u8) -> Unpacked {

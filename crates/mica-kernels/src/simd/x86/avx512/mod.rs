@@ -22,6 +22,7 @@
 
 mod dot;
 mod iquants;
+mod kgemm;
 mod kmat;
 mod kpacked;
 mod kunpack;
