@@ -236,25 +236,27 @@ impl Segment<'_> {
             }
         }
         // SAFETY: the caller's.
-        unsafe { self.run_body(heads) }
+        unsafe { self.run_body::<false>(heads) }
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,fma")]
     unsafe fn run_avx512(&self, heads: std::ops::Range<usize>) {
         // SAFETY: the caller's.
-        unsafe { self.run_body(heads) }
+        unsafe { self.run_body::<true>(heads) }
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn run_avx2(&self, heads: std::ops::Range<usize>) {
         // SAFETY: the caller's.
-        unsafe { self.run_body(heads) }
+        unsafe { self.run_body::<false>(heads) }
     }
 
+    /// `ROWS512`: the caller has AVX-512F and FMA, so 128-element state rows are held in
+    /// registers ([`rows512::step`]) instead of looped over.
     #[inline(always)]
-    unsafe fn run_body(&self, heads: std::ops::Range<usize>) {
+    unsafe fn run_body<const ROWS512: bool>(&self, heads: std::ops::Range<usize>) {
         let c = self.c;
         let (dk, dv, kd, cd, kk) = (
             c.head_k_dim,
@@ -332,7 +334,15 @@ impl Segment<'_> {
                 // Row j of the (transposed) state depends only on itself: decay it, then
                 // delta_j = beta · (v_j − row·k), row += k · delta_j, o_j = row·q / sqrt(dk),
                 // all while the row is in L1 (the same arithmetic as four passes over S).
+                // With AVX-512, a 128-element row stays in registers through the step.
+                let in_regs = cfg!(target_arch = "x86_64") && ROWS512 && dk == 128;
                 for ((row, &vj), oj) in m.chunks_exact_mut(dk).zip(v).zip(o.iter_mut()) {
+                    #[cfg(target_arch = "x86_64")]
+                    if in_regs {
+                        // SAFETY: AVX-512F and FMA (`ROWS512`); 128-element slices.
+                        *oj = unsafe { rows512::step(row, k, q, decay, vj, b, scale) };
+                        continue;
+                    }
                     row.iter_mut().for_each(|s| *s *= decay);
                     let dj = (vj - vec_f32::dot_body(row, k)) * b;
                     vec_f32::mad_body(row, k, dj);
@@ -346,6 +356,75 @@ impl Segment<'_> {
                 o.iter_mut().zip(tmp.iter()).for_each(|(v, s)| *v *= s);
             }
         }
+    }
+}
+
+/// One state row of 128 elements held in eight registers through the whole step.
+#[cfg(target_arch = "x86_64")]
+mod rows512 {
+    use std::arch::x86_64::*;
+
+    /// The key head size this path takes.
+    const DK: usize = 128;
+
+    /// [`vec_f32::dot_body`](mica_kernels::ops::vec_f32::dot_body) of a row in registers
+    /// and 128 floats at `y`: the same four 16-lane accumulators and reduction tree.
+    #[inline]
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn dot(r: &[__m512; 8], y: *const f32) -> f32 {
+        let mut acc = [_mm512_setzero_ps(); 4];
+        for c in 0..2 {
+            for (j, a) in acc.iter_mut().enumerate() {
+                // SAFETY: 128 readable floats at `y`.
+                let yv = unsafe { _mm512_loadu_ps(y.add(64 * c + 16 * j)) };
+                *a = _mm512_fmadd_ps(r[4 * c + j], yv, *a);
+            }
+        }
+        let r16 = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(r16), 1));
+        let h8 = _mm256_add_ps(_mm512_castps512_ps256(r16), hi);
+        let u4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+        // [u0 + u2, u1 + u3], then their sum.
+        let p = _mm_add_ps(u4, _mm_movehl_ps(u4, u4));
+        _mm_cvtss_f32(_mm_add_ss(p, _mm_shuffle_ps(p, p, 1)))
+    }
+
+    /// One row of the gated delta rule, the arithmetic of the generic loop: decay, `delta =
+    /// (v_j − row·k)·β`, `row += k·delta`, returns `row·q · scale`.
+    ///
+    /// # Safety
+    /// AVX-512F and FMA; `row`, `k` and `q` hold 128 floats.
+    #[inline]
+    #[target_feature(enable = "avx512f,fma")]
+    pub(super) unsafe fn step(
+        row: &mut [f32],
+        k: &[f32],
+        q: &[f32],
+        decay: f32,
+        vj: f32,
+        beta: f32,
+        scale: f32,
+    ) -> f32 {
+        assert!(row.len() == DK && k.len() == DK && q.len() == DK);
+        let d = _mm512_set1_ps(decay);
+        // SAFETY (loads and stores): 128 floats each, checked above.
+        let mut r: [__m512; 8] = std::array::from_fn(|i| unsafe {
+            _mm512_mul_ps(_mm512_loadu_ps(row.as_ptr().add(16 * i)), d)
+        });
+        // SAFETY: as above.
+        let dj = (vj - unsafe { dot(&r, k.as_ptr()) }) * beta;
+        let dv = _mm512_set1_ps(dj);
+        for (i, r) in r.iter_mut().enumerate() {
+            // SAFETY: as above.
+            *r = _mm512_fmadd_ps(unsafe { _mm512_loadu_ps(k.as_ptr().add(16 * i)) }, dv, *r);
+        }
+        // SAFETY: as above.
+        let o = unsafe { dot(&r, q.as_ptr()) } * scale;
+        for (i, r) in r.iter().enumerate() {
+            // SAFETY: as above.
+            unsafe { _mm512_storeu_ps(row.as_mut_ptr().add(16 * i), *r) };
+        }
+        o
     }
 }
 
@@ -379,4 +458,58 @@ fn sigmoid(x: f32) -> f32 {
 /// `ln(1 + e^x)`, linear above 20 (ggml's and torch's `softplus`).
 fn softplus(x: f32) -> f32 {
     if x > 20.0 { x } else { (1.0 + x.exp()).ln() }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+
+    /// The generic row step (the arithmetic every tier shares).
+    fn generic(row: &mut [f32], k: &[f32], q: &[f32], decay: f32, vj: f32, b: f32, s: f32) -> f32 {
+        row.iter_mut().for_each(|x| *x *= decay);
+        let dj = (vj - vec_f32::dot_body(row, k)) * b;
+        vec_f32::mad_body(row, k, dj);
+        vec_f32::dot_body(row, q) * s
+    }
+
+    /// The register-held row equals the generic loop bit for bit: random rows over many
+    /// magnitudes, zeros, negative zeros and a decay of 1 and 0.
+    #[test]
+    fn rows512_step_equals_the_generic_row_bit_for_bit() {
+        if !(std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma")) {
+            // As the kernel tables' tests do: the tier does not exist here, nor its path.
+            println!("SKIPPED: avx512 (this CPU lacks it; the path is not taken here)");
+            return;
+        }
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let m = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            m * 2f32.powi((state % 24) as i32 - 12)
+        };
+        for case in 0..400 {
+            let mut row: Vec<f32> = (0..128).map(|_| rnd()).collect();
+            let k: Vec<f32> = (0..128).map(|_| rnd()).collect();
+            let q: Vec<f32> = (0..128).map(|_| rnd()).collect();
+            if case % 7 == 0 {
+                row.iter_mut().step_by(3).for_each(|x| *x = -0.0);
+            }
+            let decay = match case % 5 {
+                0 => 1.0,
+                1 => 0.0,
+                _ => rnd().abs().min(1.0),
+            };
+            let (vj, b, s) = (rnd(), rnd().abs(), 1.0 / 128f32.sqrt());
+            let mut want_row = row.clone();
+            let want = generic(&mut want_row, &k, &q, decay, vj, b, s);
+            // SAFETY: the features were checked above; 128-element slices.
+            let got = unsafe { rows512::step(&mut row, &k, &q, decay, vj, b, s) };
+            assert_eq!(got.to_bits(), want.to_bits(), "case {case}: output");
+            for (i, (g, w)) in row.iter().zip(&want_row).enumerate() {
+                assert_eq!(g.to_bits(), w.to_bits(), "case {case}: state element {i}");
+            }
+        }
+    }
 }
