@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import stat
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -107,6 +108,45 @@ class Stamp(unittest.TestCase):
                 "cmake_flags": ["-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON", "-DCMAKE_C_FLAGS=-mavx512vl"]}))
             line = compare_ik.describe(binary)
         self.assertIn("8337e4cd3861 (GGML_AVX2; -mavx512vl) with -rtr 1 -fa 1", line)
+
+
+class Source(unittest.TestCase):
+    """build-ik-llama's export of a bare git dir and extraction of a `git archive` tarball."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        t = Path(self.tmp.name)
+        self.saved = build.CACHE, build.SRC
+        build.CACHE, build.SRC = t / "cache", t / "cache" / "src"
+        build.CACHE.mkdir()
+        work = t / "work"
+        (work / "examples" / "llama-bench").mkdir(parents=True)
+        (work / "CMakeLists.txt").write_text("project(x)\n")
+        (work / "examples" / "llama-bench" / "llama-bench.cpp").write_text("int main() {}\n")
+        git = ["git", "-C", str(work), "-c", "user.name=t", "-c", "user.email=t@t"]
+        subprocess.run(["git", "init", "-q", str(work)], check=True)
+        subprocess.run(git + ["add", "."], check=True)
+        subprocess.run(git + ["commit", "-qm", "x"], check=True)
+        self.commit = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        self.bare = t / "bare.git"
+        subprocess.run(["git", "clone", "-q", "--bare", str(work), str(self.bare)], check=True)
+        self.tar = t / "src.tar.gz"
+        subprocess.run(["git", "-C", str(work), "archive", "--prefix=ik/", "-o", str(self.tar), "HEAD"], check=True)
+
+    def tearDown(self):
+        build.CACHE, build.SRC = self.saved
+        self.tmp.cleanup()
+
+    def test_bare_git_dir(self):
+        self.assertEqual(build.find_gitdir(self.bare), (self.bare, True))
+        self.assertEqual(build.missing_blobs(self.bare, self.commit), [])
+        self.assertEqual(build.export_git(self.bare, "HEAD"), self.commit)
+        self.assertTrue((build.SRC / "examples" / "llama-bench" / "llama-bench.cpp").is_file())
+
+    def test_tarball_records_its_commit(self):
+        self.assertEqual(build.extract_tarball(self.tar, None), self.commit)
+        self.assertTrue((build.SRC / "CMakeLists.txt").is_file())
+        self.assertEqual(build.extract_tarball(self.tar, "given"), "given")
 
 
 class Flags(unittest.TestCase):
