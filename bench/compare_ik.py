@@ -100,6 +100,6 @@ def run_ik(binary: Path, model: Path, threads: int, n_prompt: int, n_gen: int,
         "status": "ok",
         "samples_ts": [1e9 * n_timed / ns for ns in samples_ns],
         "peak_rss_bytes": usage.ru_maxrss * 1024,  # KiB on Linux
-        "extra": {k: rec.get(k) for k in ("build_commit", "model_type", "n_batch", "n_ubatch",
-                                          "type_k", "type_v", "flash_attn", "repack", "cpu_info")},
+        "extra": {k: rec[k] for k in ("build_commit", "model_type", "n_batch", "n_ubatch",
+                                      "type_k", "type_v", "flash_attn", "repack", "cpu_info") if k in rec},
     }
