@@ -687,22 +687,17 @@ impl Model {
             xn = &ws.proj[..n_out * e];
         }
         let logits = grow(&mut ws.logits, n_out * cfg.n_vocab);
-        match (&mut pass, &self.stream) {
-            (Some(pass), Some(s)) if s.streams_head() => {
-                // The head in chunks of rows, each in its turn: products into `ws.gate`,
-                // scattered into each output row's logits.
-                for (unit, r0, chunk) in s.head_chunks() {
-                    pass.enter(unit)?;
-                    let rows = chunk.out_dim();
-                    let part = grow(&mut ws.gate, n_out * rows);
-                    chunk.forward(pool, ws.acts.get(pool, &chunk.w, xn, n_out), part);
-                    for (t, p) in part.chunks_exact(rows).enumerate() {
-                        let at = t * cfg.n_vocab + r0;
-                        logits[at..at + rows].copy_from_slice(p);
-                    }
-                }
-            }
-            _ => self.output.apply(pool, &mut ws.acts, xn, n_out, logits),
+        match pass.as_mut().filter(|p| p.streams_head()) {
+            Some(p) => p.head_logits(
+                pool,
+                &mut ws.acts,
+                xn,
+                n_out,
+                cfg.n_vocab,
+                &mut ws.gate,
+                logits,
+            )?,
+            None => self.output.apply(pool, &mut ws.acts, xn, n_out, logits),
         }
         drop(pass);
         if let Some(cap) = cfg.final_softcap {
