@@ -1,7 +1,8 @@
 //! `mica serve` with layer streaming: a server given a `--mem-budget` far below the model's
 //! size streams its last layers (its log and `/metrics` say so) and answers greedy
 //! completions exactly as the same server fully resident — one at a time and two batched
-//! together, in both stream modes; a client gone mid-generation leaves the stream in step
+//! together, in both stream modes, and when it streams on its own (over `--mem-limit`) or
+//! loads on demand (`--models-dir`); a client gone mid-generation leaves the stream in step
 //! for the next request; bad values and a budget too small are refused before listening.
 
 mod common;
@@ -148,6 +149,39 @@ fn streamed_greedy_completions_are_the_resident_servers() {
         );
         stop(child);
     }
+
+    // Without --mem-budget, a model over --mem-limit streams instead of being refused.
+    let (child, addr, log) = serve::start_logged(&model, &args(&["--mem-limit", BUDGET]));
+    serve::wait_ready(addr);
+    assert!(
+        log.lines()
+            .iter()
+            .any(|l| l.starts_with(&format!("streaming {GEMMA}: "))),
+        "{:?}",
+        log.lines()
+    );
+    assert_eq!(alone_and_together(addr), (want.clone(), want.clone()));
+    stop(child);
+
+    // Under --models-dir, a model loaded on its first request streams within the budget.
+    let dir = scratch("stream-models");
+    let link = dir.join(format!("{GEMMA}.gguf"));
+    if !link.exists() {
+        std::os::unix::fs::symlink(&model, &link).unwrap();
+    }
+    let (child, addr, log) = serve::start_dir_logged(
+        &dir,
+        &args(&["--mem-budget", BUDGET, "--stream-mode", "sync"]),
+    );
+    assert_eq!(complete(addr, PROMPTS[0]), want[0]);
+    assert!(
+        log.lines()
+            .iter()
+            .any(|l| l.starts_with(&format!("streaming {GEMMA}: layers ")) && l.contains("(sync)")),
+        "{:?}",
+        log.lines()
+    );
+    stop(child);
 }
 
 /// Sends `body` as request `id`, reads its streaming response until `n` events arrived,
