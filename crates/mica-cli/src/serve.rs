@@ -485,8 +485,8 @@ fn check_preload(cfg: &mut ServerConfig, args: &ServeArgs) -> Result<()> {
             bail!(
                 "--draft-layers: self-speculation runs a truncated copy of the model's layers \
                  resident, which layer streaming cannot give it; use the default n-gram \
-                 speculation (or --spec off) with --mem-budget, or --force to load the model \
-                 whole"
+                 speculation (or --spec off) with a streamed model, or load the model whole \
+                 (no --mem-budget; --force when it does not fit)"
             );
         }
         Ok(())
