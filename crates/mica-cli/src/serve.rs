@@ -641,6 +641,22 @@ mod log_tests {
         assert!(v.get("prompt").is_none(), "no text unless asked: {v}");
         let v = event_json(&ServerEvent::Stopped);
         assert_eq!(v["event"], "stopped");
+        let v = event_json(&ServerEvent::ModelStreamed {
+            name: "m".into(),
+            what: "layers 9..=17 of 18".into(),
+            layers: 9,
+            n_layers: 18,
+            head: false,
+            mode: "sync",
+            bytes_per_pass: 1 << 26,
+            ring_bytes: 1 << 22,
+            resident_bytes: 1 << 27,
+            budget: 1 << 28,
+        });
+        assert_eq!(v["event"], "model_streamed");
+        assert_eq!(v["layers"], 9);
+        assert_eq!(v["mode"], "sync");
+        assert_eq!(v["bytes_per_pass"], 1 << 26);
     }
 
     #[test]

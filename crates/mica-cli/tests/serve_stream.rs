@@ -1,9 +1,10 @@
 //! `mica serve` with layer streaming: a server given a `--mem-budget` far below the model's
 //! size streams its last layers (its log and `/metrics` say so) and answers greedy
-//! completions exactly as the same server fully resident — one at a time and two batched
-//! together, in both stream modes, and when it streams on its own (over `--mem-limit`) or
-//! loads on demand (`--models-dir`); a client gone mid-generation leaves the stream in step
-//! for the next request; bad values and a budget too small are refused before listening.
+//! completions (and embeddings) exactly as the same server fully resident — one at a time
+//! and two batched together, in both stream modes, and when it streams on its own (over
+//! `--mem-limit`) or loads on demand (`--models-dir`); a client gone mid-generation leaves
+//! the stream in step for the next request; bad values and a budget too small are refused
+//! before listening.
 
 mod common;
 
@@ -58,6 +59,14 @@ fn complete(a: SocketAddr, prompt: &str) -> String {
     v["choices"][0]["text"].as_str().unwrap().to_string()
 }
 
+/// The embedding of `text` (the embedding route's passes run beside the engine's).
+fn embed(a: SocketAddr, text: &str) -> Vec<f64> {
+    let (status, v) = post(a, "/v1/embeddings", &json!({"model": GEMMA, "input": text}));
+    assert_eq!(status, 200, "{v}");
+    let e = v["data"][0]["embedding"].as_array().unwrap();
+    e.iter().map(|x| x.as_f64().unwrap()).collect()
+}
+
 /// [`complete`] for every prompt, one after the other, then all at once.
 fn alone_and_together(a: SocketAddr) -> (Vec<String>, Vec<String>) {
     let alone = PROMPTS.iter().map(|p| complete(a, p)).collect();
@@ -102,6 +111,7 @@ fn streamed_greedy_completions_are_the_resident_servers() {
     serve::wait_ready(addr);
     let (want, together) = alone_and_together(addr);
     assert!(want.iter().all(|t| !t.is_empty()), "{want:?}");
+    let want_embedding = embed(addr, PROMPTS[1]);
     assert_eq!(together, want, "resident: batched differs from alone");
     assert!(
         !log.lines().iter().any(|l| l.contains("streaming")),
@@ -135,6 +145,17 @@ fn streamed_greedy_completions_are_the_resident_servers() {
         let (alone, together) = alone_and_together(addr);
         assert_eq!(alone, want, "{mode}: streamed output differs");
         assert_eq!(together, want, "{mode}: streamed batched output differs");
+        // An embedding's passes (which stop before the head) beside a generation's.
+        let (text, embedding) = std::thread::scope(|s| {
+            let t = s.spawn(|| complete(addr, PROMPTS[0]));
+            let e = embed(addr, PROMPTS[1]);
+            (t.join().unwrap(), e)
+        });
+        assert_eq!(text, want[0], "{mode}: beside an embedding");
+        assert_eq!(
+            embedding, want_embedding,
+            "{mode}: streamed embedding differs"
+        );
         let m = metrics(addr);
         let layers = series(&m, "mica_stream_layers{model=\"gemma3-270m-q4_k_m\"}");
         assert!(layers.is_some_and(|n| n >= 1.0), "{m}");
