@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 const GEMMA: &str = "gemma3-270m-q4_k_m";
 /// The model's resident estimate with the settings of [`ARGS`] is over 300 MiB: under
-/// this budget it streams its last layers.
+/// this budget it streams its last layers (under 200 MiB, its output head instead).
 const BUDGET: &str = "240M";
 /// A small KV cache, context and step, so that the estimate is mostly weights.
 const ARGS: &[&str] = &[
@@ -127,19 +127,28 @@ fn streamed_greedy_completions_are_the_resident_servers() {
     );
     stop(child);
 
-    for mode in ["overlapped", "sync"] {
-        let extra = args(&["--mem-budget", BUDGET, "--stream-mode", mode]);
+    // Overlapped: the last layers stream; sync, under a smaller budget: the output head (in
+    // chunks of rows).
+    for (mode, budget, what, head) in [
+        ("overlapped", BUDGET, "layers ", 0.0),
+        ("sync", "200M", "no layer and the output head", 1.0),
+    ] {
+        let extra = args(&["--mem-budget", budget, "--stream-mode", mode]);
         let (child, addr, log) = serve::start_logged(&model, &extra);
         serve::wait_ready(addr);
         let lines = log.lines();
         let line = lines
             .iter()
-            .find(|l| l.starts_with(&format!("streaming {GEMMA}: layers ")))
+            .find(|l| l.starts_with(&format!("streaming {GEMMA}: {what}")))
             .unwrap_or_else(|| panic!("{mode}: no streaming line: {lines:?}"));
+        let budget = format!(
+            "within a memory budget of {}.0 MiB",
+            budget.trim_end_matches('M')
+        );
         assert!(
             line.contains(&format!("({mode})"))
                 && line.contains("read per forward pass")
-                && line.contains("within a memory budget of 240.0 MiB"),
+                && line.contains(&budget),
             "{line}"
         );
         let (alone, together) = alone_and_together(addr);
@@ -158,7 +167,9 @@ fn streamed_greedy_completions_are_the_resident_servers() {
         );
         let m = metrics(addr);
         let layers = series(&m, "mica_stream_layers{model=\"gemma3-270m-q4_k_m\"}");
-        assert!(layers.is_some_and(|n| n >= 1.0), "{m}");
+        assert!(layers.is_some_and(|n| (n >= 1.0) == (head == 0.0)), "{m}");
+        let streams_head = series(&m, "mica_stream_head{model=\"gemma3-270m-q4_k_m\"}");
+        assert_eq!(streams_head, Some(head), "{m}");
         let per_pass = series(
             &m,
             "mica_stream_bytes_per_pass{model=\"gemma3-270m-q4_k_m\"}",
