@@ -99,7 +99,30 @@ fn series(text: &str, name: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
 }
 
-fn stop(mut child: Child) {
+/// A server killed when dropped, so that a failed assertion leaves none running.
+struct Server(Option<Child>);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// [`serve::start_logged`] (or, given `dir`, [`serve::start_dir_logged`]) as a [`Server`].
+fn start(model: &std::path::Path, dir: bool, args: &[&str]) -> (Server, SocketAddr, serve::Log) {
+    let (child, addr, log) = match dir {
+        false => serve::start_logged(model, args),
+        true => serve::start_dir_logged(model, args),
+    };
+    (Server(Some(child)), addr, log)
+}
+
+/// Stops the server with SIGTERM; it must exit cleanly.
+fn stop(mut server: Server) {
+    let mut child = server.0.take().unwrap();
     serve::signal(&child, libc::SIGTERM);
     assert!(serve::wait_exit(&mut child, Duration::from_secs(60)).success());
 }
@@ -107,7 +130,7 @@ fn stop(mut child: Child) {
 #[test]
 fn streamed_greedy_completions_are_the_resident_servers() {
     let model = model_path(GEMMA);
-    let (child, addr, log) = serve::start_logged(&model, ARGS);
+    let (child, addr, log) = start(&model, false, ARGS);
     serve::wait_ready(addr);
     let (want, together) = alone_and_together(addr);
     assert!(want.iter().all(|t| !t.is_empty()), "{want:?}");
@@ -134,7 +157,7 @@ fn streamed_greedy_completions_are_the_resident_servers() {
         ("sync", "200M", "no layer and the output head", 1.0),
     ] {
         let extra = args(&["--mem-budget", budget, "--stream-mode", mode]);
-        let (child, addr, log) = serve::start_logged(&model, &extra);
+        let (child, addr, log) = start(&model, false, &extra);
         serve::wait_ready(addr);
         let lines = log.lines();
         let line = lines
@@ -183,7 +206,7 @@ fn streamed_greedy_completions_are_the_resident_servers() {
     }
 
     // Without --mem-budget, a model over --mem-limit streams instead of being refused.
-    let (child, addr, log) = serve::start_logged(&model, &args(&["--mem-limit", BUDGET]));
+    let (child, addr, log) = start(&model, false, &args(&["--mem-limit", BUDGET]));
     serve::wait_ready(addr);
     assert!(
         log.lines()
@@ -201,8 +224,9 @@ fn streamed_greedy_completions_are_the_resident_servers() {
     if !link.exists() {
         std::os::unix::fs::symlink(&model, &link).unwrap();
     }
-    let (child, addr, log) = serve::start_dir_logged(
+    let (child, addr, log) = start(
         &dir,
+        true,
         &args(&["--mem-budget", BUDGET, "--stream-mode", "sync"]),
     );
     assert_eq!(complete(addr, PROMPTS[0]), want[0]);
@@ -240,7 +264,7 @@ fn read_events_then_hang_up(a: SocketAddr, body: &Value, id: &str, n: usize) {
 #[test]
 fn a_client_gone_mid_generation_leaves_the_stream_in_step() {
     let model = model_path(GEMMA);
-    let (child, addr, log) = serve::start_logged(&model, &args(&["--mem-budget", BUDGET]));
+    let (child, addr, log) = start(&model, false, &args(&["--mem-budget", BUDGET]));
     serve::wait_ready(addr);
     assert!(
         log.lines().iter().any(|l| l.contains("streaming ")),
