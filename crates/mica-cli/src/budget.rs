@@ -20,7 +20,7 @@ use mica::engine::host::{self, Available, RssCheck};
 use mica::models::memory::{
     EstimateParams, KvSizing, MemoryEstimate, compute_bytes, kv_bytes_for_positions, mib,
 };
-use mica::models::stream::{self, StreamMode, layer_costs};
+use mica::models::stream::{self, StreamMode};
 use mica::models::{LoadOptions, LoadedModel, Model};
 use std::path::Path;
 use std::sync::Once;
@@ -124,22 +124,6 @@ pub fn open(path: &Path) -> Result<LoadedModel> {
     Ok(lm)
 }
 
-/// Estimates what `lm` will need as `sizing` uses it and checks it against the memory
-/// available (`limit` when given): an error naming every number when it does not fit,
-/// unless `force`. Also warns, once per process, about settings that slow decoding.
-pub fn check(
-    lm: &LoadedModel,
-    repack: bool,
-    sizing: Sizing,
-    force: bool,
-    limit: Option<u64>,
-) -> Result<MemoryEstimate> {
-    slow_settings();
-    let est = estimate(lm, repack, sizing);
-    info!("memory estimate: {est}");
-    verdict(est, force, limit)
-}
-
 /// Warns, once per process, about settings that slow decoding.
 fn slow_settings() {
     static SLOW: Once = Once::new();
@@ -182,7 +166,10 @@ fn verdict(est: MemoryEstimate, force: bool, limit: Option<u64>) -> Result<Memor
     Ok(est)
 }
 
-/// [`check`], with layer streaming: given `--mem-budget`, the model is fitted in it by
+/// Estimates what `lm` will need as `sizing` uses it and checks it against the memory
+/// available (`--mem-limit` when given): an error naming every number when it does not fit,
+/// unless `--force` (also warning, once per process, about settings that slow decoding).
+/// With layer streaming: given `--mem-budget`, the model is fitted in it by
 /// streaming its last layers (then checked against the memory available as usual);
 /// without, a model that does not fit is streamed within the memory available rather than
 /// refused (unless `--force`, which loads it whole). Call before [`prepare`].
@@ -192,8 +179,20 @@ pub fn fit(
     sizing: Sizing,
     args: &BudgetArgs,
 ) -> Result<MemoryEstimate> {
+    fit_within(lm, repack, sizing, args).map(|(est, _)| est)
+}
+
+/// [`fit`], also returning the budget the model's layers were streamed within (`None`
+/// when nothing streams): what `serve` hands its loader for the same model.
+pub fn fit_within(
+    lm: &mut LoadedModel,
+    repack: bool,
+    sizing: Sizing,
+    args: &BudgetArgs,
+) -> Result<(MemoryEstimate, Option<u64>)> {
     let mode = args.mode()?;
     let limit = args.limit()?;
+    let streamed = |lm: &LoadedModel, budget: u64| lm.model.stream.is_some().then_some(budget);
     if let Some(budget) = args.budget()? {
         let full = estimate(lm, repack, sizing);
         info!("memory estimate fully resident: {full}");
@@ -202,7 +201,7 @@ pub fn fit(
         info!("memory estimate: {est}");
         // Loading's read-around cached pages of the file that a cgroup counts as used.
         stream::drop_page_cache(&lm.model);
-        return verdict(est, args.force, limit);
+        return Ok((verdict(est, args.force, limit)?, streamed(lm, budget)));
     }
     slow_settings();
     let est = estimate(lm, repack, sizing);
@@ -210,7 +209,7 @@ pub fn fit(
     let available = limit.map(Available::limit).or_else(host::available_memory);
     let fits = available.as_ref().map(|a| host::check_fits(&est, a));
     if args.force || !matches!(fits, Some(Err(_))) {
-        return verdict(est, args.force, limit);
+        return Ok((verdict(est, args.force, limit)?, None));
     }
     // A cgroup counts the page cache loading read around the small tensors it touched (up to
     // the device's read-ahead per fault) as used: give it back and look again.
@@ -218,7 +217,7 @@ pub fn fit(
     let available = limit.map(Available::limit).or_else(host::available_memory);
     let fits = available.as_ref().map(|a| host::check_fits(&est, a));
     let (Some(available), Some(Err(e))) = (available, fits) else {
-        return verdict(est, args.force, limit);
+        return Ok((verdict(est, args.force, limit)?, None));
     };
     // What the estimate may total: the usable bytes, plus what a measured figure already
     // left out (the process's resident set).
@@ -230,7 +229,7 @@ pub fn fit(
     warn!("{e}: streaming layers instead (see --mem-budget)");
     let est = estimate(lm, repack, sizing);
     info!("memory estimate: {est}");
-    Ok(est)
+    Ok((est, streamed(lm, budget)))
 }
 
 /// Streams as few of `lm`'s last layers as make `full` (its estimate fully resident) fit in
@@ -242,30 +241,19 @@ fn stream_within(
     budget: u64,
     mode: StreamMode,
 ) -> Result<()> {
-    let costs = layer_costs(&mut lm.model, repack);
     let budget = usize::try_from(budget).unwrap_or(usize::MAX);
-    let plan = stream::plan(full.total(), &costs, mode.slots(), budget)?;
-    if plan.streamed.is_empty() && !plan.head {
+    let plan = stream::fit(&mut lm.model, repack, full.total(), budget, mode)?;
+    let Some(s) = lm.model.stream.as_ref() else {
         info!(
             "memory: the model fits in the budget of {} fully resident; nothing streamed",
             mib(budget)
         );
         return Ok(());
-    }
-    stream::start(&mut lm.model, &plan.streamed, plan.head, mode)?;
-    let s = lm.model.stream.as_ref().expect("started above");
-    let layers = match (plan.streamed.first(), plan.streamed.last()) {
-        (Some(a), Some(b)) => format!("layers {a}..={b} of {}", lm.model.layers.len()),
-        _ => "no layer".into(),
     };
     info!(
-        "memory: streaming {layers}{} ({mode:?}, {} read per forward pass) through a ring of \
-         {}; {} resident of a budget of {}",
-        if plan.head {
-            " and the output head"
-        } else {
-            ""
-        },
+        "memory: streaming {} ({mode:?}, {} read per forward pass) through a ring of {}; {} \
+         resident of a budget of {}",
+        s.describe(),
         mib(s.bytes_per_pass()),
         mib(plan.ring),
         mib(plan.resident),
@@ -288,7 +276,7 @@ pub fn prepare(lm: &mut LoadedModel, repack: bool) {
     );
 }
 
-/// [`open`], the KV cache types of `cache` (which the estimate counts), [`check`] and
+/// [`open`], the KV cache types of `cache` (which the estimate counts), [`fit`] and
 /// [`prepare`] in turn.
 pub fn load(
     path: &Path,

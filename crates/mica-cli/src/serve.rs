@@ -2,14 +2,15 @@
 //! runtime (the engines run on their own threads; tokio only does I/O). SIGTERM and SIGINT
 //! both start a graceful shutdown; the server's events are printed on stderr.
 
-use crate::budget::{self, Sizing};
+use crate::budget::{self, BudgetArgs, Sizing};
 use crate::cache_args::CacheArgs;
 use crate::lora_args::LoraArgs;
 use crate::spec_args::SpecArgs;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
-use mica::engine::{EngineConfig, Lane, SchedulePolicy, SchedulerConfig};
-use mica_server::{Access, ApiKey, AppState, Limits, ServerConfig, ServerEvent};
+use mica::engine::{Lane, SchedulePolicy, SchedulerConfig};
+use mica::models::memory::mib;
+use mica_server::{Access, ApiKey, AppState, Limits, ServerConfig, ServerEvent, StreamConfig};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -106,9 +107,24 @@ pub struct ServeArgs {
     pub mem_limit: Option<String>,
     /// Start even when the model named by -m does not fit: its memory estimate (weights,
     /// --kv-mem, compute buffers) is checked against --mem-limit, else the memory this
-    /// process may use, before the server starts.
+    /// process may use, before the server starts. Without --force, a model that does not
+    /// fit streams layers instead (see --mem-budget); with it, it is loaded whole.
     #[arg(long = "force")]
     pub force: bool,
+    /// Fit each model loaded in SIZE (e.g. 256M, 2G: its weights, --kv-mem, buffers) by
+    /// streaming its last layers from the file a layer at a time. Without it, the model
+    /// named by -m streams only when it does not fit in the memory available (instead of
+    /// being refused). See docs/streaming.md.
+    #[arg(long = "mem-budget", value_name = "SIZE")]
+    pub mem_budget: Option<String>,
+    /// How streamed layers are read: `overlapped` (an IO thread reads ahead of compute into
+    /// three buffers) or `sync` (each layer read when the forward pass reaches it).
+    #[arg(
+        long = "stream-mode",
+        value_name = "MODE",
+        default_value = "overlapped"
+    )]
+    pub stream_mode: String,
     #[command(flatten)]
     pub spec: SpecArgs,
     /// Log lines on stderr: text, or one JSON object per line. Either way every request
@@ -296,6 +312,7 @@ fn config(args: &ServeArgs) -> Result<ServerConfig> {
         cache_type_k: args.cache.cache_type_k,
         cache_type_v: args.cache.cache_type_v,
         log_prompts: args.log_prompts,
+        stream: None,
     })
 }
 
@@ -347,6 +364,21 @@ fn print_event(format: LogFormat, level: LogLevel, ev: &ServerEvent) {
             eprintln!("error: cannot load model '{name}': {error}")
         }
         ServerEvent::ModelUnloaded { name } => eprintln!("unloaded {name}"),
+        ServerEvent::ModelStreamed {
+            name,
+            what,
+            mode,
+            bytes_per_pass,
+            ring_bytes,
+            budget,
+            ..
+        } => eprintln!(
+            "streaming {name}: {what} ({mode}), {} read per forward pass through a ring of {}, \
+             within a memory budget of {}",
+            mib(*bytes_per_pass as usize),
+            mib(*ring_bytes as usize),
+            mib(*budget as usize)
+        ),
         ServerEvent::Draining { in_flight, grace } => eprintln!(
             "shutting down: {in_flight} request(s) in flight, up to {:.0} s to finish",
             grace.as_secs_f64()
@@ -398,6 +430,22 @@ fn event_json(ev: &ServerEvent) -> serde_json::Value {
             json!({"event": "model_load_failed", "model": name, "error": error})
         }
         ServerEvent::ModelUnloaded { name } => json!({"event": "model_unloaded", "model": name}),
+        ServerEvent::ModelStreamed {
+            name,
+            what,
+            layers,
+            n_layers,
+            head,
+            mode,
+            bytes_per_pass,
+            ring_bytes,
+            resident_bytes,
+            budget,
+        } => json!({
+            "event": "model_streamed", "model": name, "streamed": what, "layers": layers,
+            "n_layers": n_layers, "head": head, "mode": mode, "bytes_per_pass": bytes_per_pass,
+            "ring_bytes": ring_bytes, "resident_bytes": resident_bytes, "budget": budget
+        }),
         ServerEvent::Draining { in_flight, grace } => json!({
             "event": "draining", "in_flight": in_flight, "grace_s": grace.as_secs_f64()
         }),
@@ -415,10 +463,35 @@ fn event_json(ev: &ServerEvent) -> serde_json::Value {
     v
 }
 
-/// The memory budget of the model loaded at start-up (`-m`): opened (not prepared) to
-/// estimate what its engine will take with the server's KV memory and step budget, then
-/// dropped; the server loads it again.
-fn check_preload(cfg: &ServerConfig, force: bool) -> Result<()> {
+/// The memory budget and layer streaming of the served models. With `--mem-budget`, every
+/// model loaded streams within it. The model loaded at start-up (`-m`) is opened (not
+/// prepared) to estimate what its engine will take with the server's KV memory and step
+/// budget, and fitted as `mica run` fits its model: streamed within `--mem-budget`, or,
+/// when it does not fit in the memory available, within that (unless `--force`); then
+/// dropped, the server loading it again with the budget found.
+fn check_preload(cfg: &mut ServerConfig, args: &ServeArgs) -> Result<()> {
+    let budget_args = BudgetArgs {
+        force: args.force,
+        mem_limit: args.mem_limit.clone(),
+        mem_budget: args.mem_budget.clone(),
+        stream_mode: args.stream_mode.clone(),
+    };
+    let mode = budget_args.mode()?;
+    if let Some(budget) = budget_args.budget()? {
+        cfg.stream = Some(StreamConfig { budget, mode });
+    }
+    let self_spec = |streams: bool| {
+        if streams && args.spec.draft_layers.is_some() {
+            bail!(
+                "--draft-layers: self-speculation runs a truncated copy of the model's layers \
+                 resident, which layer streaming cannot give it; use the default n-gram \
+                 speculation (or --spec off) with a streamed model, or load the model whole \
+                 (no --mem-budget; --force when it does not fit)"
+            );
+        }
+        Ok(())
+    };
+    self_spec(cfg.stream.is_some())?;
     let Some(name) = &cfg.preload else {
         return Ok(());
     };
@@ -430,17 +503,18 @@ fn check_preload(cfg: &ServerConfig, force: bool) -> Result<()> {
     lm.model
         .config
         .choose_cache_types(cfg.cache_type_k, cfg.cache_type_v)?;
-    let running = cfg.scheduler.max_running;
-    let plan = EngineConfig::memory_plan(&lm, cfg.kv_mem, running);
-    let n_ctx = cfg.n_ctx.unwrap_or(lm.model.config.n_ctx_train.min(4096));
+    let p = mica_server::streaming::estimate_params(cfg, &lm, 0);
     let sizing = Sizing {
-        kv: plan.kv_sizing(running),
-        n_ctx,
-        batch_tokens: cfg.scheduler.max_batch_tokens,
-        n_outputs: running,
+        kv: p.kv,
+        n_ctx: p.n_ctx,
+        batch_tokens: p.batch_tokens,
+        n_outputs: p.n_outputs,
     };
-    budget::check(&lm, cfg.repack, sizing, force, cfg.mem_limit)?;
-    Ok(())
+    let (_, streamed) = budget::fit_within(&mut lm, cfg.repack, sizing, &budget_args)?;
+    if let Some(budget) = streamed {
+        cfg.stream = Some(StreamConfig { budget, mode });
+    }
+    self_spec(streamed.is_some())
 }
 
 /// Completes on SIGTERM (Kubernetes, systemd, Docker) or SIGINT (Ctrl-C).
@@ -468,8 +542,8 @@ async fn shutdown_signal() {
 
 pub fn serve(args: ServeArgs) -> Result<()> {
     crate::logging::set_json(args.log_format == LogFormat::Json);
-    let cfg = config(&args)?;
-    check_preload(&cfg, args.force)?;
+    let mut cfg = config(&args)?;
+    check_preload(&mut cfg, &args)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -567,6 +641,22 @@ mod log_tests {
         assert!(v.get("prompt").is_none(), "no text unless asked: {v}");
         let v = event_json(&ServerEvent::Stopped);
         assert_eq!(v["event"], "stopped");
+        let v = event_json(&ServerEvent::ModelStreamed {
+            name: "m".into(),
+            what: "layers 9..=17 of 18".into(),
+            layers: 9,
+            n_layers: 18,
+            head: false,
+            mode: "sync",
+            bytes_per_pass: 1 << 26,
+            ring_bytes: 1 << 22,
+            resident_bytes: 1 << 27,
+            budget: 1 << 28,
+        });
+        assert_eq!(v["event"], "model_streamed");
+        assert_eq!(v["layers"], 9);
+        assert_eq!(v["mode"], "sync");
+        assert_eq!(v["bytes_per_pass"], 1 << 26);
     }
 
     #[test]

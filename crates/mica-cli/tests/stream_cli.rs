@@ -7,27 +7,9 @@
 mod common;
 
 use common::*;
-use std::process::Command;
 
 const SMOLLM: &str = "smollm2-135m-instruct-q4_1";
 const GEMMA: &str = "gemma3-270m-q4_k_m";
-
-/// `mica ARGS` with `MICA_LOG=info`: (success, stdout, stderr).
-fn mica_info(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_mica"))
-        .args(args)
-        .env("MICA_HOME", scratch("home"))
-        .env("MICA_LOG", "info")
-        .output()
-        .expect("running mica");
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!stderr.contains("panicked"), "{args:?}:\n{stderr}");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr,
-    )
-}
 
 fn run_args<'a>(model: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![

@@ -28,6 +28,7 @@ pub use error::{ModelError, Result};
 pub use kv_cache::{KvCache, SeqId};
 pub use loader::{ChatPromptError, LoadOptions, LoadStage, LoadedModel, open_tokenizer};
 pub use lora::{LoraAdapter, LoraSpec};
+pub use memory::WeightFootprint;
 pub use memory::{EstimateParams, KvSizing, MemoryEstimate};
-pub use model::{Model, Output, WeightFootprint, Workspace};
+pub use model::{Model, Output, Workspace};
 pub use stream::{StreamMode, StreamPlan};

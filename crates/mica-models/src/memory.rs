@@ -24,8 +24,64 @@
 //! [`MemoryEstimate::expected_resident`] what should be resident after fewer positions.
 
 use crate::kv_cache::{BLOCK_SIZE, KvCache};
-use crate::model::{Model, WeightFootprint, Workspace};
+use crate::model::{Model, Workspace};
+use crate::stream::LayerStream;
 use std::fmt;
+
+/// A model's weight matrices by how they occupy memory ([`Model::weight_footprint`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WeightFootprint {
+    /// Matrices products read in the file's layout (through the memory map, or held in
+    /// memory for tensors rearranged at load): resident once the first forward pass has
+    /// read them.
+    pub mapped: usize,
+    /// Copies in this CPU's packed layouts ([`Model::repack`]), in anonymous memory; the
+    /// file's pages of those matrices are given back as each is packed.
+    pub repacked: usize,
+    /// Embedding tables only looked up a row per token (the token embedding, position and
+    /// per-layer embeddings): a page becomes resident when a token on it is first read, so
+    /// they take a fraction of their size that grows with the vocabulary a run uses.
+    pub on_demand: usize,
+    /// Matrices of streamed layers ([`crate::stream`]): read from the file each pass, not
+    /// resident (not counted).
+    pub streamed: usize,
+    /// The streaming ring's buffers: resident.
+    pub stream_buffers: usize,
+}
+
+impl Model {
+    /// The weight matrices' bytes by how they will stay in memory once the model is
+    /// prepared with `repack` ([`Model::repack`]); see [`WeightFootprint`].
+    pub fn weight_footprint(&self, repack: bool) -> WeightFootprint {
+        let lookups = [Some(&self.tok_embd), self.pos_embd.as_ref()]
+            .into_iter()
+            .chain([self.ple.as_ref().map(|p| &p.tok)])
+            .flatten()
+            .collect::<Vec<_>>();
+        // `matrices` lists a tied head once, as the token embedding; products read it
+        // through `output`, which repacking copies.
+        let tied_head = (self.output.w.name == self.tok_embd.name).then_some(&self.output.w);
+        let mut f = WeightFootprint {
+            stream_buffers: self.stream.as_ref().map_or(0, LayerStream::buffer_bytes),
+            ..WeightFootprint::default()
+        };
+        for m in self.matrices().chain(tied_head) {
+            if m.is_streamed() {
+                f.streamed += m.n_bytes();
+                continue;
+            }
+            if lookups.iter().any(|l| std::ptr::eq(*l, m)) {
+                f.on_demand += m.n_bytes();
+                continue;
+            }
+            match m.repacked_len().filter(|_| repack || m.is_repacked()) {
+                Some(n) => f.repacked += n,
+                None => f.mapped += m.n_bytes(),
+            }
+        }
+        f
+    }
+}
 
 /// How the KV cache is sized.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

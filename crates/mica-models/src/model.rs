@@ -59,27 +59,6 @@ pub struct Model {
     pub stream: Option<LayerStream>,
 }
 
-/// A model's weight matrices by how they occupy memory ([`Model::weight_footprint`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct WeightFootprint {
-    /// Matrices products read in the file's layout (through the memory map, or held in
-    /// memory for tensors rearranged at load): resident once the first forward pass has
-    /// read them.
-    pub mapped: usize,
-    /// Copies in this CPU's packed layouts ([`Model::repack`]), in anonymous memory; the
-    /// file's pages of those matrices are given back as each is packed.
-    pub repacked: usize,
-    /// Embedding tables only looked up a row per token (the token embedding, position and
-    /// per-layer embeddings): a page becomes resident when a token on it is first read, so
-    /// they take a fraction of their size that grows with the vocabulary a run uses.
-    pub on_demand: usize,
-    /// Matrices of streamed layers ([`crate::stream`]): read from the file each pass, not
-    /// resident (not counted).
-    pub streamed: usize,
-    /// The streaming ring's buffers: resident.
-    pub stream_buffers: usize,
-}
-
 /// The projections between a token embedding of `e` values and layers of `n_embd`.
 pub struct EmbdProj {
     /// `[n_embd × e]`, applied to each looked-up embedding before positions are added.
@@ -90,7 +69,7 @@ pub struct EmbdProj {
 
 impl Model {
     /// The weight matrices (the output head only when it is not the token embedding).
-    fn matrices(&self) -> impl Iterator<Item = &Matrix> {
+    pub(crate) fn matrices(&self) -> impl Iterator<Item = &Matrix> {
         let layers = self.layers.iter().flat_map(move |l| {
             let delta = l.delta.iter().flat_map(|d| [&d.z, &d.beta, &d.alpha]);
             let attn = [Some(&l.wq), l.wk.as_ref(), l.wv.as_ref(), Some(&l.wo)]
@@ -255,38 +234,6 @@ impl Model {
         self.layers.truncate(n);
         self.config.keep_layers(n);
         true
-    }
-
-    /// The weight matrices' bytes by how they will stay in memory once the model is
-    /// prepared with `repack` ([`Model::repack`]); see [`WeightFootprint`].
-    pub fn weight_footprint(&self, repack: bool) -> WeightFootprint {
-        let lookups = [Some(&self.tok_embd), self.pos_embd.as_ref()]
-            .into_iter()
-            .chain([self.ple.as_ref().map(|p| &p.tok)])
-            .flatten()
-            .collect::<Vec<_>>();
-        // `matrices` lists a tied head once, as the token embedding; products read it
-        // through `output`, which repacking copies.
-        let tied_head = (self.output.w.name == self.tok_embd.name).then_some(&self.output.w);
-        let mut f = WeightFootprint {
-            stream_buffers: self.stream.as_ref().map_or(0, LayerStream::buffer_bytes),
-            ..WeightFootprint::default()
-        };
-        for m in self.matrices().chain(tied_head) {
-            if m.is_streamed() {
-                f.streamed += m.n_bytes();
-                continue;
-            }
-            if lookups.iter().any(|l| std::ptr::eq(*l, m)) {
-                f.on_demand += m.n_bytes();
-                continue;
-            }
-            match m.repacked_len().filter(|_| repack || m.is_repacked()) {
-                Some(n) => f.repacked += n,
-                None => f.mapped += m.n_bytes(),
-            }
-        }
-        f
     }
 
     /// The weight matrices of layer `l`, mutably.
@@ -687,22 +634,17 @@ impl Model {
             xn = &ws.proj[..n_out * e];
         }
         let logits = grow(&mut ws.logits, n_out * cfg.n_vocab);
-        match (&mut pass, &self.stream) {
-            (Some(pass), Some(s)) if s.streams_head() => {
-                // The head in chunks of rows, each in its turn: products into `ws.gate`,
-                // scattered into each output row's logits.
-                for (unit, r0, chunk) in s.head_chunks() {
-                    pass.enter(unit)?;
-                    let rows = chunk.out_dim();
-                    let part = grow(&mut ws.gate, n_out * rows);
-                    chunk.forward(pool, ws.acts.get(pool, &chunk.w, xn, n_out), part);
-                    for (t, p) in part.chunks_exact(rows).enumerate() {
-                        let at = t * cfg.n_vocab + r0;
-                        logits[at..at + rows].copy_from_slice(p);
-                    }
-                }
-            }
-            _ => self.output.apply(pool, &mut ws.acts, xn, n_out, logits),
+        match pass.as_mut().filter(|p| p.streams_head()) {
+            Some(p) => p.head_logits(
+                pool,
+                &mut ws.acts,
+                xn,
+                n_out,
+                cfg.n_vocab,
+                &mut ws.gate,
+                logits,
+            )?,
+            None => self.output.apply(pool, &mut ws.acts, xn, n_out, logits),
         }
         drop(pass);
         if let Some(cap) = cfg.final_softcap {

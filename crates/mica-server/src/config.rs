@@ -122,6 +122,9 @@ pub struct ServerConfig {
     /// Put each generation's prompt and output text in its request record (off: records
     /// carry counts and timings only, never text).
     pub log_prompts: bool,
+    /// Layer streaming of every model loaded ([`crate::streaming`]; `None`: models are
+    /// loaded whole).
+    pub stream: Option<crate::streaming::StreamConfig>,
 }
 
 impl ServerConfig {
@@ -145,6 +148,7 @@ impl ServerConfig {
             cache_type_k: None,
             cache_type_v: None,
             log_prompts: false,
+            stream: None,
         }
     }
 

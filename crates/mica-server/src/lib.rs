@@ -14,7 +14,8 @@
 //! Around the routes: [`guard`] (host, origin, API key, CORS, error shapes, draining),
 //! [`body`] (content type, size and time limits of request bodies), [`serve`] (connection
 //! timeouts and graceful shutdown), [`models`] (loading and unloading under a memory
-//! budget; a failed load unloads nothing).
+//! budget; a failed load unloads nothing), [`streaming`] (layer streaming of the models
+//! loaded, under `--mem-budget`).
 
 pub mod admin;
 pub mod anthropic;
@@ -34,6 +35,7 @@ pub mod reqlog;
 pub mod serve;
 pub mod spec;
 pub mod state;
+pub mod streaming;
 pub mod structured;
 pub mod web;
 
@@ -51,6 +53,7 @@ pub use config::{Access, ApiKey, Limits, ServerConfig};
 pub use error::{Flavor, ParamError};
 pub use serve::{ServeError, serve};
 pub use state::{AppState, Observer, ServerEvent};
+pub use streaming::StreamConfig;
 
 /// The routes of `mica serve`, behind the layers of [`guard`].
 pub fn router(state: Arc<AppState>) -> Router {

@@ -120,7 +120,7 @@ impl Exposition {
     }
 }
 
-fn label(v: &str) -> String {
+pub(crate) fn label(v: &str) -> String {
     v.replace('\\', "\\\\").replace('"', "\\\"")
 }
 
@@ -163,6 +163,7 @@ pub fn render(st: &AppState) -> String {
             e.add_text(&text, false);
         }
     }
+    crate::streaming::render_metrics(st, &mut e);
     for (code, n) in st
         .responses
         .lock()

@@ -197,6 +197,8 @@ fn start(
         .config
         .choose_cache_types(cfg.cache_type_k, cfg.cache_type_v)
         .map_err(|e| e.to_string())?;
+    // Layer streaming, when configured, before the weights are repacked.
+    crate::streaming::fit(st, &name, &mut lm)?;
     if cfg.repack {
         lm.model.repack();
     }
@@ -244,7 +246,7 @@ fn start(
     let engine = EngineHandle::start(model.clone(), ecfg).map_err(|e| e.to_string())?;
     Ok(Loaded {
         spec,
-        bytes: model_bytes(&path) + cfg.kv_mem as u64,
+        bytes: crate::streaming::counted(st, model_bytes(&path) + cfg.kv_mem as u64),
         name,
         path,
         model,
@@ -302,7 +304,7 @@ impl AppState {
         if let Some(m) = self.touch(name) {
             return Ok(m);
         }
-        let need = model_bytes(&path) + self.cfg.kv_mem as u64;
+        let need = crate::streaming::counted(self, model_bytes(&path) + self.cfg.kv_mem as u64);
         self.admit(name, &path, need)?;
         self.emit(ServerEvent::ModelLoading { name: name.into() });
         let t0 = Instant::now();

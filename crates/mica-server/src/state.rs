@@ -39,6 +39,27 @@ pub enum ServerEvent {
     ModelUnloaded {
         name: String,
     },
+    /// A model being loaded streams layers to fit the memory budget
+    /// ([`crate::streaming`]).
+    ModelStreamed {
+        name: String,
+        /// What streams, in words (`layers 3..=23 of 24 and the output head`).
+        what: String,
+        /// Layers streamed, of `n_layers`.
+        layers: usize,
+        n_layers: usize,
+        /// The output head is streamed too.
+        head: bool,
+        /// `overlapped` or `sync`.
+        mode: &'static str,
+        /// Bytes read from the file per forward pass.
+        bytes_per_pass: u64,
+        /// Bytes of the ring's buffers.
+        ring_bytes: u64,
+        /// Bytes the plan keeps resident (the ring's buffers included).
+        resident_bytes: u64,
+        budget: u64,
+    },
     /// Shutdown began: new requests get 503, these may finish within `grace`.
     Draining {
         in_flight: usize,
@@ -174,6 +195,9 @@ pub struct AppState {
     live: Mutex<BTreeMap<String, crate::reqlog::Live>>,
     /// LoRA adapters requests may select ([`crate::lora`]).
     pub(crate) lora: Mutex<crate::lora::Adapters>,
+    /// The process's resident bytes before any model loaded: the runtime part of a
+    /// streamed model's budget ([`crate::streaming`]).
+    pub(crate) runtime: u64,
 }
 
 impl AppState {
@@ -195,6 +219,7 @@ impl AppState {
             observer,
             bound: OnceLock::new(),
             live: Mutex::new(BTreeMap::new()),
+            runtime: mica::engine::host::resident_bytes().unwrap_or(0),
         }
     }
 

@@ -15,9 +15,21 @@ use std::process::{Command, Output};
 
 /// Runs `mica` with `args`; returns (exit success, stdout, stderr).
 pub fn mica(args: &[&str]) -> (bool, String, String) {
+    mica_env(args, &[])
+}
+
+/// [`mica`] with `MICA_LOG=info`: the load stages, memory estimates and streaming lines on
+/// stderr.
+pub fn mica_info(args: &[&str]) -> (bool, String, String) {
+    mica_env(args, &[("MICA_LOG", "info")])
+}
+
+/// [`mica`] with more environment variables.
+pub fn mica_env(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
     let out: Output = Command::new(env!("CARGO_BIN_EXE_mica"))
         .args(args)
         .env("MICA_HOME", scratch("home"))
+        .envs(env.iter().copied())
         .output()
         .expect("running mica");
     let (stdout, stderr) = (

@@ -30,9 +30,18 @@ impl Log {
 /// [`start`], keeping what the server writes to stderr: the "listening" line may be plain
 /// text or, with `--log-format json`, a JSON object with its `address`.
 pub fn start_logged(model: &Path, args: &[&str]) -> (Child, SocketAddr, Log) {
+    start_serving(("-m", model), args)
+}
+
+/// [`start_logged`] with `--models-dir DIR` instead of `-m MODEL`.
+pub fn start_dir_logged(dir: &Path, args: &[&str]) -> (Child, SocketAddr, Log) {
+    start_serving(("--models-dir", dir), args)
+}
+
+fn start_serving((flag, what): (&str, &Path), args: &[&str]) -> (Child, SocketAddr, Log) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_mica"))
-        .args(["serve", "-m"])
-        .arg(model)
+        .args(["serve", flag])
+        .arg(what)
         .args(["--port", "0"])
         .args(args)
         .stderr(Stdio::piped())

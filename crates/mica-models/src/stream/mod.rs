@@ -33,10 +33,12 @@
 //! thread. What remains on trust: a slice taken during the turn must not be kept past it
 //! (the forward pass's products finish before the turn ends).
 
+mod pass;
 mod plan;
 mod ring;
 
-pub use plan::{Costs, LayerCost, StreamPlan, layer_costs, plan};
+pub(crate) use pass::Pass;
+pub use plan::{Costs, LayerCost, StreamPlan, fit, layer_costs, plan};
 
 use crate::error::{ModelError, Result};
 use crate::model::Model;
@@ -45,9 +47,8 @@ use mica_formats::{GgufFile, TensorBytes};
 use ring::{LayerReads, Ring, RingState, SlotBuf, SlotState, SlotView, layout};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Instant;
 
 /// How streamed layers are read.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -60,6 +61,14 @@ pub enum StreamMode {
 }
 
 impl StreamMode {
+    /// The mode's name, as `--stream-mode` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            StreamMode::Overlapped => "overlapped",
+            StreamMode::Sync => "sync",
+        }
+    }
+
     /// Buffers of the ring in this mode.
     pub fn slots(self) -> usize {
         match self {
@@ -124,6 +133,20 @@ impl LayerStream {
         units.filter(|&u| u < self.n_layers).collect()
     }
 
+    /// What streams, in words: `layers 3..=23 of 24 and the output head`, `no layer and the
+    /// output head`.
+    pub fn describe(&self) -> String {
+        let layers = self.layers();
+        let mut s = match (layers.first(), layers.last()) {
+            (Some(a), Some(b)) => format!("layers {a}..={b} of {}", self.n_layers),
+            _ => "no layer".into(),
+        };
+        if self.streams_head() {
+            s.push_str(" and the output head");
+        }
+        s
+    }
+
     /// Whether the output head is streamed too (in chunks of rows).
     pub fn streams_head(&self) -> bool {
         !self.head.is_empty()
@@ -179,91 +202,6 @@ impl Drop for LayerStream {
         self.ring.cv.notify_all();
         if let Some(h) = self.io.take() {
             let _ = h.join();
-        }
-    }
-}
-
-/// One forward pass's walk through the layers ([`LayerStream::begin_pass`]).
-pub(crate) struct Pass<'a> {
-    stream: &'a LayerStream,
-    cursor: MutexGuard<'a, Cursor>,
-}
-
-impl Pass<'_> {
-    /// Ends the previous unit's turn and, when `layer` (a layer, or `n_layers + c` for the
-    /// head's chunk `c`) is streamed, begins its turn: its bytes are in its slot when this
-    /// returns. Units must come in increasing order; streamed units skipped are taken and
-    /// given back (overlapped) or skipped (sync).
-    pub(crate) fn enter(&mut self, layer: usize) -> Result<()> {
-        self.leave();
-        let Some(j) = self.stream.order.get(layer).copied().flatten() else {
-            return Ok(());
-        };
-        let m = self.stream.ring.reads.len() as u64;
-        let j = j as u64;
-        assert!(
-            self.cursor.next % m <= j,
-            "unit {layer} entered after a later streamed unit"
-        );
-        while self.cursor.next % m < j {
-            self.skip()?;
-        }
-        let t = self.cursor.next;
-        self.take(t)?;
-        self.cursor.held = Some(t);
-        self.cursor.next += 1;
-        Ok(())
-    }
-
-    /// Ends the current layer's turn, if any.
-    pub(crate) fn leave(&mut self) {
-        if let Some(t) = self.cursor.held.take() {
-            self.stream.ring.release(t);
-        }
-    }
-
-    /// Takes ticket `t`: waits for the IO thread, or reads it (sync).
-    fn take(&mut self, t: u64) -> Result<()> {
-        let ring = &self.stream.ring;
-        let t0 = Instant::now();
-        let r = match self.stream.mode {
-            StreamMode::Overlapped => ring.acquire(t),
-            StreamMode::Sync => {
-                if !ring.begin_fill(t) {
-                    return Err(ModelError::Streaming("the stream was shut down".into()));
-                }
-                let r = ring.fill(t);
-                ring.end_fill(t, r);
-                ring.acquire(t)
-            }
-        };
-        let ns = t0.elapsed().as_nanos() as u64;
-        ring.wait_ns.fetch_add(ns, Ordering::Relaxed);
-        r
-    }
-
-    /// Passes over the next streamed layer without computing it.
-    fn skip(&mut self) -> Result<()> {
-        let t = self.cursor.next;
-        if self.stream.mode == StreamMode::Overlapped {
-            // The IO thread reads every ticket in order: take it to let it go on.
-            self.take(t)?;
-            self.stream.ring.release(t);
-        }
-        self.cursor.next += 1;
-        Ok(())
-    }
-}
-
-impl Drop for Pass<'_> {
-    fn drop(&mut self) {
-        self.leave();
-        let m = self.stream.ring.reads.len() as u64;
-        while !self.cursor.next.is_multiple_of(m) {
-            if self.skip().is_err() {
-                // The stream failed: every later pass reports it.
-                self.cursor.next = self.cursor.next.next_multiple_of(m);
-            }
         }
     }
 }

@@ -1,7 +1,7 @@
 //! How much of a model to stream to fit a memory budget.
 
 use super::ring::{PAGE, layout};
-use super::{MIN_HEAD_CHUNK, from_file};
+use super::{MIN_HEAD_CHUNK, StreamMode, from_file};
 use crate::error::{ModelError, Result};
 use crate::memory::mib;
 use crate::model::Model;
@@ -75,6 +75,23 @@ pub struct StreamPlan {
     pub resident: usize,
     /// Bytes of the ring's buffers.
     pub ring: usize,
+}
+
+/// Streams as few of `model`'s last layers (and, when streaming every layer is not enough,
+/// its output head) as make it fit in `budget` bytes, `total` being its memory estimate
+/// fully resident: [`plan`], then [`super::start`] in `mode`. Returns the plan; nothing is
+/// streamed when the model fits already. Call before repacking.
+pub fn fit(
+    model: &mut Model,
+    repack: bool,
+    total: usize,
+    budget: usize,
+    mode: StreamMode,
+) -> Result<StreamPlan> {
+    let costs = layer_costs(model, repack);
+    let plan = plan(total, &costs, mode.slots(), budget)?;
+    super::start(model, &plan.streamed, plan.head, mode)?;
+    Ok(plan)
 }
 
 /// Keeps as much resident as `budget` allows — the output head and as many whole layers as
