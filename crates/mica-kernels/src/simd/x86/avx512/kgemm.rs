@@ -68,12 +68,17 @@ unsafe fn interleave<F: KFormat>(rows: &[*const u8; ROWS], stage: &mut Stage) ->
         unsafe { _mm256_storeu_si256(stage.groups[i].as_mut_ptr().cast(), u.groups) };
     }
     let lane = |stride: i32| _mm512_mullo_epi32(_mm512_set1_epi32(stride), lane_index());
-    let (iq, isc, ig) = (lane(256), lane(256), lane(32));
+    let (isc, ig) = (lane(256), lane(32));
+    let mut q = [_mm512_setzero_si512(); 64];
+    for (k, q) in q.chunks_exact_mut(16).enumerate() {
+        // SAFETY: 64 readable bytes per row.
+        let rows = std::array::from_fn(|r| unsafe {
+            _mm512_loadu_si512(stage.q[r][64 * k..].as_ptr().cast())
+        });
+        q.copy_from_slice(&transpose16(rows));
+    }
     // SAFETY (gathers): lane r reads 4 bytes inside row r's staged fields.
     unsafe {
-        let q = std::array::from_fn(|e| {
-            _mm512_i32gather_epi32::<1>(iq, stage.q[0].as_ptr().add(4 * e).cast())
-        });
         // Group g's scale: i16 lane 8·(g % 4) of register g / 4 (low half of the dword).
         let sc = std::array::from_fn(|g| {
             let at = stage.sc[0].as_ptr().add(32 * (g / 4) + 8 * (g % 4));
@@ -95,6 +100,45 @@ unsafe fn interleave<F: KFormat>(rows: &[*const u8; ROWS], stage: &mut Stage) ->
             },
         }
     }
+}
+
+/// A 16 × 16 transpose of i32 elements: lane r of output d is lane d of input r.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn transpose16(a: [__m512i; 16]) -> [__m512i; 16] {
+    // t[2i], t[2i+1]: rows 2i and 2i+1 interleaved (columns 4L, 4L+1 and 4L+2, 4L+3 of
+    // each 128-bit chunk L).
+    let t: [__m512i; 16] = std::array::from_fn(|i| {
+        let (x, y) = (a[i & !1], a[i | 1]);
+        if i % 2 == 0 {
+            _mm512_unpacklo_epi32(x, y)
+        } else {
+            _mm512_unpackhi_epi32(x, y)
+        }
+    });
+    // u[4i+j], chunk L: rows 4i..4i+3 at column 4L+j.
+    let u: [__m512i; 16] = std::array::from_fn(|n| {
+        let (i, j) = (n / 4, n % 4);
+        let (x, y) = (t[4 * i + j / 2], t[4 * i + 2 + j / 2]);
+        if j % 2 == 0 {
+            _mm512_unpacklo_epi64(x, y)
+        } else {
+            _mm512_unpackhi_epi64(x, y)
+        }
+    });
+    // Output 4L+j gathers chunk L of u[j], u[4+j], u[8+j], u[12+j].
+    let mut out = [_mm512_setzero_si512(); 16];
+    for j in 0..4 {
+        let v0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x44);
+        let v1 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xEE);
+        let w0 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x44);
+        let w1 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xEE);
+        out[j] = _mm512_shuffle_i32x4(v0, w0, 0x88);
+        out[4 + j] = _mm512_shuffle_i32x4(v0, w0, 0xDD);
+        out[8 + j] = _mm512_shuffle_i32x4(v1, w1, 0x88);
+        out[12 + j] = _mm512_shuffle_i32x4(v1, w1, 0xDD);
+    }
+    out
 }
 
 /// `[0, 1, …, 15]`.
@@ -258,6 +302,35 @@ pub(super) unsafe fn tile<F: KFormat, P: BatchPath>(
                 ),
                 1 => store(t, &micro::<F, P, 1>(buf, [xrow(t)])),
                 _ => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transpose16_transposes() {
+        if !std::is_x86_feature_detected!("avx512f") {
+            println!("SKIPPED: avx512 (this CPU lacks it)");
+            return;
+        }
+        let m: [[i32; 16]; 16] =
+            std::array::from_fn(|r| std::array::from_fn(|c| 100 * r as i32 + c as i32));
+        // SAFETY: AVX-512F was detected; 64-byte loads and stores of the arrays.
+        let out = unsafe {
+            let rows = m.map(|r| _mm512_loadu_si512(r.as_ptr().cast()));
+            transpose16(rows).map(|v| {
+                let mut o = [0i32; 16];
+                _mm512_storeu_si512(o.as_mut_ptr().cast(), v);
+                o
+            })
+        };
+        for (d, o) in out.iter().enumerate() {
+            for (r, &x) in o.iter().enumerate() {
+                assert_eq!(x, m[r][d], "output {d} lane {r}");
             }
         }
     }
