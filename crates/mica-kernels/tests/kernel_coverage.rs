@@ -2,7 +2,7 @@
 //! tables do through their public interface.
 
 use mica_kernels::DType;
-use mica_kernels::simd::{Cell, DotPath, Kernels, Slot, Tier, coverage, kernels};
+use mica_kernels::simd::{Cell, DotPath, Kernels, Slot, Tier, coverage, is_legacy, kernels};
 
 #[test]
 fn coverage_listing() {
@@ -34,6 +34,8 @@ fn coverage_listing() {
         let expect = |on: bool| if on { Cell::Own } else { Cell::Empty };
         let tiled = c.cell(t, Slot::PathDot(DotPath::Tiled), Tier::Scalar);
         assert_eq!(tiled, Some(expect(kquant)), "{t}");
+        let per_block = c.cell(t, Slot::PathDot(DotPath::PerBlock), Tier::Scalar);
+        assert_eq!(per_block, Some(expect(is_legacy(t))), "{t}");
         for p in [DotPath::RepackGemv, DotPath::RepackGemm] {
             let cell = c.cell(t, Slot::PathDot(p), Tier::Scalar);
             let repacked = t == DType::Q4_K || (t == DType::IQ4_NL && p == DotPath::RepackGemv);

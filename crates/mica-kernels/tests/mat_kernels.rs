@@ -11,7 +11,7 @@ mod quant_common;
 
 use mica_kernels::DType;
 use mica_kernels::matmul::QActs;
-use mica_kernels::simd::{DotPath, Kernels, MatOut, WeightRows};
+use mica_kernels::simd::{DotPath, Kernels, MatOut, WeightRows, is_legacy};
 use quant_common::*;
 
 /// The paths llama.cpp can take for a type (`VecDot` for all).
@@ -27,6 +27,7 @@ fn paths(t: DType) -> Vec<DotPath> {
             vec![DotPath::VecDot, DotPath::Tiled]
         }
         DType::IQ4_NL => vec![DotPath::VecDot, DotPath::RepackGemv],
+        t if is_legacy(t) => vec![DotPath::VecDot, DotPath::PerBlock],
         _ => vec![DotPath::VecDot],
     }
 }
@@ -297,7 +298,10 @@ fn packed_weights_equal_row_major_bit_for_bit() {
                 let pk = WeightRows::packed(t, n, rows, k.pack_group(t), &packed);
                 // Every path llama.cpp can take for the type (packed Q4_K has a kernel for each).
                 let mut wants = Vec::new();
-                for path in paths(t) {
+                // mica's `PerBlock` path runs on packed weights only in the tables with its
+                // kernel (a table without one never picks it, `DotPath::for_token`).
+                let has = |p: DotPath| p != DotPath::PerBlock || k.has_matmul(p, t);
+                for path in paths(t).into_iter().filter(|&p| has(p)) {
                     let mut want = vec![0f32; rows * toks];
                     let mut got = vec![1f32; rows * toks];
                     k.matmul(
@@ -362,5 +366,41 @@ fn packed_weights_equal_row_major_bit_for_bit() {
             }
             println!("{name:>6} {t:>4}: packed = row-major");
         }
+    }
+}
+
+/// mica's `PerBlock` path computes the same product as llama.cpp's `vec_dot`, in another
+/// float order only: on quantized normal weights and activations the two agree to within
+/// 1e-5 of `Σ |w|·|x|` (the bound of the rounding of a few dozen f32 additions), and differ
+/// somewhere (the test would pass vacuously if `PerBlock` fell back to `vec_dot`).
+#[test]
+fn per_block_path_is_vec_dots_product_rounded_differently() {
+    let mut r = rng(35);
+    let k = Kernels::scalar();
+    for t in DType::WEIGHT_TYPES.into_iter().filter(|&t| is_legacy(t)) {
+        let vt = t.vec_dot_type();
+        let mut differ = 0;
+        for nblocks in [1usize, 7, 28, 152] {
+            let n = nblocks * 32;
+            for _ in 0..20 {
+                let w = weight_row(t, nblocks, WeightKind::Quantized, &mut r);
+                let x = activations(n, ActKind::Normal, &mut r);
+                let mut xq = vec![0u8; vt.row_bytes(n).unwrap()];
+                k.quantize_act(vt, &x, &mut xq);
+                let a = mica_kernels::simd::kernels().dot_fn(DotPath::VecDot, t)(n, &w, &xq);
+                let b = k.dot_fn(DotPath::PerBlock, t)(n, &w, &xq);
+                // Σ |w|·|x| from the dequantized values.
+                let mut wf = vec![0f32; n];
+                mica_kernels::quant::dequantize_row(t, &w, &mut wf);
+                let mag: f32 = wf.iter().zip(&x).map(|(w, x)| (w * x).abs()).sum();
+                assert!(
+                    (a - b).abs() <= 1e-5 * mag.max(1e-3),
+                    "{t} n={n}: vec_dot {a:e} vs per-block {b:e} (Σ|w·x| {mag:e})"
+                );
+                differ += usize::from(a.to_bits() != b.to_bits());
+            }
+        }
+        assert!(differ > 0, "{t}: PerBlock equals vec_dot on every row");
+        println!("{t}: {differ}/80 rows round differently, all within 1e-5 of Σ|w·x|");
     }
 }

@@ -28,15 +28,17 @@ pub enum Slot {
 
 impl Slot {
     /// Every slot, in listing order.
-    pub const ALL: [Slot; 10] = [
+    pub const ALL: [Slot; 12] = [
         Slot::Dot,
         Slot::PathDot(DotPath::RepackGemv),
         Slot::PathDot(DotPath::RepackGemm),
         Slot::PathDot(DotPath::Tiled),
+        Slot::PathDot(DotPath::PerBlock),
         Slot::Mat(DotPath::VecDot),
         Slot::Mat(DotPath::RepackGemv),
         Slot::Mat(DotPath::RepackGemm),
         Slot::Mat(DotPath::Tiled),
+        Slot::Mat(DotPath::PerBlock),
         Slot::Packed,
         Slot::Quantize,
     ];

@@ -322,6 +322,16 @@ impl<'a> MatOut<'a> {
         unsafe { self.ptr.add(t * self.stride + r).write(v) }
     }
 
+    /// Writes outputs `(t, r0..r0 + v.len())`.
+    #[inline(always)]
+    pub fn set_run(&mut self, t: usize, r0: usize, v: &[f32]) {
+        assert!(t < self.tokens && r0 + v.len() <= self.rows);
+        // SAFETY: in bounds (checked above) and exclusively ours (constructor contract).
+        unsafe {
+            std::ptr::copy_nonoverlapping(v.as_ptr(), self.ptr.add(t * self.stride + r0), v.len())
+        }
+    }
+
     /// The view of rows `r0..` and tokens `t0..`.
     pub fn offset(&mut self, t0: usize, r0: usize) -> MatOut<'_> {
         assert!(t0 <= self.tokens && r0 <= self.rows);

@@ -84,7 +84,7 @@ mod x86;
 
 pub use coverage::{Cell, Coverage, Row, Slot, TierStatus, coverage};
 pub use mat::{ActRows, BlockAux, MatOut, WeightRows};
-pub use paths::DotPath;
+pub use paths::{DotPath, PER_BLOCK_MIN_TOKENS, is_legacy, per_block_enabled};
 
 /// `(n, weight row bytes, activation row bytes) -> dot product`.
 pub type VecDotFn = fn(usize, &[u8], &[u8]) -> f32;
@@ -109,7 +109,7 @@ pub(crate) struct Packing {
     pub mat: MatFn,
     /// The kernels of the batch paths, by [`DotPath::slot`] (`None`: packed weights of this
     /// type never take that path).
-    pub paths: [Option<MatFn>; 3],
+    pub paths: [Option<MatFn>; 4],
 }
 
 /// An instruction-set tier: one [`Kernels`] table each.
@@ -203,8 +203,8 @@ fn mat_slot(path: DotPath) -> usize {
 struct Origins {
     dot: [Option<Tier>; N_TYPES],
     quant: [Option<Tier>; N_TYPES],
-    paths: [[Option<Tier>; N_TYPES]; 3],
-    mats: [[Option<Tier>; N_TYPES]; 4],
+    paths: [[Option<Tier>; N_TYPES]; 4],
+    mats: [[Option<Tier>; N_TYPES]; 5],
     packed: [Option<Tier>; N_TYPES],
 }
 
@@ -216,10 +216,10 @@ pub struct Kernels {
     quant: [QuantizeFn; N_TYPES],
     /// Dot products of llama.cpp's other matmul paths ([`DotPath`]), by path slot; `None`
     /// where a path does not apply to a type (its `dot_fn` is the plain `dot`).
-    paths: [[Option<VecDotFn>; N_TYPES]; 3],
+    paths: [[Option<VecDotFn>; N_TYPES]; 4],
     /// Matrix kernels by path (`VecDot` first, then the [`DotPath`] slots) and type; `None`
     /// where the table computes the product one `dot_fn` per output.
-    mats: [[Option<MatFn>; N_TYPES]; 4],
+    mats: [[Option<MatFn>; N_TYPES]; 5],
     /// Load-time repacking of weights and the matrix kernel for the packed layout, by type.
     packed: [Option<Packing>; N_TYPES],
     /// Which tier filled each of the slots above.
@@ -258,8 +258,8 @@ impl Kernels {
             tier: Tier::Scalar,
             dot: [no_dot; N_TYPES],
             quant: [no_quant; N_TYPES],
-            paths: [[None; N_TYPES]; 3],
-            mats: [[None; N_TYPES]; 4],
+            paths: [[None; N_TYPES]; 4],
+            mats: [[None; N_TYPES]; 5],
             packed: [None; N_TYPES],
             origin: Origins::default(),
         }

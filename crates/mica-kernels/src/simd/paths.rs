@@ -42,25 +42,50 @@ pub enum DotPath {
     RepackGemm,
     /// k-quants in batches of 8 or more tokens: the tiled matmul.
     Tiled,
+    /// mica's own prompt path of the legacy formats (not llama.cpp's): per 32-element block
+    /// one exact integer sum and `acc = fma(d_w·d_x, f32(Σ q·y), acc)`, then for Q4_1/Q5_1
+    /// `acc = fma(m_w, s_x, acc)` ([`per_block_dot`]). Taken by batches of
+    /// [`PER_BLOCK_MIN_TOKENS`] or more where the table has a matrix kernel for it (the
+    /// AVX-512 tier), unless `MICA_LLAMA_EXACT=1` asks for llama.cpp's arithmetic
+    /// everywhere: it saves the eight conversions and FMAs per block and row that
+    /// llama.cpp's eight f32 lanes cost, and differs from `VecDot` in float rounding only.
+    PerBlock,
+}
+
+/// Batches from this many tokens on take [`DotPath::PerBlock`] where it applies (the size
+/// from which the legacy matrix kernels decode row groups once per token tile).
+pub const PER_BLOCK_MIN_TOKENS: usize = 16;
+
+/// Whether batches of legacy-format weights of type `t` take [`DotPath::PerBlock`]: the
+/// process's table has its kernel and `MICA_LLAMA_EXACT` is not set to `1`.
+pub fn per_block_enabled(t: DType) -> bool {
+    static EXACT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let exact = *EXACT.get_or_init(|| std::env::var("MICA_LLAMA_EXACT").is_ok_and(|v| v == "1"));
+    !exact && super::kernels().has_matmul(DotPath::PerBlock, t)
 }
 
 impl DotPath {
     /// Every path, `VecDot` first.
-    pub const ALL: [DotPath; 4] = [
+    pub const ALL: [DotPath; 5] = [
         DotPath::VecDot,
         DotPath::RepackGemv,
         DotPath::RepackGemm,
         DotPath::Tiled,
+        DotPath::PerBlock,
     ];
 
     /// The path llama.cpp (x86, AVX2 or better) takes for token `token` of a batch of
-    /// `n_tokens` multiplied with a `rows`-row weight matrix of type `t`.
+    /// `n_tokens` multiplied with a `rows`-row weight matrix of type `t` — or, for the
+    /// legacy formats in batches of [`PER_BLOCK_MIN_TOKENS`] or more, mica's
+    /// [`DotPath::PerBlock`] where [`per_block_enabled`].
     pub fn for_token(t: DType, rows: usize, n_tokens: usize, token: usize) -> DotPath {
         let kquant = matches!(
             t,
             DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K
         );
-        if t == DType::IQ4_NL && rows.is_multiple_of(8) {
+        if is_legacy(t) && n_tokens >= PER_BLOCK_MIN_TOKENS && per_block_enabled(t) {
+            DotPath::PerBlock
+        } else if t == DType::IQ4_NL && rows.is_multiple_of(8) {
             DotPath::RepackGemv
         } else if t == DType::Q4_K && rows.is_multiple_of(8) {
             if token < n_tokens - n_tokens % 4 {
@@ -82,8 +107,78 @@ impl DotPath {
             DotPath::RepackGemv => Some(0),
             DotPath::RepackGemm => Some(1),
             DotPath::Tiled => Some(2),
+            DotPath::PerBlock => Some(3),
         }
     }
+}
+
+/// The legacy weight formats (the types [`DotPath::PerBlock`] applies to).
+pub fn is_legacy(t: DType) -> bool {
+    matches!(
+        t,
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0
+    )
+}
+
+/// The arithmetic of [`DotPath::PerBlock`] for a legacy weight row `w` (type `t`) against
+/// activations `x` (`t.vec_dot_type()`: Q8_0, or Q8_1 for Q4_1/Q5_1): the scalar reference
+/// every table's kernels for that path match bit for bit.
+pub(super) fn per_block_dot(t: DType, n: usize, w: &[u8], x: &[u8]) -> f32 {
+    use crate::quant::blocks::{
+        BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1, QK, blocks,
+        f16_to_f32,
+    };
+    use crate::quant::legacy::{unpack_q4_0, unpack_q4_1, unpack_q5_0, unpack_q5_1};
+    fn isum(q: &[i8; QK], y: &[i8; QK]) -> i32 {
+        q.iter().zip(y).map(|(&q, &y)| q as i32 * y as i32).sum()
+    }
+    let nb = n / QK;
+    let mut acc = 0f32;
+    // One block: the quants, the weight's d (and m), then the step.
+    let mut step = |q: [i8; QK], dw: f32, y: &[i8; QK], dx: f32, m: Option<(f32, f32)>| {
+        acc = (dw * dx).mul_add(isum(&q, y) as f32, acc);
+        if let Some((mw, sx)) = m {
+            acc = mw.mul_add(sx, acc);
+        }
+    };
+    match t {
+        DType::Q4_1 | DType::Q5_1 => {
+            let x: &[BlockQ8_1] = blocks(x);
+            for (b, y) in x.iter().enumerate().take(nb) {
+                let (q, d, m) = if t == DType::Q4_1 {
+                    let w = &blocks::<BlockQ4_1>(w)[b];
+                    (unpack_q4_1(w), w.d, w.m)
+                } else {
+                    let w = &blocks::<BlockQ5_1>(w)[b];
+                    (unpack_q5_1(w), w.d, w.m)
+                };
+                let m = Some((f16_to_f32(m), f16_to_f32(y.s)));
+                step(q, f16_to_f32(d), &y.qs, f16_to_f32(y.d), m);
+            }
+        }
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => {
+            let x: &[BlockQ8_0] = blocks(x);
+            for (b, y) in x.iter().enumerate().take(nb) {
+                let (q, d) = match t {
+                    DType::Q4_0 => {
+                        let w = &blocks::<BlockQ4_0>(w)[b];
+                        (unpack_q4_0(w), w.d)
+                    }
+                    DType::Q5_0 => {
+                        let w = &blocks::<BlockQ5_0>(w)[b];
+                        (unpack_q5_0(w), w.d)
+                    }
+                    _ => {
+                        let w = &blocks::<BlockQ8_0>(w)[b];
+                        (w.qs, w.d)
+                    }
+                };
+                step(q, f16_to_f32(d), &y.qs, f16_to_f32(y.d), None);
+            }
+        }
+        _ => panic!("DotPath::PerBlock: {t} is not a legacy format"),
+    }
+    acc
 }
 
 /// Exact integer sums of one (weight super-block, Q8_K block) pair, per 64 elements:

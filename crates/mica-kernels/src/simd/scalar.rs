@@ -6,7 +6,7 @@
 //! `paths.rs`' float steps, bit-identical to the SIMD tiers'. It has no matrix kernels: its
 //! products run one dot per output ([`super::mat::by_dots`]).
 
-use super::paths::{KSums, min_parts, repack_fns, tiled_fn};
+use super::paths::{KSums, min_parts, per_block_dot, repack_fns, tiled_fn};
 use super::{DotPath, Kernels, QuantizeFn, VecDotFn};
 use crate::DType;
 use crate::quant;
@@ -106,6 +106,16 @@ pub(super) fn install(k: &mut Kernels) {
     ];
     for (t, f) in tiled {
         k.set_path_dot(DotPath::Tiled, t, f);
+    }
+    let per_block: [(DType, VecDotFn); 5] = [
+        (DType::Q4_0, |n, w, x| per_block_dot(DType::Q4_0, n, w, x)),
+        (DType::Q4_1, |n, w, x| per_block_dot(DType::Q4_1, n, w, x)),
+        (DType::Q5_0, |n, w, x| per_block_dot(DType::Q5_0, n, w, x)),
+        (DType::Q5_1, |n, w, x| per_block_dot(DType::Q5_1, n, w, x)),
+        (DType::Q8_0, |n, w, x| per_block_dot(DType::Q8_0, n, w, x)),
+    ];
+    for (t, f) in per_block {
+        k.set_path_dot(DotPath::PerBlock, t, f);
     }
 }
 

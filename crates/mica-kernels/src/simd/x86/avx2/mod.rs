@@ -249,7 +249,7 @@ pub(in crate::simd) fn install(k: &mut Kernels) {
                     pack: packed::pack::<mat::$t>,
                     unpack: packed::unpack::<mat::$t>,
                     mat: entry!(mat packed::mat::<mat::$t>),
-                    paths: [None; 3],
+                    paths: [None; 4],
                 },
             );
         };

@@ -9,6 +9,8 @@
 //! - `mat.rs`: matrix kernels of the legacy formats, four rows × up to four tokens, on the
 //!   file's rows or the packed layout;
 //! - `packed.rs`: that packed layout (four rows interleaved block by block);
+//! - `lblock.rs`: the legacy formats' prompt kernel on mica's `DotPath::PerBlock` (sixteen
+//!   rows in the lanes, one FMA per block), on the file's rows or the packed layout;
 //! - `kunpack.rs`: k-quant super-blocks unpacked into 512-bit registers;
 //! - `kpacked.rs`: the packed layout of Q4_K (sixteen rows interleaved super-block by
 //!   super-block), read by `kmat.rs`' kernels on every path;
@@ -26,6 +28,7 @@ mod kgemm;
 mod kmat;
 mod kpacked;
 mod kunpack;
+mod lblock;
 mod mat;
 mod packed;
 
@@ -71,6 +74,11 @@ pub(in crate::simd) fn install(k: &mut Kernels) {
     macro_rules! legacy {
         ($t:ident) => {
             k.set_mat(DotPath::VecDot, DType::$t, entry!(mat mat::legacy::<mat::$t, false>));
+            k.set_mat(
+                DotPath::PerBlock,
+                DType::$t,
+                entry!(mat lblock::per_block::<mat::$t, false>),
+            );
             k.set_packed(
                 DType::$t,
                 Packing {
@@ -78,7 +86,12 @@ pub(in crate::simd) fn install(k: &mut Kernels) {
                     pack: packed::pack::<mat::$t>,
                     unpack: packed::unpack::<mat::$t>,
                     mat: entry!(mat mat::legacy::<mat::$t, true>),
-                    paths: [None; 3],
+                    paths: [
+                        None,
+                        None,
+                        None,
+                        Some(entry!(mat lblock::per_block::<mat::$t, true>)),
+                    ],
                 },
             );
         };
@@ -124,6 +137,7 @@ pub(in crate::simd) fn install(k: &mut Kernels) {
                 Some(entry!(mat batch::<Q4K, Gemv>)),
                 Some(entry!(mat batch::<Q4K, Gemm>)),
                 Some(entry!(mat batch::<Q4K, Tiled>)),
+                None,
             ],
         },
     );
