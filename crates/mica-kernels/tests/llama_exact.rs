@@ -331,7 +331,7 @@ fn model_path(path: DotPath, t: DType, w: &[u8], x: &[u8]) -> f32 {
                 }
                 acc = r.mul_add(dx, acc);
             }
-            DotPath::VecDot => unreachable!(),
+            DotPath::VecDot | DotPath::PerBlock => unreachable!("not a k-quant batch path"),
         }
     }
     match path {

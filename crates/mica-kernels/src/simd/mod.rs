@@ -84,7 +84,9 @@ mod x86;
 
 pub use coverage::{Cell, Coverage, Row, Slot, TierStatus, coverage};
 pub use mat::{ActRows, BlockAux, MatOut, WeightRows};
-pub use paths::{DotPath, PER_BLOCK_MIN_TOKENS, is_legacy, per_block_enabled};
+pub use paths::{
+    DotPath, PER_BLOCK_MIN_TOKENS, is_legacy, llama_exact, per_block_enabled, set_llama_exact,
+};
 
 /// `(n, weight row bytes, activation row bytes) -> dot product`.
 pub type VecDotFn = fn(usize, &[u8], &[u8]) -> f32;

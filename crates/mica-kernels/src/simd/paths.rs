@@ -26,6 +26,8 @@
 //! (`block_q4_0x8`) and, on AVX-512 machines, repacked Q2_K layouts, and the tiled path of
 //! formats whose rows are repacked.
 
+use std::sync::atomic::{AtomicU8, Ordering};
+
 use crate::DType;
 use crate::quant::blocks::BlockQ8K;
 
@@ -46,8 +48,8 @@ pub enum DotPath {
     /// one exact integer sum and `acc = fma(d_w·d_x, f32(Σ q·y), acc)`, then for Q4_1/Q5_1
     /// `acc = fma(m_w, s_x, acc)` ([`per_block_dot`]). Taken by batches of
     /// [`PER_BLOCK_MIN_TOKENS`] or more where the table has a matrix kernel for it (the
-    /// AVX-512 tier), unless `MICA_LLAMA_EXACT=1` asks for llama.cpp's arithmetic
-    /// everywhere: it saves the eight conversions and FMAs per block and row that
+    /// AVX-512 tier), unless llama.cpp's arithmetic is asked for everywhere
+    /// ([`set_llama_exact`], `MICA_LLAMA_EXACT=1`): it saves the eight conversions and FMAs per block and row that
     /// llama.cpp's eight f32 lanes cost, and differs from `VecDot` in float rounding only.
     PerBlock,
 }
@@ -57,11 +59,34 @@ pub enum DotPath {
 pub const PER_BLOCK_MIN_TOKENS: usize = 16;
 
 /// Whether batches of legacy-format weights of type `t` take [`DotPath::PerBlock`]: the
-/// process's table has its kernel and `MICA_LLAMA_EXACT` is not set to `1`.
+/// process's table has its kernel and llama.cpp's arithmetic is not asked for
+/// ([`set_llama_exact`]).
 pub fn per_block_enabled(t: DType) -> bool {
-    static EXACT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let exact = *EXACT.get_or_init(|| std::env::var("MICA_LLAMA_EXACT").is_ok_and(|v| v == "1"));
-    !exact && super::kernels().has_matmul(DotPath::PerBlock, t)
+    !llama_exact() && super::kernels().has_matmul(DotPath::PerBlock, t)
+}
+
+/// 0: not yet read from the environment; 1: llama.cpp's arithmetic everywhere; 2: mica's
+/// [`DotPath::PerBlock`] where it applies.
+static LLAMA_EXACT: AtomicU8 = AtomicU8::new(0);
+
+/// Whether products follow llama.cpp's arithmetic on every path (no [`DotPath::PerBlock`]):
+/// what [`set_llama_exact`] last set, else `MICA_LLAMA_EXACT=1` in the environment.
+pub fn llama_exact() -> bool {
+    match LLAMA_EXACT.load(Ordering::Relaxed) {
+        0 => {
+            let on = std::env::var("MICA_LLAMA_EXACT").is_ok_and(|v| v == "1");
+            let _ = LLAMA_EXACT.compare_exchange(0, if on { 1 } else { 2 }, Ordering::Relaxed, Ordering::Relaxed);
+            LLAMA_EXACT.load(Ordering::Relaxed) == 1
+        }
+        v => v == 1,
+    }
+}
+
+/// Makes every later product of this process follow llama.cpp's arithmetic (`true`: its
+/// logits bit for bit, as tests against llama.cpp need) or take mica's faster prompt path
+/// where it applies (`false`, the default unless `MICA_LLAMA_EXACT=1`).
+pub fn set_llama_exact(on: bool) {
+    LLAMA_EXACT.store(if on { 1 } else { 2 }, Ordering::Relaxed);
 }
 
 impl DotPath {
