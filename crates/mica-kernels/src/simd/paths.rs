@@ -46,11 +46,12 @@ pub enum DotPath {
     Tiled,
     /// mica's own prompt path of the legacy formats (not llama.cpp's): per 32-element block
     /// one exact integer sum and `acc = fma(d_w·d_x, f32(Σ q·y), acc)`, then for Q4_1/Q5_1
-    /// `acc = fma(m_w, s_x, acc)` ([`per_block_dot`]). Taken by batches of
-    /// [`PER_BLOCK_MIN_TOKENS`] or more where the table has a matrix kernel for it (the
-    /// AVX-512 tier), unless llama.cpp's arithmetic is asked for everywhere
-    /// ([`set_llama_exact`], `MICA_LLAMA_EXACT=1`): it saves the eight conversions and FMAs per block and row that
-    /// llama.cpp's eight f32 lanes cost, and differs from `VecDot` in float rounding only.
+    /// `acc = fma(m_w, s_x, acc)` ([`per_block_dot`]). It saves the eight conversions and
+    /// FMAs per block and row that llama.cpp's eight f32 lanes cost, and differs from
+    /// `VecDot` in float rounding only — but enough to move greedy tokens away from
+    /// llama.cpp's past its near-ties (`docs/numerics.md`), so it is opt-in: taken by
+    /// batches of [`PER_BLOCK_MIN_TOKENS`] or more, where the table has a matrix kernel for
+    /// it (the AVX-512 tier), after `set_llama_exact(false)` or with `MICA_PER_BLOCK=1`.
     PerBlock,
 }
 
@@ -65,26 +66,28 @@ pub fn per_block_enabled(t: DType) -> bool {
     !llama_exact() && super::kernels().has_matmul(DotPath::PerBlock, t)
 }
 
-/// 0: not yet read from the environment; 1: llama.cpp's arithmetic everywhere; 2: mica's
-/// [`DotPath::PerBlock`] where it applies.
+/// 0: not yet read from the environment; 1: llama.cpp's arithmetic everywhere (the
+/// default); 2: mica's [`DotPath::PerBlock`] where it applies.
 static LLAMA_EXACT: AtomicU8 = AtomicU8::new(0);
 
 /// Whether products follow llama.cpp's arithmetic on every path (no [`DotPath::PerBlock`]):
-/// what [`set_llama_exact`] last set, else `MICA_LLAMA_EXACT=1` in the environment.
+/// what [`set_llama_exact`] last set, else true unless `MICA_PER_BLOCK=1` is in the
+/// environment.
 pub fn llama_exact() -> bool {
     match LLAMA_EXACT.load(Ordering::Relaxed) {
         0 => {
-            let on = std::env::var("MICA_LLAMA_EXACT").is_ok_and(|v| v == "1");
-            let _ = LLAMA_EXACT.compare_exchange(0, if on { 1 } else { 2 }, Ordering::Relaxed, Ordering::Relaxed);
+            let fast = std::env::var("MICA_PER_BLOCK").is_ok_and(|v| v == "1");
+            let v = if fast { 2 } else { 1 };
+            let _ = LLAMA_EXACT.compare_exchange(0, v, Ordering::Relaxed, Ordering::Relaxed);
             LLAMA_EXACT.load(Ordering::Relaxed) == 1
         }
         v => v == 1,
     }
 }
 
-/// Makes every later product of this process follow llama.cpp's arithmetic (`true`: its
-/// logits bit for bit, as tests against llama.cpp need) or take mica's faster prompt path
-/// where it applies (`false`, the default unless `MICA_LLAMA_EXACT=1`).
+/// Makes every later product of this process follow llama.cpp's arithmetic (`true`, the
+/// default: its logits bit for bit) or take mica's faster prompt path where it applies
+/// (`false`, also chosen by `MICA_PER_BLOCK=1`; see [`DotPath::PerBlock`]).
 pub fn set_llama_exact(on: bool) {
     LLAMA_EXACT.store(if on { 1 } else { 2 }, Ordering::Relaxed);
 }
@@ -150,8 +153,7 @@ pub fn is_legacy(t: DType) -> bool {
 /// every table's kernels for that path match bit for bit.
 pub(super) fn per_block_dot(t: DType, n: usize, w: &[u8], x: &[u8]) -> f32 {
     use crate::quant::blocks::{
-        BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1, QK, blocks,
-        f16_to_f32,
+        BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1, QK, blocks, f16_to_f32,
     };
     use crate::quant::legacy::{unpack_q4_0, unpack_q4_1, unpack_q5_0, unpack_q5_1};
     fn isum(q: &[i8; QK], y: &[i8; QK]) -> i32 {

@@ -289,7 +289,8 @@ mod tests {
         }
         // v[g] dword 4i+j = 100·(4g+i) + j.
         let v: [__m512i; 4] = std::array::from_fn(|g| {
-            let d: [i32; 16] = std::array::from_fn(|p| 100 * (4 * g + p / 4) as i32 + (p % 4) as i32);
+            let d: [i32; 16] =
+                std::array::from_fn(|p| 100 * (4 * g + p / 4) as i32 + (p % 4) as i32);
             // SAFETY: 64 readable bytes.
             unsafe { _mm512_loadu_si512(d.as_ptr().cast()) }
         });
