@@ -13,7 +13,7 @@
 //!   mat.rs            matrix-kernel types (WeightRows, ActRows, MatOut), one-dot-per-output
 //!   coverage.rs       which tier fills each (type, slot), read from the built tables
 //!   x86/avx2/         AVX2 + FMA + F16C: dot, kquants, quantize, mat, packed, paths, kprefill
-//!   x86/avx512/       AVX-512 F/BW/VL + VNNI: dot, mat, packed, kunpack, kmat, kpacked
+//!   x86/avx512/       AVX-512 F/BW/VL + VNNI: dot, mat, lblock, packed, kunpack, kmat, kgemm, kpacked
 //!   aarch64/neon.rs   NEON dot products
 //! ```
 //!
@@ -51,6 +51,9 @@
 //!   Q4_K, the tiled k-quant matmul for batches of 8+ tokens), [`Kernels::dot_fn`] gives its
 //!   arithmetic for the [`DotPath`] that [`DotPath::for_token`] picks (`paths.rs`); these
 //!   are bit-identical in every table, the scalar one included.
+//! - One path is mica's own, off by default: [`DotPath::PerBlock`], the legacy formats'
+//!   prompt batches with one FMA per block (`paths.rs`, [`set_llama_exact`]); its kernel
+//!   (`x86/avx512/lblock.rs`) and the scalar reference agree bit for bit.
 //!
 //! Matrix kernels ([`Kernels::matmul`], `mat.rs`) compute whole `tokens × rows` tiles per
 //! call with the same per-output arithmetic as `dot_fn`: `x86/avx512/mat.rs` (legacy formats,
@@ -374,7 +377,8 @@ impl Kernels {
     /// `t < x.n` (`x` quantized to `w.dtype.vec_dot_type()`, with its block data). The
     /// caller picks one path for all the tokens ([`DotPath::for_token`]).
     /// Packed weights ([`Kernels::pack`]) go to the packed layout's kernel of `path` (the
-    /// legacy formats' only path is `VecDot`; packed Q4_K has one per path).
+    /// legacy formats' paths are `VecDot` and, on AVX-512, `PerBlock`; packed Q4_K has one
+    /// per path).
     #[inline]
     pub fn matmul(&self, path: DotPath, w: &WeightRows, x: &ActRows, out: &mut MatOut) {
         let f = if w.packed {

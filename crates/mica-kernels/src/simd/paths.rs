@@ -25,13 +25,17 @@
 //! dot products. Not modeled (they fall back to the plain dot product): the repacked Q4_0
 //! (`block_q4_0x8`) and, on AVX-512 machines, repacked Q2_K layouts, and the tiled path of
 //! formats whose rows are repacked.
+//!
+//! One path here is not llama.cpp's: [`DotPath::PerBlock`], an opt-in prompt path for the
+//! legacy formats with one FMA per block ([`per_block_dot`], [`set_llama_exact`]).
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::DType;
 use crate::quant::blocks::BlockQ8K;
 
-/// Which of llama.cpp's CPU code paths computes an output, which fixes its float arithmetic.
+/// Which of llama.cpp's CPU code paths computes an output, which fixes its float arithmetic
+/// (or mica's opt-in [`DotPath::PerBlock`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DotPath {
     /// `ggml_vec_dot_*` (and tinyBLAS for Q8_0/Q5_0/Q4_0 batches, whose per-output
