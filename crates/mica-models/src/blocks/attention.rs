@@ -333,15 +333,24 @@ fn attention_tiled<T: AttnElem>(
         // Items are dealt out round-robin, not in contiguous ranges: a causal tile's cost
         // grows with its position, so contiguous ranges leave the first thread with the
         // cheap early tiles and the last one with the expensive late ones (at 512 tokens
-        // and two threads, 10 vs 26 key tiles per head).
+        // and two threads, 10 vs 26 key tiles per head). They are numbered KV head by KV
+        // head, then tile by tile, then by query head of the group, so that each thread's
+        // consecutive items mostly share a KV head and its converted keys and values
+        // (`TileScratch` keeps one head's, extended as the tiles advance) instead of
+        // converting them again at almost every item.
+        let group = shape.n_head / shape.n_head_kv;
+        let item_of = |item: usize| {
+            let (g, rest) = (item / (tiles.len() * group), item % (tiles.len() * group));
+            (tiles[rest / group], g * group + rest % group)
+        };
         pool.run(|i, nt| {
             TILE_SCRATCH.with_borrow_mut(|(scratch, qbuf, obuf)| {
                 // The cache holds this call's keys and values from here on: converted rows
                 // are reused across this thread's tiles and query heads, not across calls.
                 scratch.begin_batch();
                 for item in (i..items).step_by(nt) {
-                    let ((t0, rows), h) = (tiles[item / shape.n_head], item % shape.n_head);
-                    let g = h / (shape.n_head / shape.n_head_kv);
+                    let ((t0, rows), h) = item_of(item);
+                    let g = h / group;
                     let &(_, keys, values) = views
                         .iter()
                         .find(|e| e.0 == seq[t0])
