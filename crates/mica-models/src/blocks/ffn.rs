@@ -13,21 +13,30 @@ use mica_kernels::{ThreadPool, ops};
 /// 512 tokens) while a chunk still fills the matrix kernels' 64-token tiles.
 pub const FFN_CHUNK: usize = 128;
 
+/// The shortest feed-forward chunk (and tail): the larger of the batch sizes from which the
+/// k-quants take llama.cpp's tiled path (8) and the legacy formats mica's `PerBlock` (16).
+const MIN_CHUNK: usize = if mica_kernels::simd::PER_BLOCK_MIN_TOKENS > 8 {
+    mica_kernels::simd::PER_BLOCK_MIN_TOKENS
+} else {
+    8
+};
+
 /// Splits the batch rows `0..n` into feed-forward chunks that keep every token on the dot
-/// path llama.cpp takes for it in one call over all `n` ([`mica_kernels::DotPath`]):
-/// boundaries fall on multiples of 4, so repacked Q4_K's groups of four stay aligned and its
-/// leftover tokens stay at the end, and a tail of fewer than 8 tokens is folded into the
-/// chunk before it, so no chunk drops under the tiled k-quant path's 8-token threshold.
+/// path it takes in one call over all `n` ([`mica_kernels::DotPath`]): boundaries fall on
+/// multiples of 4, so repacked Q4_K's groups of four stay aligned and its leftover tokens
+/// stay at the end, and a tail of fewer than [`MIN_CHUNK`] tokens is folded into the chunk
+/// before it, so no chunk drops under the tiled k-quant path's 8-token threshold or the
+/// legacy formats' `PerBlock` 16-token one.
 pub(crate) fn ffn_chunks(n: usize, chunk: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
-    // Whole multiples of 4, at least 8.
-    let chunk = (chunk.max(8) / 4) * 4;
+    // Whole multiples of 4, at least MIN_CHUNK.
+    let chunk = (chunk.max(MIN_CHUNK) / 4) * 4;
     let mut start = 0;
     std::iter::from_fn(move || {
         if start >= n {
             return None;
         }
         let mut end = start.saturating_add(chunk).min(n);
-        if n - end < 8 {
+        if n - end < MIN_CHUNK {
             end = n;
         }
         let r = start..end;
@@ -137,11 +146,11 @@ mod ffn_chunk_tests {
                     assert_eq!(r.start, next, "n {n} chunk {chunk}: contiguous");
                     assert!(r.end > r.start, "n {n}: empty chunk");
                     assert_eq!(r.start % 4, 0, "n {n} chunk {chunk}: boundary {r:?}");
-                    if n >= 8 {
-                        assert!(r.len() >= 8, "n {n} chunk {chunk}: short chunk {r:?}");
+                    if n >= 16 {
+                        assert!(r.len() >= 16, "n {n} chunk {chunk}: short chunk {r:?}");
                     }
                     if i + 1 < rs.len() {
-                        assert!(r.len() <= chunk.max(8), "n {n}: chunk {r:?} too long");
+                        assert!(r.len() <= chunk.max(16), "n {n}: chunk {r:?} too long");
                     }
                     next = r.end;
                 }
@@ -153,5 +162,6 @@ mod ffn_chunk_tests {
             [0..128, 128..256, 256..300]
         );
         assert_eq!(ffn_chunks(260, 128).collect::<Vec<_>>(), [0..128, 128..260]);
+        assert_eq!(ffn_chunks(268, 128).collect::<Vec<_>>(), [0..128, 128..268]);
     }
 }
