@@ -237,7 +237,7 @@ pub mod silu {
     }
 
     #[cfg(target_arch = "x86_64")]
-    mod x86 {
+    pub(crate) mod x86 {
         use super::{
             C1, C2, C3, C4, C5, LANES, LN2_HI, LN2_LO, LOG2E, SHIFT, silu_lane, silu_libm,
         };
@@ -302,6 +302,30 @@ pub mod silu {
             }
         }
 
+        /// AVX-512 `ggml_v_expf` on sixteen lanes: [`super::expf_lane`] of each, bit for bit
+        /// (`vscalefps`, flush to 0 or infinity where |n| > 192).
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        pub(crate) fn expf16(x: __m512) -> __m512 {
+            let c = _mm512_set1_ps;
+            let z = _mm512_fmadd_ps(x, c(LOG2E), c(SHIFT));
+            let nn = _mm512_sub_ps(z, c(SHIFT));
+            let b = _mm512_fnmadd_ps(nn, c(LN2_LO), _mm512_fnmadd_ps(nn, c(LN2_HI), x));
+            let u = _mm512_mul_ps(b, b);
+            let hi = _mm512_fmadd_ps(c(C5), b, c(C4));
+            let mid = _mm512_fmadd_ps(c(C3), b, c(C2));
+            let lo = _mm512_fmadd_ps(c(C1), b, c(1.0));
+            let j = _mm512_fmadd_ps(_mm512_fmadd_ps(hi, u, mid), u, lo);
+            let e = _mm512_scalef_ps(j, nn);
+            let far = _mm512_cmp_ps_mask(_mm512_abs_ps(nn), c(192.0), _CMP_GT_OQ);
+            if far == 0 {
+                return e;
+            }
+            let nonpos = _mm512_cmp_ps_mask(nn, _mm512_setzero_ps(), _CMP_LE_OQ);
+            let alt = _mm512_mask_blend_ps(nonpos, c(f32::INFINITY), _mm512_setzero_ps());
+            _mm512_mask_blend_ps(far, e, alt)
+        }
+
         /// `ggml_vec_swiglu_f32` as built with AVX-512F: 16 lanes, `vscalefps`, flush to 0
         /// or infinity where |n| > 192.
         #[target_feature(enable = "avx512f")]
@@ -319,26 +343,7 @@ pub mod silu {
                         _mm512_loadu_ps(up.as_ptr().add(i)),
                     )
                 };
-                let neg = _mm512_sub_ps(_mm512_setzero_ps(), x);
-                let z = _mm512_fmadd_ps(neg, c(LOG2E), c(SHIFT));
-                let nn = _mm512_sub_ps(z, c(SHIFT));
-                let b = _mm512_fnmadd_ps(nn, c(LN2_LO), _mm512_fnmadd_ps(nn, c(LN2_HI), neg));
-                let u = _mm512_mul_ps(b, b);
-                let hi = _mm512_fmadd_ps(c(C5), b, c(C4));
-                let mid = _mm512_fmadd_ps(c(C3), b, c(C2));
-                let lo = _mm512_fmadd_ps(c(C1), b, one);
-                let j = _mm512_fmadd_ps(_mm512_fmadd_ps(hi, u, mid), u, lo);
-                let mut e = _mm512_scalef_ps(j, nn);
-                let far = _mm512_cmp_ps_mask(_mm512_abs_ps(nn), _mm512_set1_ps(192.0), _CMP_GT_OQ);
-                if far != 0 {
-                    let nonpos = _mm512_cmp_ps_mask(nn, _mm512_setzero_ps(), _CMP_LE_OQ);
-                    let alt = _mm512_mask_blend_ps(
-                        nonpos,
-                        _mm512_set1_ps(f32::INFINITY),
-                        _mm512_setzero_ps(),
-                    );
-                    e = _mm512_mask_blend_ps(far, e, alt);
-                }
+                let e = expf16(_mm512_sub_ps(_mm512_setzero_ps(), x));
                 let s = _mm512_div_ps(x, _mm512_add_ps(one, e));
                 // SAFETY: as for the loads.
                 unsafe { _mm512_storeu_ps(gate.as_mut_ptr().add(i), _mm512_mul_ps(s, g)) };

@@ -7,6 +7,8 @@
 //! and this one is built for its tests.
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
+#[cfg(target_arch = "x86_64")]
+use super::softmax_step_avx512;
 use super::{KV_TILE, KvElem, KvHead, ScoreMod, TileScratch, softmax_step};
 
 /// [`super::tile_body`] with the same operations on every element, in the same order, arranged
@@ -94,11 +96,15 @@ pub(super) fn tile_fast<T: KvElem, const AVX512: bool>(
                     }
                 }
             }
-            if let Some(v) = &r0 {
-                softmax_step(s, sm, r, hd, &mut s0, v.clone());
-            }
-            if let Some(v) = &r1 {
-                softmax_step(s, sm, r + 1, hd, &mut s1, v.clone());
+            for (rr, sc, v) in [(r, &mut s0, &r0), (r + 1, &mut s1, &r1)] {
+                let Some(v) = v else { continue };
+                #[cfg(target_arch = "x86_64")]
+                if AVX512 && sm.softcap.is_none() {
+                    // SAFETY: AVX512 is set only in the AVX-512 build of this kernel.
+                    unsafe { softmax_step_avx512(s, sm.scale, rr, hd, sc, v.clone()) };
+                    continue;
+                }
+                softmax_step(s, sm, rr, hd, sc, v.clone());
             }
             match (r0, r1) {
                 #[cfg(target_arch = "x86_64")]

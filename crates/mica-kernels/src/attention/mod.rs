@@ -463,6 +463,83 @@ fn softmax_step(
     s.sum[r] = (s.sum[r] as f64 + total) as f32;
 }
 
+/// [`softmax_step`] in zmm registers, for scores without soft-capping: the same operations
+/// on every element (the scaling, masking, `expf_lane` as `ops::silu`'s `expf16`, each
+/// group's `reduce16` in its own order, the f64 sum), bit for bit. The tile's maximum is taken
+/// by a `vmaxps` tree where no score is NaN (the maximum of non-NaN values is exact whatever
+/// the order; a zero's sign does not change what follows) and by `softmax_step`'s fold
+/// otherwise.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn softmax_step_avx512(
+    s: &mut TileScratch,
+    scale: f32,
+    r: usize,
+    hd: usize,
+    sc: &mut [f32; KV_TILE],
+    vis: std::ops::Range<usize>,
+) {
+    use crate::ops::silu::x86::expf16;
+    use std::arch::x86_64::*;
+    const G: usize = KV_TILE / 16;
+    // Lanes `vis` of the tile: bit `l` of group `g` is position 16g + l.
+    let visible = |g: usize| -> u16 {
+        let (lo, hi) = (
+            vis.start.clamp(16 * g, 16 * g + 16),
+            vis.end.clamp(16 * g, 16 * g + 16),
+        );
+        let bits = |k: usize| if k >= 16 { u32::MAX } else { (1u32 << k) - 1 };
+        (bits(hi - 16 * g) & !bits(lo - 16 * g)) as u16
+    };
+    let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
+    let v: [__m512; G] = std::array::from_fn(|g| {
+        // SAFETY: 16 floats at 16·g of a KV_TILE array.
+        let x = unsafe { _mm512_loadu_ps(sc.as_ptr().add(16 * g)) };
+        _mm512_mask_blend_ps(visible(g), ninf, _mm512_mul_ps(x, _mm512_set1_ps(scale)))
+    });
+    let nan = v
+        .iter()
+        .any(|&x| _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) != 0);
+    let tile_max = if nan {
+        let mut lanes = [0f32; KV_TILE];
+        for (g, &x) in v.iter().enumerate() {
+            // SAFETY: 16 floats at 16·g.
+            unsafe { _mm512_storeu_ps(lanes.as_mut_ptr().add(16 * g), x) };
+        }
+        lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+    } else {
+        let m = _mm512_max_ps(_mm512_max_ps(v[0], v[1]), _mm512_max_ps(v[2], v[3]));
+        _mm512_reduce_max_ps(m)
+    };
+    let m_old = s.m[r];
+    let m_new = m_old.max(tile_max);
+    let acc = &mut s.acc[r * hd..(r + 1) * hd];
+    if m_new > m_old {
+        let ms = (m_old - m_new).exp();
+        for a in acc.iter_mut() {
+            *a *= ms;
+        }
+        s.sum[r] *= ms;
+    }
+    s.m[r] = m_new;
+    let mut total = 0f64;
+    let mn = _mm512_set1_ps(m_new);
+    for (g, &x) in v.iter().enumerate() {
+        let p = expf16(_mm512_sub_ps(x, mn));
+        // SAFETY: 16 floats at 16·g of a KV_TILE array.
+        unsafe { _mm512_storeu_ps(sc.as_mut_ptr().add(16 * g), p) };
+        // `reduce16`: halves lane-wise, 16 -> 8 -> 4, then (t0 + t2) + (t1 + t3).
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1));
+        let t8 = _mm256_add_ps(_mm512_castps512_ps256(p), hi);
+        let t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
+        let t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+        let sum = _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
+        total += sum as f64;
+    }
+    s.sum[r] = (s.sum[r] as f64 + total) as f32;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -574,6 +651,48 @@ mod tests {
     /// The register-blocked kernel equals the plain one bit for bit: head sizes taking each
     /// value-chunk width (128, 32, 1), odd row counts (a row without a partner), rows with
     /// nothing visible in a tile (sliding window), and soft-capping.
+    #[test]
+    fn dispatched_tile_equals_plain_tile_on_nan_and_infinite_scores() {
+        // Keys with NaN and infinities make scores NaN and ±inf: the vectorized softmax step
+        // falls back to the fold for the maximum and gives the plain kernel's values (NaN
+        // where it has NaN).
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(10);
+        let hd = 64;
+        let n = 130;
+        let mut keys: Vec<f16> = (0..n * hd)
+            .map(|_| f16::from_f32(rng.random_range(-1.0..1.0)))
+            .collect();
+        let values: Vec<f16> = (0..n * hd)
+            .map(|_| f16::from_f32(rng.random_range(-1.0..1.0)))
+            .collect();
+        keys[5 * hd + 3] = f16::NAN;
+        keys[70 * hd] = f16::INFINITY;
+        keys[100 * hd + 1] = f16::NEG_INFINITY;
+        let kv = KvHead {
+            keys: &keys,
+            values: &values,
+            stride: hd,
+            offset: 0,
+            head_dim: hd,
+        };
+        let pos: Vec<usize> = vec![2, 4, 5, 6, 69, 70, 71, 99, 100, 129];
+        let q: Vec<f32> = (0..pos.len() * hd)
+            .map(|_| rng.random_range(-2.0..2.0))
+            .collect();
+        let sm = ScoreMod::scaled(0.125);
+        let (mut want, mut got) = (vec![0f32; q.len()], vec![1f32; q.len()]);
+        let mut sc = TileScratch::default();
+        tile_generic(&kv, &q, &pos, &sm, &mut sc, &mut want);
+        attend_tile_mod(&kv, &q, &pos, &sm, &mut sc, &mut got);
+        assert!(want.iter().any(|x| x.is_nan()) && want.iter().any(|x| x.is_finite()));
+        for (i, (a, b)) in want.iter().zip(&got).enumerate() {
+            assert!(
+                a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan(),
+                "{i}: {a} vs {b}"
+            );
+        }
+    }
+
     #[test]
     fn register_blocked_tile_equals_plain_tile_bitwise() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
