@@ -17,6 +17,7 @@ pub mod memory;
 pub mod model;
 pub mod names;
 mod packed_buf;
+mod par;
 pub mod stream;
 pub mod tokenizer;
 pub mod weights;

@@ -367,7 +367,7 @@ impl Model {
             if cfg.post_norm {
                 grow(&mut ws.xn, n * d).copy_from_slice(&ws.x[..n * d]);
             } else {
-                norm_rows(cfg, &ws.x[..n * d], attn_norm, grow(&mut ws.xn, n * d));
+                norm_rows(cfg, pool, &ws.x[..n * d], attn_norm, grow(&mut ws.xn, n * d));
             }
             ws.acts.invalidate();
             let xn = &ws.xn[..n * d];
@@ -454,13 +454,13 @@ impl Model {
                 }
                 if let Some(r) = cfg.rope_of(l) {
                     self.rope(
+                        pool,
                         batch,
                         r,
                         (hd, qd, kvd),
                         kv.n_ctx(),
                         &mut ws.q[..n * qd],
                         &mut ws.k[..n * kvd],
-                        &mut ws.cos_sin,
                     );
                 }
                 if let Some(s) = cfg.q_scale {
@@ -526,14 +526,13 @@ impl Model {
             // residual: both sub-blocks read the same `x`, their outputs are both added).
             let ffn_norm = (&layer.ffn_norm[..], layer.ffn_norm_b.as_deref());
             if cfg.parallel_residual {
-                norm_rows(cfg, &ws.x[..rows * d], ffn_norm, grow(&mut ws.xn, rows * d));
+                norm_rows(cfg, pool, &ws.x[..rows * d], ffn_norm, grow(&mut ws.xn, rows * d));
                 ops::add_assign(&mut ws.x[..rows * d], &ws.proj[..rows * d]);
             } else if cfg.post_norm {
                 // `x = norm(x + attn)`, which is also the feed-forward block's input.
                 ops::add_assign(&mut ws.x[..rows * d], &ws.proj[..rows * d]);
                 let attn_norm = (&layer.attn_norm[..], layer.attn_norm_b.as_deref());
-                norm_rows(
-                    cfg,
+                norm_rows(cfg, pool,
                     &ws.x[..rows * d],
                     attn_norm,
                     grow(&mut ws.xn, rows * d),
@@ -541,7 +540,7 @@ impl Model {
                 ws.x[..rows * d].copy_from_slice(&ws.xn[..rows * d]);
             } else {
                 ops::add_assign(&mut ws.x[..rows * d], &ws.proj[..rows * d]);
-                norm_rows(cfg, &ws.x[..rows * d], ffn_norm, grow(&mut ws.xn, rows * d));
+                norm_rows(cfg, pool, &ws.x[..rows * d], ffn_norm, grow(&mut ws.xn, rows * d));
             }
 
             drop(mixing);
@@ -583,7 +582,7 @@ impl Model {
             }
             ops::add_assign(&mut ws.x[..rows * d], &ws.proj[..rows * d]);
             if cfg.post_norm {
-                norm_rows(cfg, &ws.x[..rows * d], ffn_norm, grow(&mut ws.xn, rows * d));
+                norm_rows(cfg, pool, &ws.x[..rows * d], ffn_norm, grow(&mut ws.xn, rows * d));
                 ws.x[..rows * d].copy_from_slice(&ws.xn[..rows * d]);
             }
             if let Some(p) = &layer.ple {
@@ -612,8 +611,7 @@ impl Model {
             return Ok(Some(&ws.logits[..0]));
         }
         if cfg.final_norm {
-            norm_rows(
-                cfg,
+            norm_rows(cfg, pool,
                 &ws.x[..n_out * d],
                 (&self.output_norm, self.output_norm_b.as_deref()),
                 grow(&mut ws.xn, n_out * d),
@@ -728,16 +726,15 @@ impl Model {
     /// sequence) picks LongRoPE's factors.
     fn rope(
         &self,
+        pool: &ThreadPool,
         batch: &Batch,
         r: &RopeConfig,
         (hd, q_dim, kv_dim): (usize, usize, usize),
         n_ctx: usize,
         q: &mut [f32],
         k: &mut [f32],
-        cos_sin: &mut Vec<f32>,
     ) {
         let cfg = &self.config;
-        let cs = grow(cos_sin, r.n_dims);
         let (factors, mscale) = match &cfg.long_rope {
             Some(lr) => {
                 let (f, s) = lr.for_ctx(n_ctx);
@@ -745,31 +742,60 @@ impl Model {
             }
             None => (r.freq_factors.as_deref(), r.attn_factor),
         };
-        for (t, &p) in batch.pos.iter().enumerate() {
-            rope_angles(p as f32, r.n_dims, r.freq_base, r.freq_scale, factors, cs);
-            if mscale != 1.0 {
-                ops::scale(cs, mscale);
+        let n = batch.pos.len();
+        let (qs, ks) = (crate::par::Shared::new(q), crate::par::Shared::new(k));
+        // Tokens split across the pool for prompt batches; each token's rotation is the
+        // serial loop's.
+        crate::par::for_ranges(pool, n, n, 1, |toks| {
+            let mut cs = vec![0f32; r.n_dims];
+            // SAFETY: each range of tokens is one thread's.
+            let (q, k) = unsafe {
+                (
+                    qs.range(toks.start * q_dim..toks.end * q_dim),
+                    ks.range(toks.start * kv_dim..toks.end * kv_dim),
+                )
+            };
+            for (i, &p) in batch.pos[toks.clone()].iter().enumerate() {
+                rope_angles(p as f32, r.n_dims, r.freq_base, r.freq_scale, factors, &mut cs);
+                if mscale != 1.0 {
+                    ops::scale(&mut cs, mscale);
+                }
+                for head in q[i * q_dim..(i + 1) * q_dim].chunks_exact_mut(hd) {
+                    rope_apply(head, r.n_dims, r.style, &cs);
+                }
+                for head in k[i * kv_dim..(i + 1) * kv_dim].chunks_exact_mut(hd) {
+                    rope_apply(head, r.n_dims, r.style, &cs);
+                }
             }
-            for head in q[t * q_dim..(t + 1) * q_dim].chunks_exact_mut(hd) {
-                rope_apply(head, r.n_dims, r.style, cs);
-            }
-            for head in k[t * kv_dim..(t + 1) * kv_dim].chunks_exact_mut(hd) {
-                rope_apply(head, r.n_dims, r.style, cs);
-            }
-        }
+        });
     }
 }
 
 /// Normalizes each row of `x` with weight and optional bias `(w, b)` into `out`, by the
-/// model's norm (RMSNorm or LayerNorm).
-fn norm_rows(cfg: &ModelConfig, x: &[f32], (w, b): (&[f32], Option<&[f32]>), out: &mut [f32]) {
+/// model's norm (RMSNorm or LayerNorm); prompt batches' rows split across `pool`.
+fn norm_rows(
+    cfg: &ModelConfig,
+    pool: &ThreadPool,
+    x: &[f32],
+    (w, b): (&[f32], Option<&[f32]>),
+    out: &mut [f32],
+) {
     let d = w.len();
-    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
-        match cfg.norm {
-            NormKind::Rms => rms_norm(xr, w, cfg.norm_eps, or),
-            NormKind::Layer => ops::layer_norm(xr, w, b, cfg.norm_eps, or),
+    let n = x.len() / d;
+    let o = crate::par::Shared::new(&mut out[..n * d]);
+    crate::par::for_ranges(pool, n, n, 1, |rows| {
+        // SAFETY: each range of rows is one thread's.
+        let out = unsafe { o.range(rows.start * d..rows.end * d) };
+        for (xr, or) in x[rows.start * d..rows.end * d]
+            .chunks_exact(d)
+            .zip(out.chunks_exact_mut(d))
+        {
+            match cfg.norm {
+                NormKind::Rms => rms_norm(xr, w, cfg.norm_eps, or),
+                NormKind::Layer => ops::layer_norm(xr, w, b, cfg.norm_eps, or),
+            }
         }
-    }
+    });
 }
 
 /// RMS-normalizes each `w.len()`-wide row of `x` in place (`tmp` holds one row).

@@ -166,6 +166,23 @@ pub struct TileScratch {
 }
 
 impl TileScratch {
+    /// Row `r`'s running maximum raised to include `tile_max`, its accumulator and sum
+    /// rescaled by `e^(M - M')` when it grows; returns the new maximum.
+    #[inline(always)]
+    fn raise_max(&mut self, r: usize, hd: usize, tile_max: f32) -> f32 {
+        let m_old = self.m[r];
+        let m_new = m_old.max(tile_max);
+        if m_new > m_old {
+            let ms = (m_old - m_new).exp();
+            for a in self.acc[r * hd..(r + 1) * hd].iter_mut() {
+                *a *= ms;
+            }
+            self.sum[r] *= ms;
+        }
+        self.m[r] = m_new;
+        m_new
+    }
+
     /// Empty accumulators, running maxima and sums for `rows` rows of `hd`.
     fn start_rows(&mut self, rows: usize, hd: usize) {
         self.acc.clear();
@@ -442,17 +459,7 @@ fn softmax_step(
         *a = f32::NEG_INFINITY;
     }
     let tile_max = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let m_old = s.m[r];
-    let m_new = m_old.max(tile_max);
-    let acc = &mut s.acc[r * hd..(r + 1) * hd];
-    if m_new > m_old {
-        let ms = (m_old - m_new).exp();
-        for a in acc.iter_mut() {
-            *a *= ms;
-        }
-        s.sum[r] *= ms;
-    }
-    s.m[r] = m_new;
+    let m_new = s.raise_max(r, hd, tile_max);
     let mut total = 0f64;
     for group in sc.chunks_exact_mut(16) {
         for a in group.iter_mut() {
@@ -512,17 +519,7 @@ fn softmax_step_avx512(
         let m = _mm512_max_ps(_mm512_max_ps(v[0], v[1]), _mm512_max_ps(v[2], v[3]));
         _mm512_reduce_max_ps(m)
     };
-    let m_old = s.m[r];
-    let m_new = m_old.max(tile_max);
-    let acc = &mut s.acc[r * hd..(r + 1) * hd];
-    if m_new > m_old {
-        let ms = (m_old - m_new).exp();
-        for a in acc.iter_mut() {
-            *a *= ms;
-        }
-        s.sum[r] *= ms;
-    }
-    s.m[r] = m_new;
+    let m_new = s.raise_max(r, hd, tile_max);
     let mut total = 0f64;
     let mn = _mm512_set1_ps(m_new);
     for (g, &x) in v.iter().enumerate() {

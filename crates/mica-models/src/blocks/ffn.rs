@@ -78,12 +78,28 @@ pub(crate) fn dense_ffn(
             e.gate.apply(pool, acts, x, rows, gate);
             let up = grow(up_buf, rows * ff);
             e.up.apply(pool, acts, x, rows, up);
-            glu(cfg, gate, up);
+            glu_rows(cfg, pool, rows, gate, up);
             (&*gate, &e.down)
         }
     };
     acts.invalidate();
     down.apply(pool, acts, h, rows, out);
+}
+
+/// [`glu`] over `rows` rows, SwiGLU's split across `pool` for prompt batches at multiples of
+/// 16 elements (so every range but the last is whole 16-lane groups, and the last keeps the
+/// buffer's tail: the same operations on every element as one call).
+fn glu_rows(cfg: &ModelConfig, pool: &ThreadPool, rows: usize, gate: &mut [f32], up: &[f32]) {
+    if cfg.act != Activation::Silu {
+        return glu(cfg, gate, up);
+    }
+    let n = gate.len();
+    let g = crate::par::Shared::new(gate);
+    crate::par::for_ranges(pool, rows, n, 16, |r| {
+        // SAFETY: each range is one thread's.
+        let gate = unsafe { g.range(r.clone()) };
+        ops::swiglu(gate, &up[r]);
+    });
 }
 
 /// The gated activation in place, `gate = act(gate) * up`, with the model's numerics.
