@@ -90,6 +90,11 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     logging::init();
+    // The opt-in faster prompt path for the legacy formats (docs/numerics.md): a
+    // process-wide switch of the kernels, which read no environment themselves.
+    if std::env::var("MICA_PER_BLOCK").is_ok_and(|v| v == "1") {
+        mica::kernels::simd::set_llama_exact(false);
+    }
     let _trace = match cli.trace.as_deref().map(trace::start).transpose() {
         Ok(guard) => guard,
         Err(e) => {

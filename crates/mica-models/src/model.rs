@@ -367,7 +367,13 @@ impl Model {
             if cfg.post_norm {
                 grow(&mut ws.xn, n * d).copy_from_slice(&ws.x[..n * d]);
             } else {
-                norm_rows(cfg, pool, &ws.x[..n * d], attn_norm, grow(&mut ws.xn, n * d));
+                norm_rows(
+                    cfg,
+                    pool,
+                    &ws.x[..n * d],
+                    attn_norm,
+                    grow(&mut ws.xn, n * d),
+                );
             }
             ws.acts.invalidate();
             let xn = &ws.xn[..n * d];
@@ -526,13 +532,21 @@ impl Model {
             // residual: both sub-blocks read the same `x`, their outputs are both added).
             let ffn_norm = (&layer.ffn_norm[..], layer.ffn_norm_b.as_deref());
             if cfg.parallel_residual {
-                norm_rows(cfg, pool, &ws.x[..rows * d], ffn_norm, grow(&mut ws.xn, rows * d));
+                norm_rows(
+                    cfg,
+                    pool,
+                    &ws.x[..rows * d],
+                    ffn_norm,
+                    grow(&mut ws.xn, rows * d),
+                );
                 ops::add_assign(&mut ws.x[..rows * d], &ws.proj[..rows * d]);
             } else if cfg.post_norm {
                 // `x = norm(x + attn)`, which is also the feed-forward block's input.
                 ops::add_assign(&mut ws.x[..rows * d], &ws.proj[..rows * d]);
                 let attn_norm = (&layer.attn_norm[..], layer.attn_norm_b.as_deref());
-                norm_rows(cfg, pool,
+                norm_rows(
+                    cfg,
+                    pool,
                     &ws.x[..rows * d],
                     attn_norm,
                     grow(&mut ws.xn, rows * d),
@@ -540,7 +554,13 @@ impl Model {
                 ws.x[..rows * d].copy_from_slice(&ws.xn[..rows * d]);
             } else {
                 ops::add_assign(&mut ws.x[..rows * d], &ws.proj[..rows * d]);
-                norm_rows(cfg, pool, &ws.x[..rows * d], ffn_norm, grow(&mut ws.xn, rows * d));
+                norm_rows(
+                    cfg,
+                    pool,
+                    &ws.x[..rows * d],
+                    ffn_norm,
+                    grow(&mut ws.xn, rows * d),
+                );
             }
 
             drop(mixing);
@@ -582,7 +602,13 @@ impl Model {
             }
             ops::add_assign(&mut ws.x[..rows * d], &ws.proj[..rows * d]);
             if cfg.post_norm {
-                norm_rows(cfg, pool, &ws.x[..rows * d], ffn_norm, grow(&mut ws.xn, rows * d));
+                norm_rows(
+                    cfg,
+                    pool,
+                    &ws.x[..rows * d],
+                    ffn_norm,
+                    grow(&mut ws.xn, rows * d),
+                );
                 ws.x[..rows * d].copy_from_slice(&ws.xn[..rows * d]);
             }
             if let Some(p) = &layer.ple {
@@ -611,7 +637,9 @@ impl Model {
             return Ok(Some(&ws.logits[..0]));
         }
         if cfg.final_norm {
-            norm_rows(cfg, pool,
+            norm_rows(
+                cfg,
+                pool,
                 &ws.x[..n_out * d],
                 (&self.output_norm, self.output_norm_b.as_deref()),
                 grow(&mut ws.xn, n_out * d),
@@ -756,7 +784,14 @@ impl Model {
                 )
             };
             for (i, &p) in batch.pos[toks.clone()].iter().enumerate() {
-                rope_angles(p as f32, r.n_dims, r.freq_base, r.freq_scale, factors, &mut cs);
+                rope_angles(
+                    p as f32,
+                    r.n_dims,
+                    r.freq_base,
+                    r.freq_scale,
+                    factors,
+                    &mut cs,
+                );
                 if mscale != 1.0 {
                     ops::scale(&mut cs, mscale);
                 }

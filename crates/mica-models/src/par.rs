@@ -36,7 +36,11 @@ impl<T> Shared<T> {
     /// No other thread may access `r` while the returned slice lives, and the slice `self`
     /// was made from must outlive it.
     pub(crate) unsafe fn range<'a>(self, r: Range<usize>) -> &'a mut [T] {
-        assert!(r.start <= r.end && r.end <= self.len, "range {r:?} of {}", self.len);
+        assert!(
+            r.start <= r.end && r.end <= self.len,
+            "range {r:?} of {}",
+            self.len
+        );
         // SAFETY: in bounds (checked), exclusive by the caller's contract.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(r.start), r.len()) }
     }

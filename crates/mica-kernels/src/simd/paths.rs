@@ -29,7 +29,7 @@
 //! One path here is not llama.cpp's: [`DotPath::PerBlock`], an opt-in prompt path for the
 //! legacy formats with one FMA per block ([`per_block_dot`], [`set_llama_exact`]).
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::DType;
 use crate::quant::blocks::BlockQ8K;
@@ -55,7 +55,7 @@ pub enum DotPath {
     /// `VecDot` in float rounding only — but enough to move greedy tokens away from
     /// llama.cpp's past its near-ties (`docs/numerics.md`), so it is opt-in: taken by
     /// batches of [`PER_BLOCK_MIN_TOKENS`] or more, where the table has a matrix kernel for
-    /// it (the AVX-512 tier), after `set_llama_exact(false)` or with `MICA_PER_BLOCK=1`.
+    /// it (the AVX-512 tier), after `set_llama_exact(false)` (the `mica` command: `MICA_PER_BLOCK=1`).
     PerBlock,
 }
 
@@ -70,30 +70,23 @@ pub fn per_block_enabled(t: DType) -> bool {
     !llama_exact() && super::kernels().has_matmul(DotPath::PerBlock, t)
 }
 
-/// 0: not yet read from the environment; 1: llama.cpp's arithmetic everywhere (the
-/// default); 2: mica's [`DotPath::PerBlock`] where it applies.
-static LLAMA_EXACT: AtomicU8 = AtomicU8::new(0);
+/// Whether products follow llama.cpp's arithmetic on every path: true (the default) until
+/// [`set_llama_exact`]`(false)`. The library reads no environment; the `mica` command line
+/// maps `MICA_PER_BLOCK=1` onto this switch.
+static LLAMA_EXACT: AtomicBool = AtomicBool::new(true);
 
 /// Whether products follow llama.cpp's arithmetic on every path (no [`DotPath::PerBlock`]):
-/// what [`set_llama_exact`] last set, else true unless `MICA_PER_BLOCK=1` is in the
-/// environment.
+/// what [`set_llama_exact`] last set, true by default.
 pub fn llama_exact() -> bool {
-    match LLAMA_EXACT.load(Ordering::Relaxed) {
-        0 => {
-            let fast = std::env::var("MICA_PER_BLOCK").is_ok_and(|v| v == "1");
-            let v = if fast { 2 } else { 1 };
-            let _ = LLAMA_EXACT.compare_exchange(0, v, Ordering::Relaxed, Ordering::Relaxed);
-            LLAMA_EXACT.load(Ordering::Relaxed) == 1
-        }
-        v => v == 1,
-    }
+    LLAMA_EXACT.load(Ordering::Relaxed)
 }
 
 /// Makes every later product of this process follow llama.cpp's arithmetic (`true`, the
 /// default: its logits bit for bit) or take mica's faster prompt path where it applies
-/// (`false`, also chosen by `MICA_PER_BLOCK=1`; see [`DotPath::PerBlock`]).
+/// (`false`; the `mica` command does this under `MICA_PER_BLOCK=1`; see
+/// [`DotPath::PerBlock`]).
 pub fn set_llama_exact(on: bool) {
-    LLAMA_EXACT.store(if on { 1 } else { 2 }, Ordering::Relaxed);
+    LLAMA_EXACT.store(on, Ordering::Relaxed);
 }
 
 impl DotPath {
