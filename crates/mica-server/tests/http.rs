@@ -266,7 +266,7 @@ fn prefix_cache_and_disconnect() {
         "/v1/completions",
         &[],
         &json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 1500,
-                "temperature": 0.8, "stream": true})
+                "temperature": 0.8, "stream": true, "logit_bias": no_eog()})
         .to_string(),
     );
     let mut r = BufReader::new(s);

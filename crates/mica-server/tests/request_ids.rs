@@ -164,7 +164,8 @@ fn live_view_lists_and_cancels_a_stream() {
     let (server, seen) = start_recording();
     let a = server.addr;
     let body = serde_json::json!({"model": MODEL, "prompt": "Once upon a time",
-        "max_tokens": 1500, "temperature": 0.8, "seed": 1, "stream": true});
+        "max_tokens": 1500, "temperature": 0.8, "seed": 1, "stream": true,
+        "logit_bias": no_eog()});
     let s = send(
         a,
         "POST",
@@ -225,7 +226,7 @@ fn a_cancelled_plain_request_answers_with_abort() {
     let (server, seen) = start_recording();
     let a = server.addr;
     let body = serde_json::json!({"model": MODEL, "prompt": "Once upon a time",
-        "max_tokens": 1500, "temperature": 0.8, "seed": 2})
+        "max_tokens": 1500, "temperature": 0.8, "seed": 2, "logit_bias": no_eog()})
     .to_string();
     let waiter = std::thread::spawn(move || {
         request(

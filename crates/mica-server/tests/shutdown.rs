@@ -21,29 +21,33 @@ struct Open {
     raw: String,
 }
 
-/// The bodies of eight streams of every kind, each asking for `max_tokens`.
+/// The bodies of eight streams of every kind, each asking for `max_tokens` and none able to
+/// stop early (see [`no_eog`]).
 fn stream_bodies(max_tokens: usize) -> Vec<(&'static str, Value)> {
     let msgs = json!([{"role": "user", "content": "Tell me a long story about a lighthouse."}]);
+    let bias = no_eog();
     let mut v = Vec::new();
     for i in 0..3 {
         v.push((
             "/v1/chat/completions",
             json!({"model": MODEL, "messages": msgs, "max_tokens": max_tokens, "stream": true,
-                   "seed": i, "stream_options": {"include_usage": true}}),
+                   "seed": i, "stream_options": {"include_usage": true}, "logit_bias": bias}),
         ));
         v.push((
             "/v1/completions",
             json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": max_tokens,
-                   "stream": true, "seed": i, "n": 1 + i % 2}),
+                   "stream": true, "seed": i, "n": 1 + i % 2, "logit_bias": bias}),
         ));
     }
     v.push((
         "/api/generate",
-        json!({"model": MODEL, "prompt": "Why is the sky blue?", "options": {"num_predict": max_tokens}}),
+        json!({"model": MODEL, "prompt": "Why is the sky blue?",
+               "options": {"num_predict": max_tokens, "logit_bias": bias}}),
     ));
     v.push((
         "/api/chat",
-        json!({"model": MODEL, "messages": msgs, "options": {"num_predict": max_tokens}}),
+        json!({"model": MODEL, "messages": msgs,
+               "options": {"num_predict": max_tokens, "logit_bias": bias}}),
     ));
     v
 }
@@ -111,7 +115,7 @@ fn at_the_end_of_the_grace_period_every_stream_gets_its_final_event() {
         post(
             a,
             "/v1/completions",
-            &json!({"model": MODEL, "prompt": "Once", "max_tokens": 1500}),
+            &json!({"model": MODEL, "prompt": "Once", "max_tokens": 1500, "logit_bias": no_eog()}),
         )
     });
     std::thread::sleep(Duration::from_millis(200));

@@ -13,6 +13,14 @@ use std::time::Duration;
 
 pub const MODEL: &str = "smollm2-135m-instruct-q4_1";
 
+/// A `logit_bias` that bans the test model's end-of-generation tokens (0, 2 and 4 in
+/// SmolLM2's vocabulary), for tests that need a sampled generation to still be running when
+/// they stop it (cancel, disconnect, shutdown): without it the sampled text may end on its
+/// own first, depending on how the CPU's SIMD tier rounds.
+pub fn no_eog() -> serde_json::Value {
+    serde_json::json!({"0": -100, "2": -100, "4": -100})
+}
+
 pub fn model_path() -> PathBuf {
     let dir = std::env::var_os("MICA_TEST_MODELS")
         .map(PathBuf::from)
