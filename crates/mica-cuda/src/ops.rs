@@ -1,0 +1,498 @@
+//! The typed operations: each checks its buffers' extents and shapes on the host (a kernel
+//! reading past a buffer would fail silently or corrupt memory), builds the kernel's
+//! parameter struct and launch shape, and runs it on any [`Runner`].
+
+use crate::kernels::format_name;
+use crate::params::{AttnP, AxpyP, GluP, KvWriteP, MatvecP, NormP, Params, RopeP, RowsP, ScaleP};
+use crate::runner::{DeviceBuf, Launch, Runner, upload_i32};
+use crate::{GpuError, Result};
+use mica_kernels::DType;
+
+/// Tokens per `matvec_*` launch (`MV_MAXN` in `kernels/matvec.cu`).
+pub const MATVEC_TOKENS: usize = 8;
+/// Rows per `matvec_*` block: one warp each (`blockDim.x / 32`).
+const MATVEC_ROWS_PER_BLOCK: u32 = 4;
+/// `ATT_THREADS` and `ATT_MAXD` (`kernels/attention.cu`).
+const ATT_THREADS: u32 = 128;
+const ATT_MAX_HEAD_DIM: usize = 256;
+
+fn shape(msg: String) -> GpuError {
+    GpuError::Shape(msg)
+}
+
+/// Fails unless `buf` holds at least `floats` f32 values.
+fn need<B: DeviceBuf>(buf: &B, floats: usize, what: &str) -> Result<()> {
+    if buf.len() < floats * 4 {
+        return Err(shape(format!(
+            "{what}: the buffer holds {} bytes, {} are needed",
+            buf.len(),
+            floats * 4
+        )));
+    }
+    Ok(())
+}
+
+fn int(v: usize, what: &str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| shape(format!("{what} = {v} is too large for the kernels")))
+}
+
+fn grid(blocks: usize) -> Result<u32> {
+    u32::try_from(blocks.max(1)).map_err(|_| shape(format!("{blocks} blocks")))
+}
+
+/// A weight matrix on the device, its rows in the file's block format.
+pub struct DeviceMatrix<B> {
+    pub buf: B,
+    pub dtype: DType,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl<B> std::fmt::Debug for DeviceMatrix<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DeviceMatrix({} × {} {})",
+            self.rows,
+            self.cols,
+            self.dtype.name()
+        )
+    }
+}
+
+impl<B: DeviceBuf> DeviceMatrix<B> {
+    /// Uploads `rows × cols` weights stored as `dtype` (`data`: the rows' bytes as in GGUF).
+    pub fn upload<R: Runner<Buf = B>>(
+        r: &R,
+        dtype: DType,
+        rows: usize,
+        cols: usize,
+        data: &[u8],
+    ) -> Result<Self> {
+        format_name(dtype).ok_or(GpuError::Unsupported(dtype))?;
+        let row_bytes = dtype
+            .row_bytes(cols)
+            .filter(|_| cols.is_multiple_of(dtype.block_size().max(32)))
+            .ok_or_else(|| {
+                shape(format!(
+                    "a {} row of {cols} values is not a whole number of 32-value blocks",
+                    dtype.name()
+                ))
+            })?;
+        if data.len() != rows * row_bytes {
+            return Err(shape(format!(
+                "{rows} × {cols} {} weights take {} bytes, not {}",
+                dtype.name(),
+                rows * row_bytes,
+                data.len()
+            )));
+        }
+        int(rows, "rows")?;
+        int(row_bytes, "row bytes")?;
+        Ok(DeviceMatrix {
+            buf: r.upload(data)?,
+            dtype,
+            rows,
+            cols,
+        })
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.dtype.row_bytes(self.cols).expect("checked at upload")
+    }
+}
+
+/// `y[t][r] = w[r] · x[t]` for `n` tokens: `x` is `[n × cols]`, `y` `[n × rows]` f32.
+pub fn matvec<R: Runner>(
+    r: &R,
+    w: &DeviceMatrix<R::Buf>,
+    x: &R::Buf,
+    n: usize,
+    y: &R::Buf,
+) -> Result<()> {
+    need(x, n * w.cols, "matvec input")?;
+    need(y, n * w.rows, "matvec output")?;
+    let name = format!(
+        "matvec_{}",
+        format_name(w.dtype).expect("checked at upload")
+    );
+    let dims = Launch {
+        grid: grid(w.rows.div_ceil(MATVEC_ROWS_PER_BLOCK as usize))?,
+        block: MATVEC_ROWS_PER_BLOCK * 32,
+    };
+    for t0 in (0..n).step_by(MATVEC_TOKENS) {
+        let nt = (n - t0).min(MATVEC_TOKENS);
+        let p = MatvecP {
+            w: w.buf.addr(),
+            x: x.addr() + (t0 * w.cols * 4) as u64,
+            y: y.addr() + (t0 * w.rows * 4) as u64,
+            rows: int(w.rows, "rows")?,
+            cols: int(w.cols, "cols")?,
+            n: nt as i32,
+            row_bytes: int(w.row_bytes(), "row bytes")?,
+            x_stride: int(w.cols, "cols")?,
+            y_stride: int(w.rows, "rows")?,
+        };
+        r.launch(&name, dims, p.bytes())?;
+    }
+    Ok(())
+}
+
+/// `y[t] = w[ids[t]]`, dequantized: `y` is `[ids.len() × cols]` f32.
+pub fn get_rows<R: Runner>(r: &R, w: &DeviceMatrix<R::Buf>, ids: &[u32], y: &R::Buf) -> Result<()> {
+    if let Some(&bad) = ids.iter().find(|&&i| i as usize >= w.rows) {
+        return Err(shape(format!("row {bad} of a {}-row matrix", w.rows)));
+    }
+    if ids.is_empty() {
+        return Ok(());
+    }
+    need(y, ids.len() * w.cols, "get_rows output")?;
+    let idv: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
+    let ids_buf = upload_i32(r, &idv)?;
+    let p = RowsP {
+        w: w.buf.addr(),
+        ids: ids_buf.addr(),
+        y: y.addr(),
+        n: int(ids.len(), "rows")?,
+        cols: int(w.cols, "cols")?,
+        row_bytes: int(w.row_bytes(), "row bytes")?,
+        _pad: 0,
+    };
+    let name = format!(
+        "get_rows_{}",
+        format_name(w.dtype).expect("checked at upload")
+    );
+    r.launch(
+        &name,
+        Launch {
+            grid: grid(ids.len())?,
+            block: 128,
+        },
+        p.bytes(),
+    )
+}
+
+/// `y[r] = x[r] / sqrt(mean(x[r]²) + eps) ⊙ w` for `rows` rows of `cols` (no `w`: unweighted).
+pub fn rms_norm<R: Runner>(
+    r: &R,
+    x: &R::Buf,
+    w: Option<&R::Buf>,
+    y: &R::Buf,
+    rows: usize,
+    cols: usize,
+    eps: f32,
+) -> Result<()> {
+    need(x, rows * cols, "rms_norm input")?;
+    need(y, rows * cols, "rms_norm output")?;
+    if let Some(w) = w {
+        need(w, cols, "rms_norm weight")?;
+    }
+    if rows == 0 {
+        return Ok(());
+    }
+    let p = NormP {
+        x: x.addr(),
+        w: w.map_or(0, DeviceBuf::addr),
+        y: y.addr(),
+        rows: int(rows, "rows")?,
+        cols: int(cols, "cols")?,
+        eps,
+        _pad: 0,
+    };
+    r.launch(
+        "rms_norm",
+        Launch {
+            grid: grid(rows)?,
+            block: 256,
+        },
+        p.bytes(),
+    )
+}
+
+/// Per-token placement of a step's tokens: position and KV-cache slot (sequence) of each,
+/// checked against the cache's capacity and uploaded once for every op of the step.
+pub struct Tokens<B> {
+    pub n: usize,
+    pos: B,
+    slot: B,
+    max_pos: usize,
+}
+
+impl<B: DeviceBuf> Tokens<B> {
+    pub fn new<R: Runner<Buf = B>>(r: &R, pos: &[u32], slot: &[u32]) -> Result<Self> {
+        if pos.len() != slot.len() {
+            return Err(shape(format!(
+                "{} positions for {} slots",
+                pos.len(),
+                slot.len()
+            )));
+        }
+        let to_i32 = |v: &[u32]| -> Result<Vec<i32>> {
+            v.iter()
+                .map(|&x| int(x as usize, "position or slot"))
+                .collect()
+        };
+        Ok(Tokens {
+            n: pos.len(),
+            pos: upload_i32(r, &to_i32(pos)?)?,
+            slot: upload_i32(r, &to_i32(slot)?)?,
+            max_pos: pos.iter().copied().max().unwrap_or(0) as usize,
+        })
+    }
+}
+
+/// Rotates the first `n_rot` values of each of `n_head` heads of every token's row of `x`
+/// (`[n × tok_stride]`, heads `head_dim` apart) by its position (neox: halves, else pairs).
+pub fn rope<R: Runner>(
+    r: &R,
+    x: &R::Buf,
+    toks: &Tokens<R::Buf>,
+    (n_head, head_dim, n_rot, tok_stride): (usize, usize, usize, usize),
+    neox: bool,
+    (theta_base, freq_scale): (f32, f32),
+) -> Result<()> {
+    if n_rot > head_dim || n_rot % 2 != 0 || n_head * head_dim > tok_stride {
+        return Err(shape(format!(
+            "rope of {n_rot} of {head_dim} values × {n_head} heads in rows of {tok_stride}"
+        )));
+    }
+    need(x, toks.n * tok_stride, "rope input")?;
+    if toks.n == 0 || n_head == 0 {
+        return Ok(());
+    }
+    let p = RopeP {
+        x: x.addr(),
+        pos: toks.pos.addr(),
+        n_tok: int(toks.n, "tokens")?,
+        n_head: int(n_head, "heads")?,
+        head_dim: int(head_dim, "head_dim")?,
+        n_rot: int(n_rot, "n_rot")?,
+        tok_stride: int(tok_stride, "row stride")?,
+        neox: neox as i32,
+        theta_base,
+        freq_scale,
+    };
+    r.launch(
+        "rope",
+        Launch {
+            grid: grid(toks.n * n_head)?,
+            block: 64,
+        },
+        p.bytes(),
+    )
+}
+
+/// The gated activations of a feed-forward block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Glu {
+    /// SiLU(g) · u.
+    Swiglu = 0,
+    /// tanh-approximated GELU(g) · u.
+    Geglu = 1,
+}
+
+/// `y[i] = act(g[i]) · u[i]` for `n` values.
+pub fn glu<R: Runner>(
+    r: &R,
+    g: &R::Buf,
+    u: &R::Buf,
+    y: &R::Buf,
+    n: usize,
+    kind: Glu,
+) -> Result<()> {
+    for (b, what) in [(g, "gate"), (u, "up"), (y, "output")] {
+        need(b, n, what)?;
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let p = GluP {
+        g: g.addr(),
+        u: u.addr(),
+        y: y.addr(),
+        n: int(n, "values")?,
+        kind: kind as i32,
+    };
+    r.launch("glu", elementwise(n)?, p.bytes())
+}
+
+fn elementwise(n: usize) -> Result<Launch> {
+    Ok(Launch {
+        grid: grid(n.div_ceil(256).min(65_535))?,
+        block: 256,
+    })
+}
+
+/// `y[i] += x[i] · s` for `n` values (`s = 1`: a residual add).
+pub fn axpy<R: Runner>(r: &R, y: &R::Buf, x: &R::Buf, n: usize, s: f32) -> Result<()> {
+    need(y, n, "axpy output")?;
+    need(x, n, "axpy input")?;
+    if n == 0 {
+        return Ok(());
+    }
+    let p = AxpyP {
+        y: y.addr(),
+        x: x.addr(),
+        n: int(n, "values")?,
+        s,
+    };
+    r.launch("axpy", elementwise(n)?, p.bytes())
+}
+
+/// `x[i] *= s` for `n` values.
+pub fn scale<R: Runner>(r: &R, x: &R::Buf, n: usize, s: f32) -> Result<()> {
+    need(x, n, "scale input")?;
+    if n == 0 {
+        return Ok(());
+    }
+    let p = ScaleP {
+        x: x.addr(),
+        n: int(n, "values")?,
+        s,
+    };
+    r.launch("scale", elementwise(n)?, p.bytes())
+}
+
+/// One layer's key/value cache on the device: `slots` sequences of up to `cap` positions,
+/// `[slot][n_head_kv][cap][head_dim]` f32 keys and the same of values.
+pub struct DeviceKv<B> {
+    pub k: B,
+    pub v: B,
+    pub slots: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub cap: usize,
+}
+
+impl<B: DeviceBuf> DeviceKv<B> {
+    pub fn new<R: Runner<Buf = B>>(
+        r: &R,
+        slots: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        cap: usize,
+    ) -> Result<Self> {
+        let n = slots * n_head_kv * cap * head_dim;
+        int(n, "cache values")?;
+        Ok(DeviceKv {
+            k: r.alloc(n * 4)?,
+            v: r.alloc(n * 4)?,
+            slots,
+            n_head_kv,
+            head_dim,
+            cap,
+        })
+    }
+
+    fn check(&self, toks: &Tokens<B>, slots: &[u32]) -> Result<()> {
+        if toks.n > 0 && toks.max_pos >= self.cap {
+            return Err(shape(format!(
+                "position {} past the cache's {} positions",
+                toks.max_pos, self.cap
+            )));
+        }
+        if let Some(&s) = slots.iter().find(|&&s| s as usize >= self.slots) {
+            return Err(shape(format!("slot {s} of a {}-slot cache", self.slots)));
+        }
+        Ok(())
+    }
+}
+
+/// Writes each token's key and value rows (`[n × n_head_kv·head_dim]`) into `kv` at its
+/// position of its slot. `slots` are the host copy of `toks`' slots (checked against `kv`).
+pub fn kv_write<R: Runner>(
+    r: &R,
+    kv: &DeviceKv<R::Buf>,
+    toks: &Tokens<R::Buf>,
+    slots: &[u32],
+    k: &R::Buf,
+    v: &R::Buf,
+) -> Result<()> {
+    kv.check(toks, slots)?;
+    let row = kv.n_head_kv * kv.head_dim;
+    need(k, toks.n * row, "keys")?;
+    need(v, toks.n * row, "values")?;
+    if toks.n == 0 {
+        return Ok(());
+    }
+    let p = KvWriteP {
+        k: k.addr(),
+        v: v.addr(),
+        kc: kv.k.addr(),
+        vc: kv.v.addr(),
+        slot: toks.slot.addr(),
+        pos: toks.pos.addr(),
+        n_tok: int(toks.n, "tokens")?,
+        n_head_kv: int(kv.n_head_kv, "KV heads")?,
+        head_dim: int(kv.head_dim, "head_dim")?,
+        cap: int(kv.cap, "cache positions")?,
+    };
+    let dims = Launch {
+        grid: grid(toks.n * kv.n_head_kv)?,
+        block: 64,
+    };
+    r.launch("kv_write", dims, p.bytes())
+}
+
+/// How a layer's queries attend.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnShape {
+    pub n_head: usize,
+    pub scale: f32,
+    /// `c · tanh(s / c)` on every score when set.
+    pub softcap: Option<f32>,
+    /// Only the last `w` positions (a sliding window) when set.
+    pub window: Option<usize>,
+}
+
+/// Causal attention of every token's queries (`q`: `[n × n_head·head_dim]`) over positions
+/// 0..=pos of its slot in `kv`, into `out` (same shape as `q`).
+pub fn attention<R: Runner>(
+    r: &R,
+    kv: &DeviceKv<R::Buf>,
+    toks: &Tokens<R::Buf>,
+    slots: &[u32],
+    s: AttnShape,
+    q: &R::Buf,
+    out: &R::Buf,
+) -> Result<()> {
+    kv.check(toks, slots)?;
+    let hd = kv.head_dim;
+    if hd % 32 != 0 || hd > ATT_MAX_HEAD_DIM || hd == 0 {
+        return Err(shape(format!(
+            "attention kernels take heads of 32..=256 values in steps of 32, not {hd}"
+        )));
+    }
+    if s.n_head == 0 || kv.n_head_kv == 0 || !s.n_head.is_multiple_of(kv.n_head_kv) {
+        return Err(shape(format!(
+            "{} query heads over {} KV heads",
+            s.n_head, kv.n_head_kv
+        )));
+    }
+    need(q, toks.n * s.n_head * hd, "queries")?;
+    need(out, toks.n * s.n_head * hd, "attention output")?;
+    if toks.n == 0 {
+        return Ok(());
+    }
+    let p = AttnP {
+        q: q.addr(),
+        kc: kv.k.addr(),
+        vc: kv.v.addr(),
+        out: out.addr(),
+        slot: toks.slot.addr(),
+        pos: toks.pos.addr(),
+        n_tok: int(toks.n, "tokens")?,
+        n_head: int(s.n_head, "heads")?,
+        n_head_kv: int(kv.n_head_kv, "KV heads")?,
+        head_dim: int(hd, "head_dim")?,
+        cap: int(kv.cap, "cache positions")?,
+        window: int(s.window.unwrap_or(0), "window")?,
+        scale: s.scale,
+        softcap: s.softcap.unwrap_or(0.0),
+    };
+    let dims = Launch {
+        grid: grid(toks.n * s.n_head)?,
+        block: ATT_THREADS,
+    };
+    r.launch("attention", dims, p.bytes())
+}

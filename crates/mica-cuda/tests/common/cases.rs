@@ -1,0 +1,464 @@
+//! The kernels' test cases, run on any [`Runner`] (the emulator here, a GPU under
+//! `scripts/test-gpu`): every op against a scalar reference on random and edge inputs.
+//!
+//! Tolerances: dequantization and row lookups are bit-exact (the same roundings as ggml's C
+//! dequantizers, `quant::dequantize_row`); products within 1e-5 of Σ|w·x| (f32 partial sums
+//! against an f64 reference); norms, rotations, activations and attention within 1e-5
+//! relative (f64 references; the GPU's expf/tanhf are within 2 ulp), the activations' scaled
+//! by the size of their exponent's argument.
+
+use mica_cuda::ops::{self, AttnShape, DeviceKv, DeviceMatrix, Glu, Tokens};
+use mica_cuda::{GpuError, Runner, download_f32, upload_f32};
+use mica_kernels::DType;
+use mica_kernels::quant::dequantize_row;
+
+/// splitmix64: deterministic test data without a dependency.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1).
+    pub fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f() * scale).collect()
+    }
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+fn f16_bits(x: f32) -> [u8; 2] {
+    half::f16::from_f32(x).to_bits().to_le_bytes()
+}
+
+/// Random weights of `dtype`: random quant bytes with scales set to finite f16 values
+/// (block 0 of row 0 gets a zero scale, block 1 the largest f16, block 2 a subnormal).
+pub fn weights(dtype: DType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    let rb = dtype.row_bytes(cols).unwrap();
+    match dtype {
+        DType::F32 => {
+            return (0..rows * cols)
+                .flat_map(|_| rng.f().to_le_bytes())
+                .collect();
+        }
+        DType::F16 => {
+            return (0..rows * cols)
+                .flat_map(|_| f16_bits(rng.f() * 4.0))
+                .collect();
+        }
+        DType::BF16 => {
+            return (0..rows * cols)
+                .flat_map(|_| {
+                    let b = (rng.f() * 4.0).to_bits() >> 16;
+                    (b as u16).to_le_bytes()
+                })
+                .collect();
+        }
+        _ => {}
+    }
+    let mut w = rng.bytes(rows * rb);
+    let ts = dtype.type_size();
+    // Offsets of the f16 scales in a block.
+    let scales: &[usize] = match dtype {
+        DType::Q4_0 | DType::Q8_0 => &[0],
+        DType::Q4_K => &[0, 2],
+        DType::Q6_K => &[208],
+        other => panic!("no test weights for {other}"),
+    };
+    for (b, block) in w.chunks_exact_mut(ts).enumerate() {
+        for &o in scales {
+            let v = match b {
+                0 => 0.0,
+                1 => 65504.0,
+                2 => 3.0e-6,
+                _ => rng.f() * 0.05,
+            };
+            block[o..o + 2].copy_from_slice(&f16_bits(v));
+        }
+    }
+    w
+}
+
+fn dequant_rows(dtype: DType, rows: usize, cols: usize, w: &[u8]) -> Vec<f32> {
+    let rb = dtype.row_bytes(cols).unwrap();
+    let mut out = vec![0f32; rows * cols];
+    for r in 0..rows {
+        dequantize_row(
+            dtype,
+            &w[r * rb..(r + 1) * rb],
+            &mut out[r * cols..(r + 1) * cols],
+        );
+    }
+    out
+}
+
+/// The formats with kernels, with a row width each (odd multiples of the block where
+/// possible) and an odd row count.
+pub const SHAPES: &[(DType, usize, usize)] = &[
+    (DType::F32, 37, 96),
+    (DType::F16, 37, 160),
+    (DType::BF16, 37, 64),
+    (DType::Q4_0, 67, 288),
+    (DType::Q8_0, 67, 96),
+    (DType::Q4_K, 45, 768),
+    (DType::Q6_K, 45, 512),
+];
+
+pub fn matvec<R: Runner>(r: &R) {
+    let mut rng = Rng::new(1);
+    for &(dtype, rows, cols) in SHAPES {
+        let w = weights(dtype, rows, cols, &mut rng);
+        let wf = dequant_rows(dtype, rows, cols, &w);
+        let dm = DeviceMatrix::upload(r, dtype, rows, cols, &w).unwrap();
+        for n in [1usize, 3, 11] {
+            let mut x = rng.vec(n * cols, 1.0);
+            if n > 1 {
+                // A token of zeros and one of large values.
+                x[..cols].fill(0.0);
+                for v in &mut x[cols..2 * cols] {
+                    *v *= 1.0e4;
+                }
+            }
+            let xb = upload_f32(r, &x).unwrap();
+            let yb = r.alloc(n * rows * 4).unwrap();
+            ops::matvec(r, &dm, &xb, n, &yb).unwrap();
+            let y = download_f32(r, &yb).unwrap();
+            for t in 0..n {
+                for row in 0..rows {
+                    let (mut exact, mut bound) = (0f64, 0f64);
+                    for c in 0..cols {
+                        let p = wf[row * cols + c] as f64 * x[t * cols + c] as f64;
+                        exact += p;
+                        bound += p.abs();
+                    }
+                    let got = y[t * rows + row] as f64;
+                    assert!(
+                        (got - exact).abs() <= 1e-5 * bound,
+                        "{dtype} matvec n={n} token {t} row {row}: {got} vs {exact} (Σ|wx| {bound})"
+                    );
+                }
+            }
+        }
+    }
+}
+
+pub fn get_rows<R: Runner>(r: &R) {
+    let mut rng = Rng::new(2);
+    for &(dtype, rows, cols) in SHAPES {
+        let w = weights(dtype, rows, cols, &mut rng);
+        let wf = dequant_rows(dtype, rows, cols, &w);
+        let dm = DeviceMatrix::upload(r, dtype, rows, cols, &w).unwrap();
+        let ids = [0u32, rows as u32 - 1, 5, 5, 2];
+        let yb = r.alloc(ids.len() * cols * 4).unwrap();
+        ops::get_rows(r, &dm, &ids, &yb).unwrap();
+        let y = download_f32(r, &yb).unwrap();
+        for (t, &id) in ids.iter().enumerate() {
+            let want = &wf[id as usize * cols..(id as usize + 1) * cols];
+            let got = &y[t * cols..(t + 1) * cols];
+            for (c, (g, e)) in got.iter().zip(want).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    e.to_bits(),
+                    "{dtype} row {id} value {c}: {g} vs {e}"
+                );
+            }
+        }
+        let err = ops::get_rows(r, &dm, &[rows as u32], &yb).unwrap_err();
+        assert!(matches!(err, GpuError::Shape(_)), "{err}");
+    }
+}
+
+pub fn rms_norm<R: Runner>(r: &R) {
+    let mut rng = Rng::new(3);
+    for cols in [7usize, 896, 2048] {
+        let rows = 3;
+        let mut x = rng.vec(rows * cols, 3.0);
+        x[..cols].fill(0.0);
+        let w = rng.vec(cols, 2.0);
+        let (xb, wb) = (upload_f32(r, &x).unwrap(), upload_f32(r, &w).unwrap());
+        for weighted in [true, false] {
+            let yb = r.alloc(rows * cols * 4).unwrap();
+            let wopt = weighted.then_some(&wb);
+            ops::rms_norm(r, &xb, wopt, &yb, rows, cols, 1e-6).unwrap();
+            let y = download_f32(r, &yb).unwrap();
+            for row in 0..rows {
+                let xs = &x[row * cols..(row + 1) * cols];
+                let ms = xs.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / cols as f64;
+                let s = 1.0 / (ms + 1e-6f32 as f64).sqrt();
+                for c in 0..cols {
+                    let wv = if weighted { w[c] as f64 } else { 1.0 };
+                    let want = xs[c] as f64 * s * wv;
+                    let got = y[row * cols + c] as f64;
+                    assert!(
+                        (got - want).abs() <= 1e-5 * want.abs() + 1e-30,
+                        "rms_norm {cols} row {row} [{c}]: {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+pub fn rope<R: Runner>(r: &R) {
+    let mut rng = Rng::new(4);
+    let (n_head, hd) = (3usize, 64usize);
+    let stride = n_head * hd + 32;
+    let pos = [0u32, 17, 4095];
+    let toks = Tokens::new(r, &pos, &[0, 0, 0]).unwrap();
+    for (n_rot, neox, base, fs) in [
+        (64usize, false, 10000.0f32, 1.0f32),
+        (64, true, 1.0e6, 1.0),
+        (32, true, 10000.0, 0.25),
+        (32, false, 500000.0, 1.0),
+    ] {
+        let x = rng.vec(pos.len() * stride, 2.0);
+        let xb = upload_f32(r, &x).unwrap();
+        ops::rope(r, &xb, &toks, (n_head, hd, n_rot, stride), neox, (base, fs)).unwrap();
+        let y = download_f32(r, &xb).unwrap();
+        let mut want: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+        for (t, &p) in pos.iter().enumerate() {
+            for h in 0..n_head {
+                let o = t * stride + h * hd;
+                for i in 0..n_rot / 2 {
+                    let theta =
+                        p as f64 * fs as f64 * (base as f64).powf(-2.0 * i as f64 / n_rot as f64);
+                    let (a, b) = if neox {
+                        (i, i + n_rot / 2)
+                    } else {
+                        (2 * i, 2 * i + 1)
+                    };
+                    let (x0, x1) = (x[o + a] as f64, x[o + b] as f64);
+                    want[o + a] = x0 * theta.cos() - x1 * theta.sin();
+                    want[o + b] = x0 * theta.sin() + x1 * theta.cos();
+                }
+            }
+        }
+        for (i, (g, w)) in y.iter().zip(&want).enumerate() {
+            assert!(
+                (*g as f64 - w).abs() <= 1e-5 * 2.0,
+                "rope n_rot={n_rot} neox={neox} value {i}: {g} vs {w}"
+            );
+            // Values not rotated (past n_rot, and the rows' tails) are untouched.
+            let (t, off) = (i / stride, i % stride);
+            if off >= n_head * hd || off % hd >= n_rot {
+                assert_eq!(
+                    g.to_bits(),
+                    x[i].to_bits(),
+                    "value {i} of token {t} changed"
+                );
+            }
+        }
+    }
+    let bad = Tokens::new(r, &[1], &[0, 1]);
+    assert!(bad.is_err());
+}
+
+pub fn glu<R: Runner>(r: &R) {
+    let mut rng = Rng::new(5);
+    let mut g = rng.vec(1000, 8.0);
+    g.extend([0.0, -0.0, 88.0, -88.0, -200.0, 30.0, 1e-20]);
+    let u = rng.vec(g.len(), 3.0);
+    let n = g.len();
+    let (gb, ub) = (upload_f32(r, &g).unwrap(), upload_f32(r, &u).unwrap());
+    for kind in [Glu::Swiglu, Glu::Geglu] {
+        let yb = r.alloc(n * 4).unwrap();
+        ops::glu(r, &gb, &ub, &yb, n, kind).unwrap();
+        let y = download_f32(r, &yb).unwrap();
+        for i in 0..n {
+            let x = g[i] as f64;
+            // The exponent's argument: an f32 rounding of it moves exp(arg) by |arg|·2^-24
+            // relative, so the tolerance grows with it.
+            let arg = match kind {
+                Glu::Swiglu => -x,
+                Glu::Geglu => -2.0 * 0.797_884_560_802_865_4 * (x + 0.044715 * x * x * x),
+            };
+            // SiLU: x·sigmoid(x); GELU (tanh form): 0.5·x·(1 + tanh(z)) = x·sigmoid(2z).
+            let a = x / (1.0 + arg.exp());
+            let want = a * u[i] as f64;
+            let got = y[i] as f64;
+            let tol = 1e-5 * (1.0 + arg.abs().min(100.0));
+            assert!(
+                (got - want).abs() <= tol * want.abs() + 1e-30,
+                "{kind:?}({x}) · {}: {got} vs {want}",
+                u[i]
+            );
+        }
+    }
+}
+
+pub fn axpy_and_scale<R: Runner>(r: &R) {
+    let mut rng = Rng::new(6);
+    let n = 777;
+    let (x, y) = (rng.vec(n, 5.0), rng.vec(n, 5.0));
+    let xb = upload_f32(r, &x).unwrap();
+    for s in [1.0f32, 0.5] {
+        let yb = upload_f32(r, &y).unwrap();
+        ops::axpy(r, &yb, &xb, n, s).unwrap();
+        let got = download_f32(r, &yb).unwrap();
+        for i in 0..n {
+            // Products by 1 and 0.5 are exact: one rounding, fused or not.
+            assert_eq!(
+                got[i].to_bits(),
+                (y[i] + x[i] * s).to_bits(),
+                "axpy s={s} [{i}]"
+            );
+        }
+    }
+    let yb = upload_f32(r, &y).unwrap();
+    ops::scale(r, &yb, n, 3.7).unwrap();
+    let got = download_f32(r, &yb).unwrap();
+    for i in 0..n {
+        assert_eq!(got[i].to_bits(), (y[i] * 3.7).to_bits(), "scale [{i}]");
+    }
+    assert!(ops::axpy(r, &yb, &xb, n + 1, 1.0).is_err());
+}
+
+/// Attention of a few tokens of two sequences over keys and values written by `kv_write`,
+/// for heads of 64 and 256 values, grouped queries, soft-capping and a sliding window.
+pub fn attention<R: Runner>(r: &R) {
+    let mut rng = Rng::new(7);
+    let (n_head, n_kv, cap) = (4usize, 2usize, 40usize);
+    for hd in [64usize, 256] {
+        let kv = DeviceKv::new(r, 2, n_kv, hd, cap).unwrap();
+        let row = n_kv * hd;
+        // Sequence 0 fills positions 0..=20, sequence 1 positions 0..=5, in one write.
+        let (mut pos, mut slot) = (Vec::new(), Vec::new());
+        for p in 0..=20u32 {
+            pos.push(p);
+            slot.push(0u32);
+        }
+        for p in 0..=5u32 {
+            pos.push(p);
+            slot.push(1);
+        }
+        let k = rng.vec(pos.len() * row, 1.0);
+        let v = rng.vec(pos.len() * row, 1.0);
+        let toks = Tokens::new(r, &pos, &slot).unwrap();
+        let (kb, vb) = (upload_f32(r, &k).unwrap(), upload_f32(r, &v).unwrap());
+        ops::kv_write(r, &kv, &toks, &slot, &kb, &vb).unwrap();
+        let kc = download_f32(r, &kv.k).unwrap();
+        for (t, (&p, &s)) in pos.iter().zip(&slot).enumerate() {
+            for h in 0..n_kv {
+                let at = ((s as usize * n_kv + h) * cap + p as usize) * hd;
+                assert_eq!(
+                    &kc[at..at + hd],
+                    &k[t * row + h * hd..t * row + (h + 1) * hd]
+                );
+            }
+        }
+        // Each query: (slot, position it sees up to).
+        let queries = [(0u32, 20u32), (1, 5), (0, 3), (1, 0)];
+        let qpos: Vec<u32> = queries.iter().map(|q| q.1).collect();
+        let qslot: Vec<u32> = queries.iter().map(|q| q.0).collect();
+        let qt = Tokens::new(r, &qpos, &qslot).unwrap();
+        let q = rng.vec(queries.len() * n_head * hd, 1.0);
+        let qb = upload_f32(r, &q).unwrap();
+        for (softcap, window) in [(None, None), (Some(0.5f32), None), (None, Some(4usize))] {
+            let shape = AttnShape {
+                n_head,
+                scale: 1.0 / (hd as f32).sqrt(),
+                softcap,
+                window,
+            };
+            let ob = r.alloc(q.len() * 4).unwrap();
+            ops::attention(r, &kv, &qt, &qslot, shape, &qb, &ob).unwrap();
+            let out = download_f32(r, &ob).unwrap();
+            for (t, &(s, p)) in queries.iter().enumerate() {
+                for h in 0..n_head {
+                    let kvh = h / (n_head / n_kv);
+                    let qv = &q[(t * n_head + h) * hd..][..hd];
+                    let lo = window.map_or(0, |w| (p as usize + 1).saturating_sub(w));
+                    let key = |j: usize| {
+                        // Position j of slot s: the j-th written token of that sequence.
+                        let tok = slot
+                            .iter()
+                            .zip(&pos)
+                            .position(|(&a, &b)| a == s && b as usize == j);
+                        tok.unwrap() * row + kvh * hd
+                    };
+                    let scores: Vec<f64> = (lo..=p as usize)
+                        .map(|j| {
+                            let kj = &k[key(j)..][..hd];
+                            let d: f64 =
+                                qv.iter().zip(kj).map(|(&a, &b)| a as f64 * b as f64).sum();
+                            let d = d * shape.scale as f64;
+                            match softcap {
+                                Some(c) => c as f64 * (d / c as f64).tanh(),
+                                None => d,
+                            }
+                        })
+                        .collect();
+                    let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                    let z: f64 = e.iter().sum();
+                    for d in 0..hd {
+                        let want: f64 = (lo..=p as usize)
+                            .zip(&e)
+                            .map(|(j, w)| w * v[key(j) + d] as f64)
+                            .sum::<f64>()
+                            / z;
+                        let got = out[(t * n_head + h) * hd + d] as f64;
+                        assert!(
+                            (got - want).abs() <= 1e-5,
+                            "attention hd={hd} softcap={softcap:?} window={window:?} query {t} head {h} [{d}]: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+        // Refusals: a position past the cache, a slot past it, uneven head groups.
+        let past = Tokens::new(r, &[cap as u32], &[0]).unwrap();
+        let one = r.alloc(n_head * hd * 4).unwrap();
+        let shape = AttnShape {
+            n_head,
+            scale: 1.0,
+            softcap: None,
+            window: None,
+        };
+        assert!(ops::attention(r, &kv, &past, &[0], shape, &one, &one).is_err());
+        let far = Tokens::new(r, &[0], &[2]).unwrap();
+        assert!(ops::attention(r, &kv, &far, &[2], shape, &one, &one).is_err());
+        let odd = AttnShape { n_head: 3, ..shape };
+        let t0 = Tokens::new(r, &[0], &[0]).unwrap();
+        assert!(ops::attention(r, &kv, &t0, &[0], odd, &one, &one).is_err());
+    }
+    let bad = DeviceKv::new(r, 1, 1, 48, 4).unwrap();
+    let t0 = Tokens::new(r, &[0], &[0]).unwrap();
+    let one = r.alloc(48 * 4).unwrap();
+    let shape = AttnShape {
+        n_head: 1,
+        scale: 1.0,
+        softcap: None,
+        window: None,
+    };
+    let err = ops::attention(r, &bad, &t0, &[0], shape, &one, &one).unwrap_err();
+    assert!(err.to_string().contains("not 48"), "{err}");
+}
+
+/// Uploads that do not describe their matrix, and formats without kernels, are refused.
+pub fn refusals<R: Runner>(r: &R) {
+    let w = vec![0u8; 18 * 3];
+    assert!(DeviceMatrix::upload(r, DType::Q4_0, 1, 96, &w).is_ok());
+    let err = DeviceMatrix::upload(r, DType::Q4_0, 2, 96, &w).unwrap_err();
+    assert!(err.to_string().contains("take 108 bytes, not 54"), "{err}");
+    let err = DeviceMatrix::upload(r, DType::Q5_K, 1, 256, &[0; 176]).unwrap_err();
+    assert!(matches!(err, GpuError::Unsupported(DType::Q5_K)), "{err}");
+    let err = DeviceMatrix::upload(r, DType::F32, 1, 7, &[0; 28]).unwrap_err();
+    assert!(err.to_string().contains("32-value blocks"), "{err}");
+    let m = DeviceMatrix::upload(r, DType::Q4_0, 1, 96, &w).unwrap();
+    let small = r.alloc(95 * 4).unwrap();
+    let y = r.alloc(4).unwrap();
+    let err = ops::matvec(r, &m, &small, 1, &y).unwrap_err();
+    assert!(err.to_string().contains("matvec input"), "{err}");
+}

@@ -1,0 +1,66 @@
+//! The kernels on a real GPU (device 0), through the same cases as the emulator
+//! (`common/cases.rs`). Compiled only with the `device-tests` feature: `scripts/test-gpu`
+//! runs it on a machine with an NVIDIA GPU, driver and NVRTC; CI has no GPU.
+#![cfg(feature = "device-tests")]
+
+mod common;
+use common::cases;
+use mica_cuda::Cuda;
+use std::sync::OnceLock;
+
+fn gpu() -> &'static Cuda {
+    static GPU: OnceLock<Cuda> = OnceLock::new();
+    GPU.get_or_init(|| {
+        let g = Cuda::open(0).unwrap_or_else(|e| panic!("no GPU for the device tests: {e}"));
+        let (free, total) = g.memory().unwrap();
+        eprintln!(
+            "device: {} (compute {}.{}), {} of {} MiB free",
+            g.name(),
+            g.capability().0,
+            g.capability().1,
+            free >> 20,
+            total >> 20
+        );
+        g
+    })
+}
+
+#[test]
+fn matvec() {
+    cases::matvec(gpu());
+}
+
+#[test]
+fn get_rows() {
+    cases::get_rows(gpu());
+}
+
+#[test]
+fn rms_norm() {
+    cases::rms_norm(gpu());
+}
+
+#[test]
+fn rope() {
+    cases::rope(gpu());
+}
+
+#[test]
+fn glu() {
+    cases::glu(gpu());
+}
+
+#[test]
+fn axpy_and_scale() {
+    cases::axpy_and_scale(gpu());
+}
+
+#[test]
+fn attention() {
+    cases::attention(gpu());
+}
+
+#[test]
+fn refusals() {
+    cases::refusals(gpu());
+}
