@@ -32,8 +32,8 @@ EXPORT(kv_write, KvWriteP)
 // > 0) applied to v[j], for the positions token t sees: 0..=pos[t] of its sequence, the
 // last `window` of them when window > 0. Query head h reads KV head h / (n_head /
 // n_head_kv). One block of ATT_THREADS per (token, head): each warp runs an online softmax
-// over every ATT_WARPS-th position (each lane holding head_dim / 32 of the dimensions), then
-// the warps' partial results are merged.
+// over every ATT_WARPS-th position (lane l holding dimensions l, l + 32, ... below
+// head_dim), then the warps' partial results are merged.
 struct AttnP {
     const float *q;
     const float *kc;
@@ -53,7 +53,7 @@ struct AttnP {
 
 #define ATT_WARPS 4
 #define ATT_THREADS (ATT_WARPS * WARP)
-// Largest head_dim / 32.
+// Largest head_dim / 32, rounded up.
 #define ATT_MAXD 8
 
 KERNEL attention(const struct AttnP p) {
@@ -62,14 +62,15 @@ KERNEL attention(const struct AttnP p) {
     int t = blockIdx.x / p.n_head, h = blockIdx.x % p.n_head;
     int kvh = h / (p.n_head / p.n_head_kv);
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    int nd = p.head_dim / WARP;
+    int nd = (p.head_dim + WARP - 1) / WARP;
     const float *q = p.q + ((size_t)t * p.n_head + h) * p.head_dim;
     size_t base = ((size_t)p.slot[t] * p.n_head_kv + kvh) * p.cap * p.head_dim;
     int hi = p.pos[t];
     int lo = (p.window > 0 && hi - p.window + 1 > 0) ? hi - p.window + 1 : 0;
     float qv[ATT_MAXD], acc[ATT_MAXD];
     for (int i = 0; i < ATT_MAXD; ++i) {
-        qv[i] = i < nd ? q[lane + WARP * i] : 0.0f;
+        int d = lane + WARP * i;
+        qv[i] = i < nd && d < p.head_dim ? q[d] : 0.0f;
         acc[i] = 0.0f;
     }
     float m = NEG_INF, l = 0.0f;
@@ -77,13 +78,15 @@ KERNEL attention(const struct AttnP p) {
         const float *kj = p.kc + base + (size_t)j * p.head_dim;
         const float *vj = p.vc + base + (size_t)j * p.head_dim;
         float s = 0.0f;
-        for (int i = 0; i < nd; ++i) s += qv[i] * kj[lane + WARP * i];
+        for (int i = 0; i < nd; ++i)
+            if (lane + WARP * i < p.head_dim) s += qv[i] * kj[lane + WARP * i];
         s = warp_sum(s) * p.scale;
         if (p.softcap > 0.0f) s = p.softcap * tanhf(s / p.softcap);
         float mn = fmaxf(m, s);
         float c = expf(m - mn), e = expf(s - mn);
         l = l * c + e;
-        for (int i = 0; i < nd; ++i) acc[i] = acc[i] * c + e * vj[lane + WARP * i];
+        for (int i = 0; i < nd; ++i)
+            if (lane + WARP * i < p.head_dim) acc[i] = acc[i] * c + e * vj[lane + WARP * i];
         m = mn;
     }
     if (lane == 0) {

@@ -28,12 +28,15 @@ KERNEL rms_norm(const struct NormP p) {
 EXPORT(rms_norm, NormP)
 
 // Rotates the first n_rot values of every head of every token by its position: pairs
-// (2i, 2i+1), or (i, i + n_rot/2) with neox, by pos * freq_scale * base^(-2i/n_rot). The
-// angle and its sine and cosine are computed in double precision (the reference is exact
-// rotation, whatever order a CPU path rounds its angles in). One block per (token, head).
+// (2i, 2i+1), or (i, i + n_rot/2) with neox, by pos · freq_scale · base^(-2i/n_rot) / f_i
+// (f_i: the per-pair frequency divisors when `factors` is set, else 1), cosine and sine
+// multiplied by attn_factor. The angle and its sine and cosine are computed in double
+// precision (the reference is exact rotation, whatever order a CPU path rounds its angles
+// in). One block per (token, head).
 struct RopeP {
     float *x;
     const int *pos;
+    const float *factors;
     int n_tok;
     int n_head;
     int head_dim;
@@ -42,6 +45,8 @@ struct RopeP {
     int neox;
     float theta_base;
     float freq_scale;
+    float attn_factor;
+    int _pad;
 };
 
 KERNEL rope(const struct RopeP p) {
@@ -51,7 +56,8 @@ KERNEL rope(const struct RopeP p) {
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         double theta = (double)p.pos[t] * (double)p.freq_scale *
                        pow((double)p.theta_base, -2.0 * (double)i / (double)p.n_rot);
-        float c = (float)cos(theta), s = (float)sin(theta);
+        if (p.factors) theta /= (double)p.factors[i];
+        float c = (float)(cos(theta) * p.attn_factor), s = (float)(sin(theta) * p.attn_factor);
         int a = p.neox ? i : 2 * i, b = p.neox ? i + half : 2 * i + 1;
         float x0 = x[a], x1 = x[b];
         x[a] = x0 * c - x1 * s;
@@ -111,3 +117,19 @@ KERNEL scale(const struct ScaleP p) {
         p.x[i] = p.x[i] * p.s;
 }
 EXPORT(scale, ScaleP)
+
+// y[r][i] += b[i] for `rows` rows of n values (a projection's bias).
+struct BiasP {
+    float *y;
+    const float *b;
+    int rows;
+    int n;
+};
+
+KERNEL bias(const struct BiasP p) {
+    long total = (long)p.rows * p.n;
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long)gridDim.x * blockDim.x)
+        p.y[i] = p.y[i] + p.b[i % p.n];
+}
+EXPORT(bias, BiasP)

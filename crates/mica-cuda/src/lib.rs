@@ -11,12 +11,14 @@
 //! same cases on a GPU.
 
 mod cuda;
+pub mod decoder;
 pub mod kernels;
 pub mod ops;
 pub mod params;
 mod runner;
 
 pub use cuda::{Cuda, CudaBuf, driver_present, nvrtc_present};
+pub use decoder::GpuDecoder;
 pub use runner::{DeviceBuf, Launch, Runner, download_f32, upload_f32, upload_i32};
 
 /// What can go wrong between the host and a GPU.
@@ -38,6 +40,8 @@ pub enum GpuError {
     Shape(String),
     #[error("{0} weights have no GPU kernels yet")]
     Unsupported(mica_kernels::DType),
+    #[error("the GPU decoder does not run {0} yet")]
+    UnsupportedModel(String),
 }
 
 pub type Result<T, E = GpuError> = std::result::Result<T, E>;

@@ -3,7 +3,9 @@
 //! parameter struct and launch shape, and runs it on any [`Runner`].
 
 use crate::kernels::format_name;
-use crate::params::{AttnP, AxpyP, GluP, KvWriteP, MatvecP, NormP, Params, RopeP, RowsP, ScaleP};
+use crate::params::{
+    AttnP, AxpyP, BiasP, GluP, KvWriteP, MatvecP, NormP, Params, RopeP, RowsP, ScaleP,
+};
 use crate::runner::{DeviceBuf, Launch, Runner, upload_i32};
 use crate::{GpuError, Result};
 use mica_kernels::DType;
@@ -241,45 +243,84 @@ impl<B: DeviceBuf> Tokens<B> {
     }
 }
 
-/// Rotates the first `n_rot` values of each of `n_head` heads of every token's row of `x`
-/// (`[n × tok_stride]`, heads `head_dim` apart) by its position (neox: halves, else pairs).
+/// A rotary embedding's shape and frequencies (see `kernels/elementwise.cu`'s `rope`).
+pub struct Rope<'a, B> {
+    pub n_head: usize,
+    pub head_dim: usize,
+    /// Rotated values per head (even, at most `head_dim`).
+    pub n_rot: usize,
+    /// Values from one token's row to the next.
+    pub tok_stride: usize,
+    /// Halves `(i, i + n_rot/2)` instead of adjacent pairs.
+    pub neox: bool,
+    pub theta_base: f32,
+    pub freq_scale: f32,
+    /// Multiplies cosine and sine (YaRN's attention factor; 1 otherwise).
+    pub attn_factor: f32,
+    /// `[n_rot / 2]` per-pair frequency divisors.
+    pub factors: Option<&'a B>,
+}
+
+/// Rotates the first `n_rot` values of each head of every token's row of `x`
+/// (`[n × tok_stride]`, heads `head_dim` apart) by its position.
 pub fn rope<R: Runner>(
     r: &R,
     x: &R::Buf,
     toks: &Tokens<R::Buf>,
-    (n_head, head_dim, n_rot, tok_stride): (usize, usize, usize, usize),
-    neox: bool,
-    (theta_base, freq_scale): (f32, f32),
+    a: &Rope<'_, R::Buf>,
 ) -> Result<()> {
-    if n_rot > head_dim || n_rot % 2 != 0 || n_head * head_dim > tok_stride {
+    if a.n_rot > a.head_dim || a.n_rot % 2 != 0 || a.n_head * a.head_dim > a.tok_stride {
         return Err(shape(format!(
-            "rope of {n_rot} of {head_dim} values × {n_head} heads in rows of {tok_stride}"
+            "rope of {} of {} values × {} heads in rows of {}",
+            a.n_rot, a.head_dim, a.n_head, a.tok_stride
         )));
     }
-    need(x, toks.n * tok_stride, "rope input")?;
-    if toks.n == 0 || n_head == 0 {
+    need(x, toks.n * a.tok_stride, "rope input")?;
+    if let Some(f) = a.factors {
+        need(f, a.n_rot / 2, "rope frequency factors")?;
+    }
+    if toks.n == 0 || a.n_head == 0 {
         return Ok(());
     }
     let p = RopeP {
         x: x.addr(),
         pos: toks.pos.addr(),
+        factors: a.factors.map_or(0, DeviceBuf::addr),
         n_tok: int(toks.n, "tokens")?,
-        n_head: int(n_head, "heads")?,
-        head_dim: int(head_dim, "head_dim")?,
-        n_rot: int(n_rot, "n_rot")?,
-        tok_stride: int(tok_stride, "row stride")?,
-        neox: neox as i32,
-        theta_base,
-        freq_scale,
+        n_head: int(a.n_head, "heads")?,
+        head_dim: int(a.head_dim, "head_dim")?,
+        n_rot: int(a.n_rot, "n_rot")?,
+        tok_stride: int(a.tok_stride, "row stride")?,
+        neox: a.neox as i32,
+        theta_base: a.theta_base,
+        freq_scale: a.freq_scale,
+        attn_factor: a.attn_factor,
+        _pad: 0,
     };
     r.launch(
         "rope",
         Launch {
-            grid: grid(toks.n * n_head)?,
+            grid: grid(toks.n * a.n_head)?,
             block: 64,
         },
         p.bytes(),
     )
+}
+
+/// `y[r][i] += b[i]` for `rows` rows of `b`'s length (a projection's bias).
+pub fn bias<R: Runner>(r: &R, y: &R::Buf, b: &R::Buf, rows: usize, n: usize) -> Result<()> {
+    need(y, rows * n, "bias output")?;
+    need(b, n, "bias")?;
+    if rows * n == 0 {
+        return Ok(());
+    }
+    let p = BiasP {
+        y: y.addr(),
+        b: b.addr(),
+        rows: int(rows, "rows")?,
+        n: int(n, "values")?,
+    };
+    r.launch("bias", elementwise(rows * n)?, p.bytes())
 }
 
 /// The gated activations of a feed-forward block.
@@ -458,9 +499,9 @@ pub fn attention<R: Runner>(
 ) -> Result<()> {
     kv.check(toks, slots)?;
     let hd = kv.head_dim;
-    if hd % 32 != 0 || hd > ATT_MAX_HEAD_DIM || hd == 0 {
+    if hd > ATT_MAX_HEAD_DIM || hd == 0 {
         return Err(shape(format!(
-            "attention kernels take heads of 32..=256 values in steps of 32, not {hd}"
+            "attention kernels take heads of 1..=256 values, not {hd}"
         )));
     }
     if s.n_head == 0 || kv.n_head_kv == 0 || !s.n_head.is_multiple_of(kv.n_head_kv) {

@@ -81,6 +81,7 @@ params!(
     RopeP {
         x: u64,
         pos: u64,
+        factors: u64,
         n_tok: i32,
         n_head: i32,
         head_dim: i32,
@@ -89,6 +90,18 @@ params!(
         neox: i32,
         theta_base: f32,
         freq_scale: f32,
+        attn_factor: f32,
+        _pad: i32,
+    }
+);
+
+params!(
+    /// `bias` (`kernels/elementwise.cu`).
+    BiasP {
+        y: u64,
+        b: u64,
+        rows: i32,
+        n: i32,
     }
 );
 

@@ -64,3 +64,22 @@ fn attention() {
 fn refusals() {
     cases::refusals(gpu());
 }
+
+/// The decoder on the GPU against transformers on the Hugging Face fixtures (as
+/// `decoder_emulated.rs` does on the emulator).
+#[test]
+fn decoder_matches_transformers() {
+    for family in [
+        "llama",
+        "mistral",
+        "qwen2",
+        "qwen3",
+        "phi3",
+        "gemma2",
+        "gemma3",
+        "gemma3_swa6",
+        "smollm3",
+    ] {
+        common::hf::check(gpu(), family);
+    }
+}

@@ -216,31 +216,48 @@ pub fn rope<R: Runner>(r: &R) {
     let stride = n_head * hd + 32;
     let pos = [0u32, 17, 4095];
     let toks = Tokens::new(r, &pos, &[0, 0, 0]).unwrap();
-    for (n_rot, neox, base, fs) in [
-        (64usize, false, 10000.0f32, 1.0f32),
-        (64, true, 1.0e6, 1.0),
-        (32, true, 10000.0, 0.25),
-        (32, false, 500000.0, 1.0),
+    let factors: Vec<f32> = (0..32).map(|i| 1.0 + i as f32 * 0.37).collect();
+    let fb = upload_f32(r, &factors).unwrap();
+    for (n_rot, neox, base, fs, mscale, with_factors) in [
+        (64usize, false, 10000.0f32, 1.0f32, 1.0f32, false),
+        (64, true, 1.0e6, 1.0, 1.0, true),
+        (32, true, 10000.0, 0.25, 1.0, false),
+        (32, false, 500000.0, 1.0, 1.2, true),
     ] {
         let x = rng.vec(pos.len() * stride, 2.0);
         let xb = upload_f32(r, &x).unwrap();
-        ops::rope(r, &xb, &toks, (n_head, hd, n_rot, stride), neox, (base, fs)).unwrap();
+        let args = ops::Rope {
+            n_head,
+            head_dim: hd,
+            n_rot,
+            tok_stride: stride,
+            neox,
+            theta_base: base,
+            freq_scale: fs,
+            attn_factor: mscale,
+            factors: with_factors.then_some(&fb),
+        };
+        ops::rope(r, &xb, &toks, &args).unwrap();
         let y = download_f32(r, &xb).unwrap();
         let mut want: Vec<f64> = x.iter().map(|&v| v as f64).collect();
         for (t, &p) in pos.iter().enumerate() {
             for h in 0..n_head {
                 let o = t * stride + h * hd;
                 for i in 0..n_rot / 2 {
-                    let theta =
+                    let mut theta =
                         p as f64 * fs as f64 * (base as f64).powf(-2.0 * i as f64 / n_rot as f64);
+                    if with_factors {
+                        theta /= factors[i] as f64;
+                    }
+                    let (c, s) = (theta.cos() * mscale as f64, theta.sin() * mscale as f64);
                     let (a, b) = if neox {
                         (i, i + n_rot / 2)
                     } else {
                         (2 * i, 2 * i + 1)
                     };
                     let (x0, x1) = (x[o + a] as f64, x[o + b] as f64);
-                    want[o + a] = x0 * theta.cos() - x1 * theta.sin();
-                    want[o + b] = x0 * theta.sin() + x1 * theta.cos();
+                    want[o + a] = x0 * c - x1 * s;
+                    want[o + b] = x0 * s + x1 * c;
                 }
             }
         }
@@ -322,6 +339,17 @@ pub fn axpy_and_scale<R: Runner>(r: &R) {
         assert_eq!(got[i].to_bits(), (y[i] * 3.7).to_bits(), "scale [{i}]");
     }
     assert!(ops::axpy(r, &yb, &xb, n + 1, 1.0).is_err());
+    // Bias rows: 7 rows of 111.
+    let b = rng.vec(111, 2.0);
+    let bb = upload_f32(r, &b).unwrap();
+    let yb = upload_f32(r, &y).unwrap();
+    ops::bias(r, &yb, &bb, 7, 111).unwrap();
+    let got = download_f32(r, &yb).unwrap();
+    for i in 0..n {
+        let want = y[i] + b[i % 111];
+        assert_eq!(got[i].to_bits(), want.to_bits(), "bias [{i}]");
+    }
+    assert!(ops::bias(r, &yb, &bb, 8, 111).is_err());
 }
 
 /// Attention of a few tokens of two sequences over keys and values written by `kv_write`,
@@ -329,7 +357,7 @@ pub fn axpy_and_scale<R: Runner>(r: &R) {
 pub fn attention<R: Runner>(r: &R) {
     let mut rng = Rng::new(7);
     let (n_head, n_kv, cap) = (4usize, 2usize, 40usize);
-    for hd in [64usize, 256] {
+    for hd in [16usize, 64, 80, 256] {
         let kv = DeviceKv::new(r, 2, n_kv, hd, cap).unwrap();
         let row = n_kv * hd;
         // Sequence 0 fills positions 0..=20, sequence 1 positions 0..=5, in one write.
@@ -433,9 +461,9 @@ pub fn attention<R: Runner>(r: &R) {
         let t0 = Tokens::new(r, &[0], &[0]).unwrap();
         assert!(ops::attention(r, &kv, &t0, &[0], odd, &one, &one).is_err());
     }
-    let bad = DeviceKv::new(r, 1, 1, 48, 4).unwrap();
+    let bad = DeviceKv::new(r, 1, 1, 288, 4).unwrap();
     let t0 = Tokens::new(r, &[0], &[0]).unwrap();
-    let one = r.alloc(48 * 4).unwrap();
+    let one = r.alloc(288 * 4).unwrap();
     let shape = AttnShape {
         n_head: 1,
         scale: 1.0,
@@ -443,7 +471,7 @@ pub fn attention<R: Runner>(r: &R) {
         window: None,
     };
     let err = ops::attention(r, &bad, &t0, &[0], shape, &one, &one).unwrap_err();
-    assert!(err.to_string().contains("not 48"), "{err}");
+    assert!(err.to_string().contains("not 288"), "{err}");
 }
 
 /// Uploads that do not describe their matrix, and formats without kernels, are refused.

@@ -1,14 +1,11 @@
 // The emulator's launch, barriers and shuffles (see emu.h).
-#include <errno.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
+#include <ucontext.h>
 
 #include "emu.h"
 
-__thread struct emu_dim3 threadIdx;
-struct emu_dim3 blockIdx, blockDim, gridDim;
+struct emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
 unsigned char *emu_dyn_shared;
 
 struct emu_kernel {
@@ -30,55 +27,57 @@ void emu_register(const char *name, emu_entry f, size_t params_size) {
     n_kernels++;
 }
 
+// One emulated thread: its context and stack.
+struct thread {
+    ucontext_t ctx;
+    char *stack;
+    int done;
+};
+
+#define STACK_BYTES (128 * 1024)
+
+static ucontext_t scheduler;
+static struct thread *threads;
+static unsigned current_thread;
+static emu_entry current;
+static const void *current_params;
+static const char *current_name;
+// Barrier arrivals, openings and thread exits: a pass over the threads that changes it not
+// is a deadlock.
+static unsigned long events;
+
 // A barrier over the threads still running: a thread that returns from the kernel leaves
 // every barrier it belongs to (as on Volta and later GPUs).
 struct barrier {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
     unsigned live, waiting, gen;
 };
 
 static void barrier_init(struct barrier *b, unsigned n) {
-    pthread_mutex_init(&b->mu, NULL);
-    pthread_cond_init(&b->cv, NULL);
     b->live = n;
     b->waiting = 0;
     b->gen = 0;
 }
 
-static void barrier_release(struct barrier *b) {
-    b->waiting = 0;
-    b->gen++;
-    pthread_cond_broadcast(&b->cv);
-}
+static void yield(void) { swapcontext(&threads[current_thread].ctx, &scheduler); }
 
-static void barrier_wait(struct barrier *b, const char *what) {
-    pthread_mutex_lock(&b->mu);
+static void barrier_wait(struct barrier *b) {
     unsigned gen = b->gen;
+    events++;
     if (++b->waiting == b->live) {
-        barrier_release(b);
-    } else {
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += 30;
-        while (gen == b->gen) {
-            if (pthread_cond_timedwait(&b->cv, &b->mu, &until) == ETIMEDOUT) {
-                fprintf(stderr,
-                        "emu: %s waited 30 s: the threads of a block or warp diverged (block "
-                        "%u, thread %u)\n",
-                        what, blockIdx.x, threadIdx.x);
-                abort();
-            }
-        }
+        b->waiting = 0;
+        b->gen++;
+        return;
     }
-    pthread_mutex_unlock(&b->mu);
+    while (b->gen == gen) yield();
 }
 
 static void barrier_leave(struct barrier *b) {
-    pthread_mutex_lock(&b->mu);
+    events++;
     b->live--;
-    if (b->live > 0 && b->waiting == b->live) barrier_release(b);
-    pthread_mutex_unlock(&b->mu);
+    if (b->live > 0 && b->waiting == b->live) {
+        b->waiting = 0;
+        b->gen++;
+    }
 }
 
 struct warp {
@@ -88,34 +87,67 @@ struct warp {
 
 static struct barrier block_bar;
 static struct warp *warps;
-static emu_entry current;
-static const void *current_params;
 
-void __syncthreads(void) { barrier_wait(&block_bar, "__syncthreads"); }
+void __syncthreads(void) { barrier_wait(&block_bar); }
 
 float shfl_xor(float v, int m) {
     struct warp *w = &warps[threadIdx.x / 32];
     unsigned lane = threadIdx.x % 32;
     w->xch[lane] = v;
-    barrier_wait(&w->bar, "a warp shuffle");
+    barrier_wait(&w->bar);
     float r = w->xch[lane ^ (unsigned)m];
-    barrier_wait(&w->bar, "a warp shuffle");
+    barrier_wait(&w->bar);
     return r;
 }
 
-static void *thread_main(void *arg) {
-    threadIdx.x = (unsigned)(uintptr_t)arg;
-    threadIdx.y = threadIdx.z = 0;
+static void thread_main(void) {
     current(current_params);
     barrier_leave(&warps[threadIdx.x / 32].bar);
     barrier_leave(&block_bar);
-    return NULL;
+    threads[current_thread].done = 1;
+    // Returning resumes `scheduler` (uc_link).
+}
+
+// Runs one block: every thread from the kernel's start, switched round-robin at barriers.
+static void run_block(unsigned block) {
+    unsigned n_warps = block / 32;
+    barrier_init(&block_bar, block);
+    for (unsigned w = 0; w < n_warps; ++w) barrier_init(&warps[w].bar, 32);
+    for (unsigned t = 0; t < block; ++t) {
+        struct thread *th = &threads[t];
+        getcontext(&th->ctx);
+        th->ctx.uc_stack.ss_sp = th->stack;
+        th->ctx.uc_stack.ss_size = STACK_BYTES;
+        th->ctx.uc_link = &scheduler;
+        makecontext(&th->ctx, thread_main, 0);
+        th->done = 0;
+    }
+    unsigned remaining = block;
+    while (remaining > 0) {
+        unsigned long before = events;
+        for (unsigned t = 0; t < block; ++t) {
+            if (threads[t].done) continue;
+            current_thread = t;
+            threadIdx.x = t;
+            threadIdx.y = threadIdx.z = 0;
+            swapcontext(&scheduler, &threads[t].ctx);
+            if (threads[t].done) remaining--;
+        }
+        if (remaining > 0 && events == before) {
+            fprintf(stderr,
+                    "emu: kernel %s, block %u: every live thread waits at a barrier that cannot "
+                    "open (the threads of a block or warp diverged at __syncthreads or a "
+                    "shuffle)\n",
+                    current_name, blockIdx.x);
+            abort();
+        }
+    }
 }
 
 // Runs kernel `name` over a 1-D grid of `grid` blocks of `block` threads (a multiple of
 // 32), with `shared` bytes of dynamic shared memory (filled with 0xff, so reads before
 // writes show as NaN). Returns 0; -1 for an unknown kernel; -2 when `params_size` is not the
-// size of the kernel's parameter struct; -3 for a bad shape; -4 when threads cannot start.
+// size of the kernel's parameter struct; -3 for a bad shape.
 int emu_launch(const char *name, unsigned grid, unsigned block, unsigned shared,
                const void *params, size_t params_size) {
     struct emu_kernel *k = NULL;
@@ -127,40 +159,26 @@ int emu_launch(const char *name, unsigned grid, unsigned block, unsigned shared,
     unsigned char *dyn = malloc(shared ? shared : 1);
     memset(dyn, 0xff, shared);
     emu_dyn_shared = dyn;
-    unsigned n_warps = block / 32;
-    warps = calloc(n_warps, sizeof *warps);
-    pthread_t *threads = calloc(block, sizeof *threads);
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setstacksize(&attr, 256 * 1024);
+    warps = calloc(block / 32, sizeof *warps);
+    threads = calloc(block, sizeof *threads);
+    for (unsigned t = 0; t < block; ++t) threads[t].stack = malloc(STACK_BYTES);
     current = k->f;
     current_params = params;
+    current_name = name;
     gridDim.x = grid;
     gridDim.y = gridDim.z = 1;
     blockDim.x = block;
     blockDim.y = blockDim.z = 1;
-    int rc = 0;
-    for (unsigned b = 0; b < grid && rc == 0; ++b) {
+    for (unsigned b = 0; b < grid; ++b) {
         blockIdx.x = b;
         blockIdx.y = blockIdx.z = 0;
-        barrier_init(&block_bar, block);
-        for (unsigned w = 0; w < n_warps; ++w) barrier_init(&warps[w].bar, 32);
-        unsigned started = 0;
-        for (; started < block; ++started)
-            if (pthread_create(&threads[started], &attr, thread_main,
-                               (void *)(uintptr_t)started) != 0)
-                break;
-        if (started < block) {
-            fprintf(stderr, "emu: could not start thread %u of a block\n", started);
-            abort();
-        }
-        for (unsigned t = 0; t < block; ++t) pthread_join(threads[t], NULL);
+        run_block(block);
     }
-    pthread_attr_destroy(&attr);
+    for (unsigned t = 0; t < block; ++t) free(threads[t].stack);
     free(threads);
     free(warps);
     free(dyn);
-    return rc;
+    return 0;
 }
 
 // The parameter struct size of kernel `name`, or 0 when there is no such kernel.

@@ -1,8 +1,9 @@
 // A CPU emulator of the CUDA execution model, just enough for mica's kernels: every thread
-// of a block runs as a POSIX thread (blocks one after another), __syncthreads is a barrier
-// over the block's live threads, warp shuffles exchange through a per-warp buffer between
-// two barriers of the warp's live threads, __shared__ variables are statics (one block runs
-// at a time). A barrier that waits 30 s reports the kernel's divergence and aborts.
+// of a block runs as a coroutine (ucontext) on the calling thread, switched at barriers;
+// blocks run one after another. __syncthreads is a barrier over the block's live threads,
+// warp shuffles exchange through a per-warp buffer between two barriers of the warp's live
+// threads, __shared__ variables are statics (one block runs at a time). When every live
+// thread waits at a barrier that cannot open, the emulator names the kernel and aborts.
 // Included by kernels/prelude.cuh when MICA_EMU is defined.
 #include <math.h>
 #include <stddef.h>
@@ -17,8 +18,8 @@ typedef unsigned int u32;
 struct emu_dim3 {
     unsigned x, y, z;
 };
-extern __thread struct emu_dim3 threadIdx;
-extern struct emu_dim3 blockIdx, blockDim, gridDim;
+extern struct emu_dim3 threadIdx, blockIdx;
+extern struct emu_dim3 blockDim, gridDim;
 extern unsigned char *emu_dyn_shared;
 
 #define KERNEL void

@@ -1,0 +1,407 @@
+//! A decoder-only model's forward pass on a [`Runner`]: the model's weights uploaded once,
+//! a key/value cache per layer on the device, and each step's tokens (from any number of
+//! sequences, each in its own cache slot) run through every layer with [`crate::ops`].
+//!
+//! It runs the dense pre-norm families — RMSNorm, rotary positions (per-pair frequency
+//! factors, linear scaling, partial rotation, per-layer local RoPE, NoPE layers), grouped
+//! query attention with optional query/key/value norms, sliding windows and soft-capping,
+//! projection biases, SwiGLU or GeGLU feed-forward, Gemma's post-norms and scales, tied or
+//! separate output heads, final soft-capping — and refuses, naming it, any feature it does
+//! not run yet (MoE, MLA, DeltaNet, LayerNorm, per-layer embeddings, LoRA, attention sinks,
+//! shared KV layers, LongRoPE, streamed layers), and any weight format without kernels.
+
+use crate::ops::{self, AttnShape, DeviceKv, DeviceMatrix, Glu, Rope, Tokens};
+use crate::runner::{Runner, download_f32, upload_f32};
+use crate::{GpuError, Result};
+use mica_kernels::ops::RopeStyle;
+use mica_models::config::{Activation, NormKind};
+use mica_models::model::{DecoderLayer, Ffn};
+use mica_models::weights::Linear;
+use mica_models::{Model, ModelConfig};
+
+/// A device copy of an optional vector.
+fn upload_opt<R: Runner>(r: &R, v: &Option<Vec<f32>>) -> Result<Option<R::Buf>> {
+    v.as_deref().map(|v| upload_f32(r, v)).transpose()
+}
+
+fn unsupported(what: &str) -> GpuError {
+    GpuError::UnsupportedModel(what.to_string())
+}
+
+/// A projection on the device: its matrix and bias.
+struct DevLinear<B> {
+    w: DeviceMatrix<B>,
+    bias: Option<B>,
+}
+
+impl<B: crate::DeviceBuf> DevLinear<B> {
+    fn upload<R: Runner<Buf = B>>(r: &R, lin: &Linear, name: &str) -> Result<Self> {
+        if !lin.lora.is_empty() {
+            return Err(unsupported(&format!("LoRA adapters ({name})")));
+        }
+        let v = lin.w.view();
+        let w = DeviceMatrix::upload(r, v.dtype, v.rows, v.cols, v.data).map_err(|e| match e {
+            GpuError::Unsupported(t) => {
+                unsupported(&format!("{t} weights ({name}, {})", lin.w.name))
+            }
+            e => e,
+        })?;
+        let bias = lin.bias.as_deref().map(|b| upload_f32(r, b)).transpose()?;
+        Ok(DevLinear { w, bias })
+    }
+
+    /// `y = W x (+ b)` for `n` rows.
+    fn apply<R: Runner<Buf = B>>(&self, r: &R, x: &B, n: usize, y: &B) -> Result<()> {
+        ops::matvec(r, &self.w, x, n, y)?;
+        if let Some(b) = &self.bias {
+            ops::bias(r, y, b, n, self.w.rows)?;
+        }
+        Ok(())
+    }
+}
+
+struct DevRope<B> {
+    n_rot: usize,
+    neox: bool,
+    base: f32,
+    freq_scale: f32,
+    attn_factor: f32,
+    factors: Option<B>,
+}
+
+struct DevLayer<B> {
+    attn_norm: B,
+    q_norm: Option<B>,
+    k_norm: Option<B>,
+    v_norm: Option<B>,
+    post_attn_norm: Option<B>,
+    post_ffn_norm: Option<B>,
+    ffn_norm: B,
+    wq: DevLinear<B>,
+    wk: DevLinear<B>,
+    wv: Option<DevLinear<B>>,
+    wo: DevLinear<B>,
+    gate: DevLinear<B>,
+    up: DevLinear<B>,
+    down: DevLinear<B>,
+    rope: Option<DevRope<B>>,
+    kv: DeviceKv<B>,
+    out_scale: Option<f32>,
+}
+
+/// A model resident on a device, with caches for `slots` sequences of `cap` positions.
+pub struct GpuDecoder<'r, R: Runner> {
+    r: &'r R,
+    cfg: ModelConfig,
+    tok_embd: DeviceMatrix<R::Buf>,
+    /// The output head; `None`: the token embedding (tied).
+    output: Option<DevLinear<R::Buf>>,
+    output_norm: Option<R::Buf>,
+    layers: Vec<DevLayer<R::Buf>>,
+    glu: Glu,
+    /// Tokens in each slot's cache.
+    lens: Vec<usize>,
+    cap: usize,
+}
+
+/// Fails with the first feature of `model` the decoder does not run.
+fn check_supported(model: &Model) -> Result<()> {
+    let cfg = &model.config;
+    let checks: [(bool, &str); 9] = [
+        (cfg.norm != NormKind::Rms, "LayerNorm"),
+        (cfg.parallel_residual, "parallel residual blocks"),
+        (cfg.post_norm, "post-norm blocks"),
+        (cfg.long_rope.is_some(), "LongRoPE"),
+        (cfg.has_recurrent_state(), "recurrent (DeltaNet) layers"),
+        (model.pos_embd.is_some(), "learned position embeddings"),
+        (model.ple.is_some(), "per-layer embeddings"),
+        (model.embd_proj.is_some(), "embedding projections"),
+        (model.stream.is_some(), "streamed layers"),
+    ];
+    if let Some((_, what)) = checks.iter().find(|c| c.0) {
+        return Err(unsupported(what));
+    }
+    if !matches!(cfg.act, Activation::Silu | Activation::GeluTanh) {
+        return Err(unsupported(&format!("the {:?} activation", cfg.act)));
+    }
+    for (l, layer) in model.layers.iter().enumerate() {
+        let checks: [(bool, &str); 8] = [
+            (layer.delta.is_some(), "DeltaNet layers"),
+            (layer.mla.is_some(), "multi-head latent attention"),
+            (layer.sinks.is_some(), "attention sinks"),
+            (layer.q_gate, "gated queries"),
+            (layer.ple.is_some(), "per-layer embeddings"),
+            (
+                layer.wk.is_none() || cfg.layer_kv_from[l].is_some(),
+                "layers sharing keys and values",
+            ),
+            (
+                layer.attn_norm_b.is_some() || layer.ffn_norm_b.is_some(),
+                "norm biases",
+            ),
+            (
+                !matches!(layer.ffn, Ffn::Dense(_)),
+                "feed-forward blocks other than gated dense ones (MoE, plain MLP)",
+            ),
+        ];
+        if let Some((_, what)) = checks.iter().find(|c| c.0) {
+            return Err(unsupported(&format!("{what} (layer {l})")));
+        }
+    }
+    Ok(())
+}
+
+impl<'r, R: Runner> GpuDecoder<'r, R> {
+    /// Uploads `model` to the device of `r` with caches for `slots` sequences of `cap`
+    /// positions each.
+    pub fn new(r: &'r R, model: &Model, slots: usize, cap: usize) -> Result<Self> {
+        check_supported(model)?;
+        let cfg = model.config.clone();
+        let up_vec = |v: &[f32]| upload_f32(r, v);
+        let te = model.tok_embd.view();
+        let tok_embd = DeviceMatrix::upload(r, te.dtype, te.rows, te.cols, te.data)?;
+        let tied = model.output.w.name == model.tok_embd.name && model.output.bias.is_none();
+        let output = if tied {
+            None
+        } else {
+            Some(DevLinear::upload(r, &model.output, "output")?)
+        };
+        let output_norm = cfg
+            .final_norm
+            .then(|| up_vec(&model.output_norm))
+            .transpose()?;
+        let mut layers = Vec::with_capacity(model.layers.len());
+        for (l, layer) in model.layers.iter().enumerate() {
+            layers.push(Self::upload_layer(r, &cfg, l, layer, slots, cap)?);
+        }
+        Ok(GpuDecoder {
+            r,
+            glu: match cfg.act {
+                Activation::Silu => Glu::Swiglu,
+                _ => Glu::Geglu,
+            },
+            cfg,
+            tok_embd,
+            output,
+            output_norm,
+            layers,
+            lens: vec![0; slots],
+            cap,
+        })
+    }
+
+    fn upload_layer(
+        r: &R,
+        cfg: &ModelConfig,
+        l: usize,
+        layer: &DecoderLayer,
+        slots: usize,
+        cap: usize,
+    ) -> Result<DevLayer<R::Buf>> {
+        let Ffn::Dense(e) = &layer.ffn else {
+            unreachable!("checked")
+        };
+        let lin = |x: &Linear, n: &str| DevLinear::upload(r, x, &format!("{n} of layer {l}"));
+        let rope = match cfg.rope_of(l) {
+            None => None,
+            Some(rc) => Some(DevRope {
+                n_rot: rc.n_dims,
+                neox: rc.style == RopeStyle::Neox,
+                base: rc.freq_base,
+                freq_scale: rc.freq_scale,
+                attn_factor: rc.attn_factor,
+                factors: upload_opt(r, &rc.freq_factors)?,
+            }),
+        };
+        Ok(DevLayer {
+            attn_norm: upload_f32(r, &layer.attn_norm)?,
+            q_norm: upload_opt(r, &layer.q_norm)?,
+            k_norm: upload_opt(r, &layer.k_norm)?,
+            v_norm: upload_opt(r, &layer.v_norm)?,
+            post_attn_norm: upload_opt(r, &layer.post_attn_norm)?,
+            post_ffn_norm: upload_opt(r, &layer.post_ffn_norm)?,
+            ffn_norm: upload_f32(r, &layer.ffn_norm)?,
+            wq: lin(&layer.wq, "wq")?,
+            wk: lin(layer.wk.as_ref().expect("checked"), "wk")?,
+            wv: layer.wv.as_ref().map(|v| lin(v, "wv")).transpose()?,
+            wo: lin(&layer.wo, "wo")?,
+            gate: lin(&e.gate, "ffn_gate")?,
+            up: lin(&e.up, "ffn_up")?,
+            down: lin(&e.down, "ffn_down")?,
+            rope,
+            kv: DeviceKv::new(r, slots, cfg.n_head_kv_of(l), cfg.head_dim_of(l), cap)?,
+            out_scale: layer.out_scale,
+        })
+    }
+
+    /// Tokens cached for `slot`.
+    pub fn len(&self, slot: usize) -> usize {
+        self.lens[slot]
+    }
+
+    /// Forgets `slot`'s tokens (its next token is at position 0).
+    pub fn clear(&mut self, slot: usize) {
+        self.lens[slot] = 0;
+    }
+
+    /// Runs one step: `tokens[t]` of sequence `slot[t]` at position `pos[t]` (each slot's
+    /// tokens continuing its cache, in order). Returns the logits of the tokens whose
+    /// `logits` flag is set, in order (`[n_out × n_vocab]`).
+    pub fn forward(
+        &mut self,
+        tokens: &[u32],
+        pos: &[u32],
+        slot: &[u32],
+        logits: &[bool],
+    ) -> Result<Vec<f32>> {
+        let n = tokens.len();
+        if pos.len() != n || slot.len() != n || logits.len() != n {
+            return Err(GpuError::Shape(
+                "tokens, positions, slots and logit flags differ in length".into(),
+            ));
+        }
+        let mut next = self.lens.clone();
+        for t in 0..n {
+            let s = slot[t] as usize;
+            if s >= next.len() {
+                return Err(GpuError::Shape(format!("slot {s} of {}", next.len())));
+            }
+            if pos[t] as usize != next[s] {
+                return Err(GpuError::Shape(format!(
+                    "token {t} of slot {s} is at position {} but the slot continues at {}",
+                    pos[t], next[s]
+                )));
+            }
+            if next[s] >= self.cap {
+                return Err(GpuError::Shape(format!(
+                    "slot {s} is full ({} positions)",
+                    self.cap
+                )));
+            }
+            next[s] += 1;
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.cfg.n_vocab) {
+            return Err(GpuError::Shape(format!(
+                "token id {bad} is outside the vocabulary of {}",
+                self.cfg.n_vocab
+            )));
+        }
+        let out = self.run(tokens, pos, slot)?;
+        self.lens = next;
+        let v = self.cfg.n_vocab;
+        let mut picked = Vec::with_capacity(v * logits.iter().filter(|&&f| f).count());
+        for (t, _) in logits.iter().enumerate().filter(|(_, f)| **f) {
+            picked.extend_from_slice(&out[t * v..(t + 1) * v]);
+        }
+        if let Some(cap) = self.cfg.final_softcap {
+            for x in &mut picked {
+                *x = cap * (*x / cap).tanh();
+            }
+        }
+        Ok(picked)
+    }
+
+    fn run(&self, tokens: &[u32], pos: &[u32], slot: &[u32]) -> Result<Vec<f32>> {
+        let (r, cfg, n) = (self.r, &self.cfg, tokens.len());
+        let d = cfg.n_embd;
+        let eps = cfg.norm_eps;
+        let toks = Tokens::new(r, pos, slot)?;
+        let x = r.alloc(n * d * 4)?;
+        ops::get_rows(r, &self.tok_embd, tokens, &x)?;
+        if let Some(s) = cfg.embd_scale {
+            ops::scale(r, &x, n * d, s)?;
+        }
+        let xn = r.alloc(n * d * 4)?;
+        let proj = r.alloc(n * d * 4)?;
+        for (l, layer) in self.layers.iter().enumerate() {
+            let (hd, n_kv) = (cfg.head_dim_of(l), cfg.n_head_kv_of(l));
+            let (qd, kvd) = (cfg.n_head * hd, n_kv * hd);
+            ops::rms_norm(r, &x, Some(&layer.attn_norm), &xn, n, d, eps)?;
+            let q = r.alloc(n * qd * 4)?;
+            let k = r.alloc(n * kvd * 4)?;
+            layer.wq.apply(r, &xn, n, &q)?;
+            layer.wk.apply(r, &xn, n, &k)?;
+            let v_own = match &layer.wv {
+                Some(wv) => {
+                    let v = r.alloc(n * kvd * 4)?;
+                    wv.apply(r, &xn, n, &v)?;
+                    Some(v)
+                }
+                None => None,
+            };
+            let v = v_own.as_ref().unwrap_or(&k);
+            for (w, buf, heads) in [
+                (&layer.q_norm, &q, cfg.n_head),
+                (&layer.k_norm, &k, n_kv),
+                (&layer.v_norm, v, n_kv),
+            ] {
+                if let Some(w) = w {
+                    ops::rms_norm(r, buf, Some(w), buf, n * heads, hd, eps)?;
+                }
+            }
+            if let Some(rp) = &layer.rope {
+                for (buf, heads, stride) in [(&q, cfg.n_head, qd), (&k, n_kv, kvd)] {
+                    let a = Rope {
+                        n_head: heads,
+                        head_dim: hd,
+                        n_rot: rp.n_rot,
+                        tok_stride: stride,
+                        neox: rp.neox,
+                        theta_base: rp.base,
+                        freq_scale: rp.freq_scale,
+                        attn_factor: rp.attn_factor,
+                        factors: rp.factors.as_ref(),
+                    };
+                    ops::rope(r, buf, &toks, &a)?;
+                }
+            }
+            if let Some(s) = cfg.q_scale {
+                ops::scale(r, &q, n * qd, s)?;
+            }
+            ops::kv_write(r, &layer.kv, &toks, slot, &k, v)?;
+            let shape = AttnShape {
+                n_head: cfg.n_head,
+                scale: match cfg.q_scale {
+                    Some(_) => 1.0,
+                    None => 1.0 / (hd as f32).sqrt(),
+                },
+                softcap: cfg.attn_softcap,
+                window: cfg.layer_window[l],
+            };
+            let att = r.alloc(n * qd * 4)?;
+            ops::attention(r, &layer.kv, &toks, slot, shape, &q, &att)?;
+            layer.wo.apply(r, &att, n, &proj)?;
+            if let Some(w) = &layer.post_attn_norm {
+                ops::rms_norm(r, &proj, Some(w), &proj, n, d, eps)?;
+            }
+            ops::axpy(r, &x, &proj, n * d, 1.0)?;
+            ops::rms_norm(r, &x, Some(&layer.ffn_norm), &xn, n, d, eps)?;
+            let ff = layer.gate.w.rows;
+            let (g, u) = (r.alloc(n * ff * 4)?, r.alloc(n * ff * 4)?);
+            layer.gate.apply(r, &xn, n, &g)?;
+            layer.up.apply(r, &xn, n, &u)?;
+            ops::glu(r, &g, &u, &g, n * ff, self.glu)?;
+            layer.down.apply(r, &g, n, &proj)?;
+            if let Some(w) = &layer.post_ffn_norm {
+                ops::rms_norm(r, &proj, Some(w), &proj, n, d, eps)?;
+            }
+            ops::axpy(r, &x, &proj, n * d, 1.0)?;
+            if let Some(s) = layer.out_scale {
+                ops::scale(r, &x, n * d, s)?;
+            }
+        }
+        let h = match &self.output_norm {
+            Some(w) => {
+                ops::rms_norm(r, &x, Some(w), &xn, n, d, eps)?;
+                &xn
+            }
+            None => &x,
+        };
+        let logits = r.alloc(n * cfg.n_vocab * 4)?;
+        match &self.output {
+            Some(o) => o.apply(r, h, n, &logits)?,
+            None => ops::matvec(r, &self.tok_embd, h, n, &logits)?,
+        }
+        download_f32(r, &logits)
+    }
+}
