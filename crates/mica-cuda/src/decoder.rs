@@ -313,23 +313,28 @@ impl<'r, R: Runner> GpuDecoder<'r, R> {
         }
         let xn = r.alloc(n * d * 4)?;
         let proj = r.alloc(n * d * 4)?;
+        // Scratch for every layer, sized for the widest (head sizes, KV heads and
+        // feed-forward widths may differ from layer to layer).
+        let layers = 0..self.layers.len();
+        let qd_max = layers.clone().map(|l| cfg.q_dim_of(l)).max().unwrap_or(0);
+        let kvd_max = layers.clone().map(|l| cfg.kv_dim_of(l)).max().unwrap_or(0);
+        let ff_max = self.layers.iter().map(|l| l.gate.w.rows).max().unwrap_or(0);
+        let (q, att) = (r.alloc(n * qd_max * 4)?, r.alloc(n * qd_max * 4)?);
+        let (k, v_own) = (r.alloc(n * kvd_max * 4)?, r.alloc(n * kvd_max * 4)?);
+        let (g, u) = (r.alloc(n * ff_max * 4)?, r.alloc(n * ff_max * 4)?);
         for (l, layer) in self.layers.iter().enumerate() {
             let (hd, n_kv) = (cfg.head_dim_of(l), cfg.n_head_kv_of(l));
             let (qd, kvd) = (cfg.n_head * hd, n_kv * hd);
             ops::rms_norm(r, &x, Some(&layer.attn_norm), &xn, n, d, eps)?;
-            let q = r.alloc(n * qd * 4)?;
-            let k = r.alloc(n * kvd * 4)?;
             layer.wq.apply(r, &xn, n, &q)?;
             layer.wk.apply(r, &xn, n, &k)?;
-            let v_own = match &layer.wv {
+            let v = match &layer.wv {
                 Some(wv) => {
-                    let v = r.alloc(n * kvd * 4)?;
-                    wv.apply(r, &xn, n, &v)?;
-                    Some(v)
+                    wv.apply(r, &xn, n, &v_own)?;
+                    &v_own
                 }
-                None => None,
+                None => &k,
             };
-            let v = v_own.as_ref().unwrap_or(&k);
             for (w, buf, heads) in [
                 (&layer.q_norm, &q, cfg.n_head),
                 (&layer.k_norm, &k, n_kv),
@@ -368,7 +373,6 @@ impl<'r, R: Runner> GpuDecoder<'r, R> {
                 softcap: cfg.attn_softcap,
                 window: cfg.layer_window[l],
             };
-            let att = r.alloc(n * qd * 4)?;
             ops::attention(r, &layer.kv, &toks, slot, shape, &q, &att)?;
             layer.wo.apply(r, &att, n, &proj)?;
             if let Some(w) = &layer.post_attn_norm {
@@ -377,7 +381,6 @@ impl<'r, R: Runner> GpuDecoder<'r, R> {
             ops::axpy(r, &x, &proj, n * d, 1.0)?;
             ops::rms_norm(r, &x, Some(&layer.ffn_norm), &xn, n, d, eps)?;
             let ff = layer.gate.w.rows;
-            let (g, u) = (r.alloc(n * ff * 4)?, r.alloc(n * ff * 4)?);
             layer.gate.apply(r, &xn, n, &g)?;
             layer.up.apply(r, &xn, n, &u)?;
             ops::glu(r, &g, &u, &g, n * ff, self.glu)?;

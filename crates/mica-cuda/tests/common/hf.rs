@@ -3,51 +3,12 @@
 //! every position's logits within [`MAX_ABS`], and the first [`GREEDY`] tokens of the greedy
 //! continuation token for token.
 
+pub use super::hf_common::load;
+use super::hf_common::{argmax, ids};
 use mica_cuda::{GpuDecoder, Runner};
-use mica_models::Model;
-use serde_json::Value;
-use std::path::PathBuf;
 
 pub const MAX_ABS: f32 = 1e-4;
 pub const GREEDY: usize = 12;
-
-fn dir(family: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures/hf")
-        .join(family)
-}
-
-pub fn load(family: &str) -> (Model, Value, Vec<f32>) {
-    let d = dir(family);
-    let folder = mica_models::hf::HfFolder::open(&d).unwrap_or_else(|e| panic!("{family}: {e}"));
-    let model = mica_models::arch::load_hf(&folder).unwrap_or_else(|e| panic!("{family}: {e}"));
-    let exp: Value =
-        serde_json::from_str(&std::fs::read_to_string(d.join("expected.json")).unwrap()).unwrap();
-    let bytes = std::fs::read(d.join(exp["logits_file"].as_str().unwrap())).unwrap();
-    let logits = bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-        .collect();
-    (model, exp, logits)
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
 
 pub fn check<R: Runner>(r: &R, family: &str) {
     let (model, exp, want) = load(family);
