@@ -1,25 +1,33 @@
-// The key/value cache on the device and attention over it. The cache holds `slots`
-// sequences; each sequence's keys (and values) are `[n_head_kv][cap][head_dim]` f32, the
-// slot's block at `slot * n_head_kv * cap * head_dim`.
+// The paged key/value cache on the device and attention over it. A layer's keys (and
+// values) are a pool of rows, `[n_blocks << block_shift][n_head_kv][head_dim]` f32, in
+// blocks of `1 << block_shift` positions: the host's KV cache layout. Token t's sequence
+// has its block table at `blocks + tbl[t]`: position j of it is pool row
+// `blocks[tbl[t] + (j >> block_shift)] << block_shift | (j & (block size - 1))`.
+
+DEV size_t kv_row(const int *blocks, int tbl, int j, int shift) {
+    return ((size_t)blocks[tbl + (j >> shift)] << shift) | (size_t)(j & ((1 << shift) - 1));
+}
 
 // Writes token t's key and value rows (`[n_head_kv * head_dim]` each) at position pos[t]
-// of sequence slot[t]. One block per (token, KV head).
+// of its sequence. One block per (token, KV head).
 struct KvWriteP {
     const float *k;
     const float *v;
     float *kc;
     float *vc;
-    const int *slot;
+    const int *blocks;
+    const int *tbl;
     const int *pos;
     int n_tok;
     int n_head_kv;
     int head_dim;
-    int cap;
+    int block_shift;
 };
 
 KERNEL kv_write(const struct KvWriteP p) {
     int t = blockIdx.x / p.n_head_kv, h = blockIdx.x % p.n_head_kv;
-    size_t dst = (((size_t)p.slot[t] * p.n_head_kv + h) * p.cap + p.pos[t]) * p.head_dim;
+    size_t row = kv_row(p.blocks, p.tbl[t], p.pos[t], p.block_shift);
+    size_t dst = (row * p.n_head_kv + h) * p.head_dim;
     size_t src = ((size_t)t * p.n_head_kv + h) * p.head_dim;
     for (int d = threadIdx.x; d < p.head_dim; d += blockDim.x) {
         p.kc[dst + d] = p.k[src + d];
@@ -39,13 +47,14 @@ struct AttnP {
     const float *kc;
     const float *vc;
     float *out;
-    const int *slot;
+    const int *blocks;
+    const int *tbl;
     const int *pos;
     int n_tok;
     int n_head;
     int n_head_kv;
     int head_dim;
-    int cap;
+    int block_shift;
     int window;
     float scale;
     float softcap;
@@ -64,7 +73,7 @@ KERNEL attention(const struct AttnP p) {
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     int nd = (p.head_dim + WARP - 1) / WARP;
     const float *q = p.q + ((size_t)t * p.n_head + h) * p.head_dim;
-    size_t base = ((size_t)p.slot[t] * p.n_head_kv + kvh) * p.cap * p.head_dim;
+    int tbl = p.tbl[t];
     int hi = p.pos[t];
     int lo = (p.window > 0 && hi - p.window + 1 > 0) ? hi - p.window + 1 : 0;
     float qv[ATT_MAXD], acc[ATT_MAXD];
@@ -75,8 +84,9 @@ KERNEL attention(const struct AttnP p) {
     }
     float m = NEG_INF, l = 0.0f;
     for (int j = lo + warp; j <= hi; j += ATT_WARPS) {
-        const float *kj = p.kc + base + (size_t)j * p.head_dim;
-        const float *vj = p.vc + base + (size_t)j * p.head_dim;
+        size_t at = (kv_row(p.blocks, tbl, j, p.block_shift) * p.n_head_kv + kvh) * p.head_dim;
+        const float *kj = p.kc + at;
+        const float *vj = p.vc + at;
         float s = 0.0f;
         for (int i = 0; i < nd; ++i)
             if (lane + WARP * i < p.head_dim) s += qv[i] * kj[lane + WARP * i];

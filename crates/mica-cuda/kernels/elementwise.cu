@@ -118,6 +118,20 @@ KERNEL scale(const struct ScaleP p) {
 }
 EXPORT(scale, ScaleP)
 
+// y[i] = x[i] for n values (a cache block copied; the ranges do not overlap).
+struct CopyP {
+    const float *x;
+    float *y;
+    int n;
+    int _pad;
+};
+
+KERNEL copy(const struct CopyP p) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += gridDim.x * blockDim.x)
+        p.y[i] = p.x[i];
+}
+EXPORT(copy, CopyP)
+
 // y[r][i] += b[i] for `rows` rows of n values (a projection's bias).
 struct BiasP {
     float *y;

@@ -17,7 +17,8 @@ use mica_kernels::ops::RopeStyle;
 use mica_models::config::{Activation, NormKind};
 use mica_models::model::{DecoderLayer, Ffn};
 use mica_models::weights::Linear;
-use mica_models::{Model, ModelConfig};
+use mica_models::{Batch, KvCache, LayerOffload, Model, ModelConfig, ModelError};
+type ModelResult<T> = mica_models::Result<T>;
 
 /// A device copy of an optional vector.
 fn upload_opt<R: Runner>(r: &R, v: &Option<Vec<f32>>) -> Result<Option<R::Buf>> {
@@ -89,19 +90,22 @@ struct DevLayer<B> {
     out_scale: Option<f32>,
 }
 
-/// A model resident on a device, with caches for `slots` sequences of `cap` positions.
+/// A model's layers from `first` to the last, and its output head, resident on a device,
+/// with paged key/value caches of `n_blocks` blocks per layer (addressed by the host KV
+/// cache's block tables). With `first == 0` it holds the whole model, embedding included.
 pub struct GpuDecoder<'r, R: Runner> {
     r: &'r R,
     cfg: ModelConfig,
-    tok_embd: DeviceMatrix<R::Buf>,
+    first: usize,
+    /// The token embedding: held for a whole model, or for a head tied to it.
+    tok_embd: Option<DeviceMatrix<R::Buf>>,
     /// The output head; `None`: the token embedding (tied).
     output: Option<DevLinear<R::Buf>>,
     output_norm: Option<R::Buf>,
+    /// Layers `first..`.
     layers: Vec<DevLayer<R::Buf>>,
     glu: Glu,
-    /// Tokens in each slot's cache.
-    lens: Vec<usize>,
-    cap: usize,
+    n_blocks: usize,
 }
 
 /// Fails with the first feature of `model` the decoder does not run.
@@ -152,15 +156,32 @@ fn check_supported(model: &Model) -> Result<()> {
 }
 
 impl<'r, R: Runner> GpuDecoder<'r, R> {
-    /// Uploads `model` to the device of `r` with caches for `slots` sequences of `cap`
-    /// positions each.
-    pub fn new(r: &'r R, model: &Model, slots: usize, cap: usize) -> Result<Self> {
+    /// Uploads all of `model` to the device of `r`, with caches of `n_blocks` blocks.
+    pub fn new(r: &'r R, model: &Model, n_blocks: usize) -> Result<Self> {
+        Self::layers(r, model, 0, n_blocks)
+    }
+
+    /// Uploads layers `first..` of `model` and its output head (for
+    /// [`LayerOffload`]), with caches of `n_blocks` blocks.
+    pub fn layers(r: &'r R, model: &Model, first: usize, n_blocks: usize) -> Result<Self> {
         check_supported(model)?;
         let cfg = model.config.clone();
+        if first > cfg.n_layer {
+            return Err(GpuError::Shape(format!(
+                "layer {first} of a {}-layer model",
+                cfg.n_layer
+            )));
+        }
         let up_vec = |v: &[f32]| upload_f32(r, v);
-        let te = model.tok_embd.view();
-        let tok_embd = DeviceMatrix::upload(r, te.dtype, te.rows, te.cols, te.data)?;
         let tied = model.output.w.name == model.tok_embd.name && model.output.bias.is_none();
+        let tok_embd = if first == 0 || tied {
+            let te = model.tok_embd.view();
+            Some(DeviceMatrix::upload(
+                r, te.dtype, te.rows, te.cols, te.data,
+            )?)
+        } else {
+            None
+        };
         let output = if tied {
             None
         } else {
@@ -170,9 +191,9 @@ impl<'r, R: Runner> GpuDecoder<'r, R> {
             .final_norm
             .then(|| up_vec(&model.output_norm))
             .transpose()?;
-        let mut layers = Vec::with_capacity(model.layers.len());
-        for (l, layer) in model.layers.iter().enumerate() {
-            layers.push(Self::upload_layer(r, &cfg, l, layer, slots, cap)?);
+        let mut layers = Vec::with_capacity(model.layers.len() - first);
+        for (l, layer) in model.layers.iter().enumerate().skip(first) {
+            layers.push(Self::upload_layer(r, &cfg, l, layer, n_blocks)?);
         }
         Ok(GpuDecoder {
             r,
@@ -181,12 +202,12 @@ impl<'r, R: Runner> GpuDecoder<'r, R> {
                 _ => Glu::Geglu,
             },
             cfg,
+            first,
             tok_embd,
             output,
             output_norm,
             layers,
-            lens: vec![0; slots],
-            cap,
+            n_blocks,
         })
     }
 
@@ -195,8 +216,7 @@ impl<'r, R: Runner> GpuDecoder<'r, R> {
         cfg: &ModelConfig,
         l: usize,
         layer: &DecoderLayer,
-        slots: usize,
-        cap: usize,
+        n_blocks: usize,
     ) -> Result<DevLayer<R::Buf>> {
         let Ffn::Dense(e) = &layer.ffn else {
             unreachable!("checked")
@@ -229,56 +249,39 @@ impl<'r, R: Runner> GpuDecoder<'r, R> {
             up: lin(&e.up, "ffn_up")?,
             down: lin(&e.down, "ffn_down")?,
             rope,
-            kv: DeviceKv::new(r, slots, cfg.n_head_kv_of(l), cfg.head_dim_of(l), cap)?,
+            kv: DeviceKv::new(r, n_blocks, cfg.n_head_kv_of(l), cfg.head_dim_of(l))?,
             out_scale: layer.out_scale,
         })
     }
 
-    /// Tokens cached for `slot`.
-    pub fn len(&self, slot: usize) -> usize {
-        self.lens[slot]
+    /// Blocks in each layer's cache.
+    pub fn n_blocks(&self) -> usize {
+        self.n_blocks
     }
 
-    /// Forgets `slot`'s tokens (its next token is at position 0).
-    pub fn clear(&mut self, slot: usize) {
-        self.lens[slot] = 0;
-    }
-
-    /// Runs one step: `tokens[t]` of sequence `slot[t]` at position `pos[t]` (each slot's
-    /// tokens continuing its cache, in order). Returns the logits of the tokens whose
-    /// `logits` flag is set, in order (`[n_out × n_vocab]`).
+    /// Runs one step of the whole model: `tokens[t]` at position `pos[t]` of sequence
+    /// `seq[t]`, whose block table is `tables[seq[t]]` (positions before a token's, of its
+    /// sequence, already cached). Returns the logits of the tokens whose `logits` flag is
+    /// set, in order (`[n_out × n_vocab]`).
     pub fn forward(
         &mut self,
         tokens: &[u32],
         pos: &[u32],
-        slot: &[u32],
+        seq: &[u32],
+        tables: &[&[u32]],
         logits: &[bool],
     ) -> Result<Vec<f32>> {
-        let n = tokens.len();
-        if pos.len() != n || slot.len() != n || logits.len() != n {
-            return Err(GpuError::Shape(
-                "tokens, positions, slots and logit flags differ in length".into(),
-            ));
+        let (r, n, d) = (self.r, tokens.len(), self.cfg.n_embd);
+        if self.first != 0 {
+            return Err(GpuError::Shape(format!(
+                "this decoder holds layers {}.. only, not the embedding",
+                self.first
+            )));
         }
-        let mut next = self.lens.clone();
-        for t in 0..n {
-            let s = slot[t] as usize;
-            if s >= next.len() {
-                return Err(GpuError::Shape(format!("slot {s} of {}", next.len())));
-            }
-            if pos[t] as usize != next[s] {
-                return Err(GpuError::Shape(format!(
-                    "token {t} of slot {s} is at position {} but the slot continues at {}",
-                    pos[t], next[s]
-                )));
-            }
-            if next[s] >= self.cap {
-                return Err(GpuError::Shape(format!(
-                    "slot {s} is full ({} positions)",
-                    self.cap
-                )));
-            }
-            next[s] += 1;
+        if pos.len() != n || logits.len() != n {
+            return Err(GpuError::Shape(
+                "tokens, positions and logit flags differ in length".into(),
+            ));
         }
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.cfg.n_vocab) {
             return Err(GpuError::Shape(format!(
@@ -286,46 +289,115 @@ impl<'r, R: Runner> GpuDecoder<'r, R> {
                 self.cfg.n_vocab
             )));
         }
-        let out = self.run(tokens, pos, slot)?;
-        self.lens = next;
-        let v = self.cfg.n_vocab;
-        let mut picked = Vec::with_capacity(v * logits.iter().filter(|&&f| f).count());
-        for (t, _) in logits.iter().enumerate().filter(|(_, f)| **f) {
-            picked.extend_from_slice(&out[t * v..(t + 1) * v]);
+        let toks = Tokens::new(r, pos, seq, tables)?;
+        let x = r.alloc(n * d * 4)?;
+        let embd = self.tok_embd.as_ref().expect("held for a whole model");
+        ops::get_rows(r, embd, tokens, &x)?;
+        if let Some(s) = self.cfg.embd_scale {
+            ops::scale(r, &x, n * d, s)?;
         }
+        self.layers_on_device(&x, &toks)?;
+        // The head reads the flagged rows only.
+        let rows: Vec<usize> = (0..n).filter(|&t| logits[t]).collect();
+        let h = r.alloc(rows.len().max(1) * d * 4)?;
+        for (i, &t) in rows.iter().enumerate() {
+            ops::copy(r, &x, t * d, &h, i * d, d)?;
+        }
+        let h = match &self.output_norm {
+            Some(w) => {
+                ops::rms_norm(r, &h, Some(w), &h, rows.len(), d, self.cfg.norm_eps)?;
+                h
+            }
+            None => h,
+        };
+        let mut out = self.head_rows(&h, rows.len())?;
         if let Some(cap) = self.cfg.final_softcap {
-            for x in &mut picked {
+            for x in &mut out {
                 *x = cap * (*x / cap).tanh();
             }
         }
-        Ok(picked)
+        Ok(out)
     }
 
-    fn run(&self, tokens: &[u32], pos: &[u32], slot: &[u32]) -> Result<Vec<f32>> {
-        let (r, cfg, n) = (self.r, &self.cfg, tokens.len());
+    /// Runs layers `first..` over the host's residual stream `x` (`[n × n_embd]`, replaced
+    /// by the last layer's output) for the tokens at `pos` of `seq` (see
+    /// [`GpuDecoder::forward`]).
+    pub fn run_layers_host(
+        &mut self,
+        x: &mut [f32],
+        pos: &[u32],
+        seq: &[u32],
+        tables: &[&[u32]],
+    ) -> Result<()> {
+        let (r, d) = (self.r, self.cfg.n_embd);
+        if x.len() != pos.len() * d {
+            return Err(GpuError::Shape(format!(
+                "{} hidden values for {} tokens of {d}",
+                x.len(),
+                pos.len()
+            )));
+        }
+        let toks = Tokens::new(r, pos, seq, tables)?;
+        let buf = upload_f32(r, x)?;
+        self.layers_on_device(&buf, &toks)?;
+        x.copy_from_slice(&download_f32(r, &buf)?);
+        Ok(())
+    }
+
+    /// The output head's logits (`[n × n_vocab]`, no final soft-capping) of `n` final-normed
+    /// host rows `h`.
+    pub fn head_host(&self, h: &[f32], n: usize) -> Result<Vec<f32>> {
+        if h.len() != n * self.cfg.n_embd {
+            return Err(GpuError::Shape(format!(
+                "{} values for {n} rows of {}",
+                h.len(),
+                self.cfg.n_embd
+            )));
+        }
+        self.head_rows(&upload_f32(self.r, h)?, n)
+    }
+
+    /// Copies block `src` of every layer's cache into block `dst`.
+    pub fn copy_block(&self, src: u32, dst: u32) -> Result<()> {
+        for layer in &self.layers {
+            layer.kv.copy_block(self.r, src, dst)?;
+        }
+        Ok(())
+    }
+
+    fn head_rows(&self, h: &R::Buf, n: usize) -> Result<Vec<f32>> {
+        let r = self.r;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let logits = r.alloc(n * self.cfg.n_vocab * 4)?;
+        match (&self.output, &self.tok_embd) {
+            (Some(o), _) => o.apply(r, h, n, &logits)?,
+            (None, Some(e)) => ops::matvec(r, e, h, n, &logits)?,
+            (None, None) => unreachable!("a tied head keeps the embedding"),
+        }
+        download_f32(r, &logits)
+    }
+
+    fn layers_on_device(&self, x: &R::Buf, toks: &Tokens<R::Buf>) -> Result<()> {
+        let (r, cfg, n) = (self.r, &self.cfg, toks.n);
         let d = cfg.n_embd;
         let eps = cfg.norm_eps;
-        let toks = Tokens::new(r, pos, slot)?;
-        let x = r.alloc(n * d * 4)?;
-        ops::get_rows(r, &self.tok_embd, tokens, &x)?;
-        if let Some(s) = cfg.embd_scale {
-            ops::scale(r, &x, n * d, s)?;
-        }
         let xn = r.alloc(n * d * 4)?;
         let proj = r.alloc(n * d * 4)?;
         // Scratch for every layer, sized for the widest (head sizes, KV heads and
         // feed-forward widths may differ from layer to layer).
-        let layers = 0..self.layers.len();
+        let layers = self.first..cfg.n_layer;
         let qd_max = layers.clone().map(|l| cfg.q_dim_of(l)).max().unwrap_or(0);
         let kvd_max = layers.clone().map(|l| cfg.kv_dim_of(l)).max().unwrap_or(0);
         let ff_max = self.layers.iter().map(|l| l.gate.w.rows).max().unwrap_or(0);
         let (q, att) = (r.alloc(n * qd_max * 4)?, r.alloc(n * qd_max * 4)?);
         let (k, v_own) = (r.alloc(n * kvd_max * 4)?, r.alloc(n * kvd_max * 4)?);
         let (g, u) = (r.alloc(n * ff_max * 4)?, r.alloc(n * ff_max * 4)?);
-        for (l, layer) in self.layers.iter().enumerate() {
+        for (layer, l) in self.layers.iter().zip(layers) {
             let (hd, n_kv) = (cfg.head_dim_of(l), cfg.n_head_kv_of(l));
             let (qd, kvd) = (cfg.n_head * hd, n_kv * hd);
-            ops::rms_norm(r, &x, Some(&layer.attn_norm), &xn, n, d, eps)?;
+            ops::rms_norm(r, x, Some(&layer.attn_norm), &xn, n, d, eps)?;
             layer.wq.apply(r, &xn, n, &q)?;
             layer.wk.apply(r, &xn, n, &k)?;
             let v = match &layer.wv {
@@ -357,13 +429,13 @@ impl<'r, R: Runner> GpuDecoder<'r, R> {
                         attn_factor: rp.attn_factor,
                         factors: rp.factors.as_ref(),
                     };
-                    ops::rope(r, buf, &toks, &a)?;
+                    ops::rope(r, buf, toks, &a)?;
                 }
             }
             if let Some(s) = cfg.q_scale {
                 ops::scale(r, &q, n * qd, s)?;
             }
-            ops::kv_write(r, &layer.kv, &toks, slot, &k, v)?;
+            ops::kv_write(r, &layer.kv, toks, &k, v)?;
             let shape = AttnShape {
                 n_head: cfg.n_head,
                 scale: match cfg.q_scale {
@@ -373,13 +445,13 @@ impl<'r, R: Runner> GpuDecoder<'r, R> {
                 softcap: cfg.attn_softcap,
                 window: cfg.layer_window[l],
             };
-            ops::attention(r, &layer.kv, &toks, slot, shape, &q, &att)?;
+            ops::attention(r, &layer.kv, toks, shape, &q, &att)?;
             layer.wo.apply(r, &att, n, &proj)?;
             if let Some(w) = &layer.post_attn_norm {
                 ops::rms_norm(r, &proj, Some(w), &proj, n, d, eps)?;
             }
-            ops::axpy(r, &x, &proj, n * d, 1.0)?;
-            ops::rms_norm(r, &x, Some(&layer.ffn_norm), &xn, n, d, eps)?;
+            ops::axpy(r, x, &proj, n * d, 1.0)?;
+            ops::rms_norm(r, x, Some(&layer.ffn_norm), &xn, n, d, eps)?;
             let ff = layer.gate.w.rows;
             layer.gate.apply(r, &xn, n, &g)?;
             layer.up.apply(r, &xn, n, &u)?;
@@ -388,23 +460,40 @@ impl<'r, R: Runner> GpuDecoder<'r, R> {
             if let Some(w) = &layer.post_ffn_norm {
                 ops::rms_norm(r, &proj, Some(w), &proj, n, d, eps)?;
             }
-            ops::axpy(r, &x, &proj, n * d, 1.0)?;
+            ops::axpy(r, x, &proj, n * d, 1.0)?;
             if let Some(s) = layer.out_scale {
-                ops::scale(r, &x, n * d, s)?;
+                ops::scale(r, x, n * d, s)?;
             }
         }
-        let h = match &self.output_norm {
-            Some(w) => {
-                ops::rms_norm(r, &x, Some(w), &xn, n, d, eps)?;
-                &xn
-            }
-            None => &x,
-        };
-        let logits = r.alloc(n * cfg.n_vocab * 4)?;
-        match &self.output {
-            Some(o) => o.apply(r, h, n, &logits)?,
-            None => ops::matvec(r, &self.tok_embd, h, n, &logits)?,
-        }
-        download_f32(r, &logits)
+        Ok(())
+    }
+}
+
+fn offload_err(e: GpuError) -> ModelError {
+    ModelError::Offload(e.to_string())
+}
+
+impl<R: Runner> LayerOffload for GpuDecoder<'_, R> {
+    fn first_layer(&self) -> usize {
+        self.first
+    }
+
+    fn run_layers(&mut self, batch: &Batch, kv: &KvCache, x: &mut [f32]) -> ModelResult<()> {
+        let pos: Vec<u32> = batch.pos.iter().map(|&p| p as u32).collect();
+        let seq: Vec<u32> = batch.seq.iter().map(|&s| s as u32).collect();
+        let n_seq = batch.seq.iter().max().map_or(0, |&s| s + 1);
+        let tables: Vec<&[u32]> = (0..n_seq).map(|s| kv.block_table(s)).collect();
+        self.run_layers_host(x, &pos, &seq, &tables)
+            .map_err(offload_err)
+    }
+
+    fn head(&mut self, h: &[f32], n: usize, logits: &mut [f32]) -> ModelResult<bool> {
+        let out = self.head_host(h, n).map_err(offload_err)?;
+        logits.copy_from_slice(&out);
+        Ok(true)
+    }
+
+    fn copy_block(&mut self, src: u32, dst: u32) -> ModelResult<()> {
+        GpuDecoder::copy_block(self, src, dst).map_err(offload_err)
     }
 }

@@ -58,7 +58,7 @@ impl Module {
                 .iter()
                 .flat_map(|(_, n)| [format!("matvec_{n}"), format!("get_rows_{n}")])
                 .collect(),
-            "elementwise" => ["rms_norm", "rope", "glu", "axpy", "scale", "bias"]
+            "elementwise" => ["rms_norm", "rope", "glu", "axpy", "scale", "copy", "bias"]
                 .map(String::from)
                 .to_vec(),
             "attention" => ["kv_write", "attention"].map(String::from).to_vec(),

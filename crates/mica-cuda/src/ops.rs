@@ -4,7 +4,7 @@
 
 use crate::kernels::format_name;
 use crate::params::{
-    AttnP, AxpyP, BiasP, GluP, KvWriteP, MatvecP, NormP, Params, RopeP, RowsP, ScaleP,
+    AttnP, AxpyP, BiasP, CopyP, GluP, KvWriteP, MatvecP, NormP, Params, RopeP, RowsP, ScaleP,
 };
 use crate::runner::{DeviceBuf, Launch, Runner, upload_i32};
 use crate::{GpuError, Result};
@@ -211,34 +211,89 @@ pub fn rms_norm<R: Runner>(
     )
 }
 
-/// Per-token placement of a step's tokens: position and KV-cache slot (sequence) of each,
-/// checked against the cache's capacity and uploaded once for every op of the step.
+/// Positions of a pool's blocks: `BLOCK_SIZE` (the host KV cache's).
+pub const BLOCK_SIZE: usize = mica_models::kv_cache::BLOCK_SIZE;
+const BLOCK_SHIFT: u32 = BLOCK_SIZE.trailing_zeros();
+
+/// A step's tokens on the device: each one's position and, for the cache ops, its
+/// sequence's block table in the paged KV cache (the host cache's tables: position `p` of a
+/// sequence lives in row `table[p / BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE` of every
+/// layer's pool). Checked on the host and uploaded once for every op of the step.
 pub struct Tokens<B> {
     pub n: usize,
     pos: B,
-    slot: B,
-    max_pos: usize,
+    /// `[n]` where each token's table starts in `blocks`.
+    tbl: B,
+    /// The tables of the step's sequences, one after another.
+    blocks: B,
+    /// The largest block id the tables name; `None`: no tables (positions only).
+    max_block: Option<u32>,
 }
 
 impl<B: DeviceBuf> Tokens<B> {
-    pub fn new<R: Runner<Buf = B>>(r: &R, pos: &[u32], slot: &[u32]) -> Result<Self> {
-        if pos.len() != slot.len() {
+    /// Token `t` at position `pos[t]` of sequence `seq[t]`, whose block table is
+    /// `tables[seq[t]]`; every position must fall inside its table's blocks.
+    pub fn new<R: Runner<Buf = B>>(
+        r: &R,
+        pos: &[u32],
+        seq: &[u32],
+        tables: &[&[u32]],
+    ) -> Result<Self> {
+        if pos.len() != seq.len() {
             return Err(shape(format!(
-                "{} positions for {} slots",
+                "{} positions for {} sequence ids",
                 pos.len(),
-                slot.len()
+                seq.len()
             )));
         }
-        let to_i32 = |v: &[u32]| -> Result<Vec<i32>> {
-            v.iter()
-                .map(|&x| int(x as usize, "position or slot"))
-                .collect()
-        };
+        // Each sequence's table once, in order of first use.
+        let mut start: Vec<Option<usize>> = vec![None; tables.len()];
+        let (mut blocks, mut tbl) = (Vec::new(), Vec::with_capacity(pos.len()));
+        for (t, (&p, &s)) in pos.iter().zip(seq).enumerate() {
+            let table = *tables.get(s as usize).ok_or_else(|| {
+                shape(format!(
+                    "token {t} is of sequence {s}, but {} block tables were given",
+                    tables.len()
+                ))
+            })?;
+            if p as usize >= table.len() * BLOCK_SIZE {
+                return Err(shape(format!(
+                    "token {t} is at position {p}, past the {} positions of sequence {s}'s blocks",
+                    table.len() * BLOCK_SIZE
+                )));
+            }
+            let at = match start[s as usize] {
+                Some(at) => at,
+                None => {
+                    let at = blocks.len();
+                    for &b in table {
+                        blocks.push(int(b as usize, "block id")?);
+                    }
+                    start[s as usize] = Some(at);
+                    at
+                }
+            };
+            tbl.push(int(at, "block table offset")?);
+        }
+        let mut toks = Self::positions(r, pos)?;
+        toks.max_block = Some(blocks.iter().copied().max().unwrap_or(0) as u32);
+        toks.tbl = upload_i32(r, &tbl)?;
+        toks.blocks = upload_i32(r, &blocks)?;
+        Ok(toks)
+    }
+
+    /// Positions only, for the ops that read no cache (RoPE).
+    pub fn positions<R: Runner<Buf = B>>(r: &R, pos: &[u32]) -> Result<Self> {
+        let pos: Vec<i32> = pos
+            .iter()
+            .map(|&x| int(x as usize, "position"))
+            .collect::<Result<_>>()?;
         Ok(Tokens {
             n: pos.len(),
-            pos: upload_i32(r, &to_i32(pos)?)?,
-            slot: upload_i32(r, &to_i32(slot)?)?,
-            max_pos: pos.iter().copied().max().unwrap_or(0) as usize,
+            pos: upload_i32(r, &pos)?,
+            tbl: upload_i32(r, &[])?,
+            blocks: upload_i32(r, &[])?,
+            max_block: None,
         })
     }
 }
@@ -394,62 +449,107 @@ pub fn scale<R: Runner>(r: &R, x: &R::Buf, n: usize, s: f32) -> Result<()> {
     r.launch("scale", elementwise(n)?, p.bytes())
 }
 
-/// One layer's key/value cache on the device: `slots` sequences of up to `cap` positions,
-/// `[slot][n_head_kv][cap][head_dim]` f32 keys and the same of values.
+/// `y[y_at + i] = x[x_at + i]` for `n` values (ranges that do not overlap).
+pub fn copy<R: Runner>(
+    r: &R,
+    x: &R::Buf,
+    x_at: usize,
+    y: &R::Buf,
+    y_at: usize,
+    n: usize,
+) -> Result<()> {
+    need(x, x_at + n, "copy source")?;
+    need(y, y_at + n, "copy destination")?;
+    if x.addr() == y.addr() && x_at.max(y_at) < x_at.min(y_at) + n {
+        return Err(shape(format!(
+            "copy of {n} values from {x_at} to {y_at} overlaps"
+        )));
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let p = CopyP {
+        x: x.addr() + 4 * x_at as u64,
+        y: y.addr() + 4 * y_at as u64,
+        n: int(n, "values")?,
+        _pad: 0,
+    };
+    r.launch("copy", elementwise(n)?, p.bytes())
+}
+
+/// One layer's paged key/value cache on the device: a pool of `n_blocks` blocks of
+/// [`BLOCK_SIZE`] positions, `[n_blocks · BLOCK_SIZE][n_head_kv][head_dim]` f32 keys and the
+/// same of values (the host cache's layout, so its block tables address it).
 pub struct DeviceKv<B> {
     pub k: B,
     pub v: B,
-    pub slots: usize,
+    pub n_blocks: usize,
     pub n_head_kv: usize,
     pub head_dim: usize,
-    pub cap: usize,
 }
 
 impl<B: DeviceBuf> DeviceKv<B> {
     pub fn new<R: Runner<Buf = B>>(
         r: &R,
-        slots: usize,
+        n_blocks: usize,
         n_head_kv: usize,
         head_dim: usize,
-        cap: usize,
     ) -> Result<Self> {
-        let n = slots * n_head_kv * cap * head_dim;
+        let n = n_blocks * BLOCK_SIZE * n_head_kv * head_dim;
         int(n, "cache values")?;
         Ok(DeviceKv {
             k: r.alloc(n * 4)?,
             v: r.alloc(n * 4)?,
-            slots,
+            n_blocks,
             n_head_kv,
             head_dim,
-            cap,
         })
     }
 
-    fn check(&self, toks: &Tokens<B>, slots: &[u32]) -> Result<()> {
-        if toks.n > 0 && toks.max_pos >= self.cap {
+    /// Bytes of keys and values one block takes.
+    pub fn block_bytes(n_head_kv: usize, head_dim: usize) -> usize {
+        2 * BLOCK_SIZE * n_head_kv * head_dim * 4
+    }
+
+    /// Copies block `src` into block `dst` (keys and values).
+    pub fn copy_block<R: Runner<Buf = B>>(&self, r: &R, src: u32, dst: u32) -> Result<()> {
+        let (s, d) = (src as usize, dst as usize);
+        if s.max(d) >= self.n_blocks {
             return Err(shape(format!(
-                "position {} past the cache's {} positions",
-                toks.max_pos, self.cap
+                "block {} of a {}-block cache",
+                s.max(d),
+                self.n_blocks
             )));
         }
-        if let Some(&s) = slots.iter().find(|&&s| s as usize >= self.slots) {
-            return Err(shape(format!("slot {s} of a {}-slot cache", self.slots)));
+        let row = BLOCK_SIZE * self.n_head_kv * self.head_dim;
+        for buf in [&self.k, &self.v] {
+            copy(r, buf, s * row, buf, d * row, row)?;
         }
         Ok(())
+    }
+
+    fn check(&self, toks: &Tokens<B>) -> Result<()> {
+        match toks.max_block {
+            None if toks.n > 0 => Err(shape("tokens without block tables".into())),
+            Some(b) if toks.n > 0 && b as usize >= self.n_blocks => Err(shape(format!(
+                "block {b} of a {}-block cache",
+                self.n_blocks
+            ))),
+            _ => Ok(()),
+        }
     }
 }
 
 /// Writes each token's key and value rows (`[n × n_head_kv·head_dim]`) into `kv` at its
-/// position of its slot. `slots` are the host copy of `toks`' slots (checked against `kv`).
+/// position of its sequence.
 pub fn kv_write<R: Runner>(
     r: &R,
     kv: &DeviceKv<R::Buf>,
     toks: &Tokens<R::Buf>,
-    slots: &[u32],
     k: &R::Buf,
     v: &R::Buf,
 ) -> Result<()> {
-    kv.check(toks, slots)?;
+    kv.check(toks)?;
     let row = kv.n_head_kv * kv.head_dim;
     need(k, toks.n * row, "keys")?;
     need(v, toks.n * row, "values")?;
@@ -461,12 +561,13 @@ pub fn kv_write<R: Runner>(
         v: v.addr(),
         kc: kv.k.addr(),
         vc: kv.v.addr(),
-        slot: toks.slot.addr(),
+        blocks: toks.blocks.addr(),
+        tbl: toks.tbl.addr(),
         pos: toks.pos.addr(),
         n_tok: int(toks.n, "tokens")?,
         n_head_kv: int(kv.n_head_kv, "KV heads")?,
         head_dim: int(kv.head_dim, "head_dim")?,
-        cap: int(kv.cap, "cache positions")?,
+        block_shift: BLOCK_SHIFT as i32,
     };
     let dims = Launch {
         grid: grid(toks.n * kv.n_head_kv)?,
@@ -474,7 +575,6 @@ pub fn kv_write<R: Runner>(
     };
     r.launch("kv_write", dims, p.bytes())
 }
-
 /// How a layer's queries attend.
 #[derive(Clone, Copy, Debug)]
 pub struct AttnShape {
@@ -492,12 +592,11 @@ pub fn attention<R: Runner>(
     r: &R,
     kv: &DeviceKv<R::Buf>,
     toks: &Tokens<R::Buf>,
-    slots: &[u32],
     s: AttnShape,
     q: &R::Buf,
     out: &R::Buf,
 ) -> Result<()> {
-    kv.check(toks, slots)?;
+    kv.check(toks)?;
     let hd = kv.head_dim;
     if hd > ATT_MAX_HEAD_DIM || hd == 0 {
         return Err(shape(format!(
@@ -520,13 +619,14 @@ pub fn attention<R: Runner>(
         kc: kv.k.addr(),
         vc: kv.v.addr(),
         out: out.addr(),
-        slot: toks.slot.addr(),
+        blocks: toks.blocks.addr(),
+        tbl: toks.tbl.addr(),
         pos: toks.pos.addr(),
         n_tok: int(toks.n, "tokens")?,
         n_head: int(s.n_head, "heads")?,
         n_head_kv: int(kv.n_head_kv, "KV heads")?,
         head_dim: int(hd, "head_dim")?,
-        cap: int(kv.cap, "cache positions")?,
+        block_shift: BLOCK_SHIFT as i32,
         window: int(s.window.unwrap_or(0), "window")?,
         scale: s.scale,
         softcap: s.softcap.unwrap_or(0.0),

@@ -136,18 +136,29 @@ params!(
 );
 
 params!(
+    /// `copy` (`kernels/elementwise.cu`).
+    CopyP {
+        x: u64,
+        y: u64,
+        n: i32,
+        _pad: i32,
+    }
+);
+
+params!(
     /// `kv_write` (`kernels/attention.cu`).
     KvWriteP {
         k: u64,
         v: u64,
         kc: u64,
         vc: u64,
-        slot: u64,
+        blocks: u64,
+        tbl: u64,
         pos: u64,
         n_tok: i32,
         n_head_kv: i32,
         head_dim: i32,
-        cap: i32,
+        block_shift: i32,
     }
 );
 
@@ -158,13 +169,14 @@ params!(
         kc: u64,
         vc: u64,
         out: u64,
-        slot: u64,
+        blocks: u64,
+        tbl: u64,
         pos: u64,
         n_tok: i32,
         n_head: i32,
         n_head_kv: i32,
         head_dim: i32,
-        cap: i32,
+        block_shift: i32,
         window: i32,
         scale: f32,
         softcap: f32,

@@ -7,7 +7,7 @@
 
 mod common;
 use common::emu::emu;
-use common::hf::{check, load};
+use common::hf::{check, check_offloaded, load};
 use mica_cuda::{GpuDecoder, GpuError};
 
 #[test]
@@ -64,7 +64,7 @@ fn what_the_decoder_does_not_run_is_refused_by_name() {
         ("qwen35", "DeltaNet"),
     ] {
         let (model, _, _) = load(family);
-        match GpuDecoder::new(emu(), &model, 1, 8) {
+        match GpuDecoder::new(emu(), &model, 8) {
             Err(e @ GpuError::UnsupportedModel(_)) => {
                 assert!(e.to_string().contains(what), "{family}: {e}")
             }
@@ -74,19 +74,79 @@ fn what_the_decoder_does_not_run_is_refused_by_name() {
     }
 }
 
+// The host's forward pass with its last layers offloaded (`Model::forward_offloaded`):
+// layers and KV cache split between the host and the device at several points, a separate
+// head (llama) and tied ones, the head alone on the device (smollm3 from its last layer).
+
 #[test]
-fn steps_that_do_not_continue_their_slot_are_refused() {
+fn llama_offloaded_from_layer_1() {
+    check_offloaded(emu(), "llama", 1);
+}
+
+#[test]
+fn qwen2_offloaded_whole() {
+    check_offloaded(emu(), "qwen2", 0);
+}
+
+#[test]
+fn gemma3_offloaded_from_layer_2() {
+    check_offloaded(emu(), "gemma3", 2);
+}
+
+#[test]
+fn smollm3_head_offloaded() {
+    check_offloaded(emu(), "smollm3", 4);
+}
+
+#[test]
+fn bad_steps_are_refused() {
     let (model, _, _) = load("llama");
-    let mut dec = GpuDecoder::new(emu(), &model, 1, 4).unwrap();
-    let e = dec.forward(&[1], &[1], &[0], &[true]).unwrap_err();
-    assert!(e.to_string().contains("continues at 0"), "{e}");
-    let e = dec.forward(&[1], &[0], &[1], &[true]).unwrap_err();
-    assert!(e.to_string().contains("slot 1 of 1"), "{e}");
-    let e = dec.forward(&[100_000], &[0], &[0], &[true]).unwrap_err();
+    let mut dec = GpuDecoder::new(emu(), &model, 2).unwrap();
+    let t0: &[u32] = &[1];
+    let e = dec.forward(&[1], &[16], &[0], &[t0], &[true]).unwrap_err();
+    assert!(e.to_string().contains("past the 16 positions"), "{e}");
+    let e = dec.forward(&[1], &[0], &[1], &[t0], &[true]).unwrap_err();
+    assert!(e.to_string().contains("1 block tables were given"), "{e}");
+    let e = dec
+        .forward(&[100_000], &[0], &[0], &[t0], &[true])
+        .unwrap_err();
     assert!(e.to_string().contains("vocabulary"), "{e}");
-    dec.forward(&[1, 2, 3, 4], &[0, 1, 2, 3], &[0; 4], &[false; 4])
+    let far: &[u32] = &[2];
+    let e = dec.forward(&[1], &[0], &[0], &[far], &[true]).unwrap_err();
+    assert!(e.to_string().contains("block 2 of a 2-block cache"), "{e}");
+    let e = dec
+        .forward(&[1], &[0, 1], &[0], &[t0], &[true])
+        .unwrap_err();
+    assert!(e.to_string().contains("differ in length"), "{e}");
+    let out = dec
+        .forward(
+            &[1, 2, 3, 4],
+            &[0, 1, 2, 3],
+            &[0; 4],
+            &[t0],
+            &[false, true, false, true],
+        )
         .unwrap();
-    let e = dec.forward(&[1], &[4], &[0], &[true]).unwrap_err();
-    assert!(e.to_string().contains("full"), "{e}");
-    assert_eq!(dec.len(0), 4);
+    assert_eq!(out.len(), 2 * model.config.n_vocab);
+    // Layers from 1: no embedding to run a whole step with.
+    let mut part = GpuDecoder::layers(emu(), &model, 1, 2).unwrap();
+    let e = part.forward(&[1], &[0], &[0], &[t0], &[true]).unwrap_err();
+    assert!(e.to_string().contains("layers 1.. only"), "{e}");
+    assert!(GpuDecoder::layers(emu(), &model, 3, 2).is_err());
+}
+
+/// The host's pass refuses an offload whose layers its KV cache also holds.
+#[test]
+fn offload_needs_a_cache_without_its_layers() {
+    use mica_models::{Batch, KvCache, Workspace};
+    let (model, _, _) = load("llama");
+    let mut dec = GpuDecoder::layers(emu(), &model, 1, 8).unwrap();
+    let mut kv = KvCache::new(&model.config, 64, 2);
+    let pool = mica_kernels::ThreadPool::new(1);
+    let mut ws = Workspace::default();
+    let b = Batch::for_sequence(&[1, 2], 0, 0, false);
+    let e = model
+        .forward_offloaded(&pool, &b, &mut kv, &mut ws, &mut || false, &mut dec)
+        .unwrap_err();
+    assert!(e.to_string().contains("holds layer 1"), "{e}");
 }

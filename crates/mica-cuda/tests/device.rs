@@ -61,6 +61,11 @@ fn attention() {
 }
 
 #[test]
+fn copy() {
+    cases::copy(gpu());
+}
+
+#[test]
 fn refusals() {
     cases::refusals(gpu());
 }

@@ -49,6 +49,11 @@ fn attention() {
 }
 
 #[test]
+fn copy() {
+    cases::copy(emu());
+}
+
+#[test]
 fn refusals() {
     cases::refusals(emu());
 }

@@ -88,6 +88,9 @@ pub enum ModelError {
     /// Layer streaming cannot run as asked ([`crate::stream`]).
     #[error("layer streaming: {0}")]
     Streaming(String),
+    /// The device running offloaded layers failed ([`crate::offload`]).
+    #[error("offloaded layers: {0}")]
+    Offload(String),
     /// A batch is malformed (bad token id, positions that skip or rewind...).
     #[error("invalid batch: {0}")]
     Batch(String),

@@ -371,9 +371,15 @@ impl KvCache {
     /// A self-managed cache for up to `n_seq` sequences of up to `n_ctx` positions each,
     /// in the element type of the model's numerics. Storage grows as sequences use it.
     pub fn new(cfg: &ModelConfig, n_ctx: usize, n_seq: usize) -> KvCache {
+        Self::new_offloaded(cfg, n_ctx, n_seq, cfg.n_layer)
+    }
+
+    /// [`KvCache::new`] holding keys and values for layers `..first` only: the later ones
+    /// run offloaded ([`crate::offload`]), which keeps theirs at the rows of these tables.
+    pub fn new_offloaded(cfg: &ModelConfig, n_ctx: usize, n_seq: usize, first: usize) -> KvCache {
         let n_seq = n_seq.max(1);
         let n_blocks = n_seq * n_ctx.div_ceil(BLOCK_SIZE);
-        let kv_dims = layer_kv_dims(cfg);
+        let kv_dims = host_kv_dims(cfg, first);
         KvCache {
             store: Store::new(
                 cfg.cache_types().k,
@@ -398,7 +404,19 @@ impl KvCache {
     /// A cache of `n_blocks` blocks whose tables an outside block manager installs, for up
     /// to `n_seq` sequences of up to `n_ctx` positions. The storage is allocated now.
     pub fn paged(cfg: &ModelConfig, n_blocks: usize, n_seq: usize, n_ctx: usize) -> KvCache {
-        let kv_dims = layer_kv_dims(cfg);
+        Self::paged_offloaded(cfg, n_blocks, n_seq, n_ctx, cfg.n_layer)
+    }
+
+    /// [`KvCache::paged`] holding keys and values for layers `..first` only (see
+    /// [`KvCache::new_offloaded`]).
+    pub fn paged_offloaded(
+        cfg: &ModelConfig,
+        n_blocks: usize,
+        n_seq: usize,
+        n_ctx: usize,
+        first: usize,
+    ) -> KvCache {
+        let kv_dims = host_kv_dims(cfg, first);
         KvCache {
             store: Store::new(
                 cfg.cache_types().k,
@@ -574,6 +592,18 @@ impl KvCache {
         Ok(())
     }
 
+    /// The block table of `seq`: block `i` holds its positions `i * BLOCK_SIZE..` (empty for
+    /// an unknown sequence).
+    pub fn block_table(&self, seq: SeqId) -> &[u32] {
+        self.seqs.get(seq).map_or(&[], |s| &s.blocks[..])
+    }
+
+    /// Whether layer `l` has keys and values here (not a layer sharing another's, a
+    /// recurrent one or an offloaded one).
+    pub fn holds_layer(&self, l: usize) -> bool {
+        self.kv_dims.get(l).is_some_and(|&d| d > 0)
+    }
+
     /// Copies block `src` into block `dst` in every layer (copy-on-write of a shared block).
     pub fn copy_block(&mut self, src: u32, dst: u32) {
         let (s, d) = (src as usize * BLOCK_SIZE, dst as usize * BLOCK_SIZE);
@@ -735,6 +765,15 @@ fn layer_kv_dims(cfg: &ModelConfig) -> Vec<usize> {
             None => cfg.kv_dim_of(l),
         })
         .collect()
+}
+
+/// [`layer_kv_dims`] with layers `first..` holding nothing.
+fn host_kv_dims(cfg: &ModelConfig, first: usize) -> Vec<usize> {
+    let mut dims = layer_kv_dims(cfg);
+    for d in dims.iter_mut().skip(first) {
+        *d = 0;
+    }
+    dims
 }
 
 /// The slots of a hybrid model's recurrent layers; `None` without any.

@@ -18,6 +18,7 @@ pub use crate::blocks::ple::{LayerPle, PerLayerInputs};
 use crate::config::{ModelConfig, NormKind, RopeConfig};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::{KvCache, SeqId};
+use crate::offload::LayerOffload;
 use crate::stream::LayerStream;
 use crate::weights::{Linear, Matrix};
 
@@ -283,6 +284,46 @@ impl Model {
         ws: &'w mut Workspace,
         stop: &mut dyn FnMut() -> bool,
     ) -> Result<Option<&'w [f32]>> {
+        self.forward_inner(pool, batch, kv, ws, stop, None)
+    }
+
+    /// [`Model::forward_interruptible`] with layers `offload.first_layer()..` and the output
+    /// head run by `offload` ([`crate::offload`]); `kv` holds the host layers' keys and
+    /// values and every sequence's block table.
+    pub fn forward_offloaded<'w>(
+        &self,
+        pool: &ThreadPool,
+        batch: &Batch,
+        kv: &mut KvCache,
+        ws: &'w mut Workspace,
+        stop: &mut dyn FnMut() -> bool,
+        offload: &mut dyn LayerOffload,
+    ) -> Result<Option<&'w [f32]>> {
+        let first = offload.first_layer();
+        if first > self.layers.len() {
+            return Err(ModelError::Offload(format!(
+                "it starts at layer {first} of a {}-layer model",
+                self.layers.len()
+            )));
+        }
+        if let Some(l) = (first..self.layers.len()).find(|&l| kv.holds_layer(l)) {
+            return Err(ModelError::Offload(format!(
+                "the KV cache holds layer {l}, which runs offloaded (make it with \
+                 KvCache::new_offloaded or paged_offloaded)"
+            )));
+        }
+        self.forward_inner(pool, batch, kv, ws, stop, Some(offload))
+    }
+
+    fn forward_inner<'w>(
+        &self,
+        pool: &ThreadPool,
+        batch: &Batch,
+        kv: &mut KvCache,
+        ws: &'w mut Workspace,
+        stop: &mut dyn FnMut() -> bool,
+        mut offload: Option<&mut dyn LayerOffload>,
+    ) -> Result<Option<&'w [f32]>> {
         let cfg = &self.config;
         let ends = self.validate(batch, kv)?;
         let n = batch.len();
@@ -355,6 +396,15 @@ impl Model {
             if (l == 0 || !recurrent) && stop() {
                 ws.out_rows = out_rows;
                 return Ok(None);
+            }
+            if let Some(o) = offload.as_deref_mut().filter(|o| o.first_layer() == l) {
+                let _span = tracing::trace_span!("offloaded_layers", first = l).entered();
+                o.run_layers(batch, kv, &mut ws.x[..n * d])?;
+                // Only the rows that produce logits go on.
+                for (i, &t) in out_rows.iter().enumerate() {
+                    ws.x.copy_within(t * d..(t + 1) * d, i * d);
+                }
+                break;
             }
             if let Some(p) = &mut pass {
                 p.enter(l)?;
@@ -660,7 +710,11 @@ impl Model {
             xn = &ws.proj[..n_out * e];
         }
         let logits = grow(&mut ws.logits, n_out * cfg.n_vocab);
-        match pass.as_mut().filter(|p| p.streams_head()) {
+        let on_device = match offload {
+            Some(o) => o.head(xn, n_out, logits)?,
+            None => false,
+        };
+        match pass.as_mut().filter(|p| p.streams_head() && !on_device) {
             Some(p) => p.head_logits(
                 pool,
                 &mut ws.acts,
@@ -670,7 +724,8 @@ impl Model {
                 &mut ws.gate,
                 logits,
             )?,
-            None => self.output.apply(pool, &mut ws.acts, xn, n_out, logits),
+            None if !on_device => self.output.apply(pool, &mut ws.acts, xn, n_out, logits),
+            None => {}
         }
         drop(pass);
         if let Some(cap) = cfg.final_softcap {

@@ -7,7 +7,7 @@
 //! relative (f64 references; the GPU's expf/tanhf are within 2 ulp), the activations' scaled
 //! by the size of their exponent's argument.
 
-use mica_cuda::ops::{self, AttnShape, DeviceKv, DeviceMatrix, Glu, Tokens};
+use mica_cuda::ops::{self, AttnShape, BLOCK_SIZE, DeviceKv, DeviceMatrix, Glu, Tokens};
 use mica_cuda::{GpuError, Runner, download_f32, upload_f32};
 use mica_kernels::DType;
 use mica_kernels::quant::dequantize_row;
@@ -215,7 +215,7 @@ pub fn rope<R: Runner>(r: &R) {
     let (n_head, hd) = (3usize, 64usize);
     let stride = n_head * hd + 32;
     let pos = [0u32, 17, 4095];
-    let toks = Tokens::new(r, &pos, &[0, 0, 0]).unwrap();
+    let toks = Tokens::positions(r, &pos).unwrap();
     let factors: Vec<f32> = (0..32).map(|i| 1.0 + i as f32 * 0.37).collect();
     let fb = upload_f32(r, &factors).unwrap();
     for (n_rot, neox, base, fs, mscale, with_factors) in [
@@ -277,7 +277,7 @@ pub fn rope<R: Runner>(r: &R) {
             }
         }
     }
-    let bad = Tokens::new(r, &[1], &[0, 1]);
+    let bad = Tokens::new(r, &[1], &[0, 1], &[&[0]]);
     assert!(bad.is_err());
 }
 
@@ -352,44 +352,60 @@ pub fn axpy_and_scale<R: Runner>(r: &R) {
     assert!(ops::bias(r, &yb, &bb, 8, 111).is_err());
 }
 
-/// Attention of a few tokens of two sequences over keys and values written by `kv_write`,
-/// for heads of 64 and 256 values, grouped queries, soft-capping and a sliding window.
+/// Attention of a few tokens of two sequences over keys and values written by `kv_write`
+/// into a paged cache whose blocks are out of order, for heads of 16 to 256 values, grouped
+/// queries, soft-capping and a sliding window; a block copied with `copy_block` reads the
+/// same.
 pub fn attention<R: Runner>(r: &R) {
     let mut rng = Rng::new(7);
-    let (n_head, n_kv, cap) = (4usize, 2usize, 40usize);
+    let (n_head, n_kv, n_blocks) = (4usize, 2usize, 6usize);
+    // Sequence 0's positions 0..32 in blocks 4 then 1, sequence 1's in block 3.
+    let t0: &[u32] = &[4, 1];
+    let t1: &[u32] = &[3];
+    let tables = [t0, t1];
+    let row_of = |s: u32, p: usize| {
+        tables[s as usize][p / BLOCK_SIZE] as usize * BLOCK_SIZE + p % BLOCK_SIZE
+    };
     for hd in [16usize, 64, 80, 256] {
-        let kv = DeviceKv::new(r, 2, n_kv, hd, cap).unwrap();
+        let kv = DeviceKv::new(r, n_blocks, n_kv, hd).unwrap();
         let row = n_kv * hd;
         // Sequence 0 fills positions 0..=20, sequence 1 positions 0..=5, in one write.
-        let (mut pos, mut slot) = (Vec::new(), Vec::new());
+        let (mut pos, mut seq) = (Vec::new(), Vec::new());
         for p in 0..=20u32 {
             pos.push(p);
-            slot.push(0u32);
+            seq.push(0u32);
         }
         for p in 0..=5u32 {
             pos.push(p);
-            slot.push(1);
+            seq.push(1);
         }
         let k = rng.vec(pos.len() * row, 1.0);
         let v = rng.vec(pos.len() * row, 1.0);
-        let toks = Tokens::new(r, &pos, &slot).unwrap();
+        let toks = Tokens::new(r, &pos, &seq, &tables).unwrap();
         let (kb, vb) = (upload_f32(r, &k).unwrap(), upload_f32(r, &v).unwrap());
-        ops::kv_write(r, &kv, &toks, &slot, &kb, &vb).unwrap();
-        let kc = download_f32(r, &kv.k).unwrap();
-        for (t, (&p, &s)) in pos.iter().zip(&slot).enumerate() {
-            for h in 0..n_kv {
-                let at = ((s as usize * n_kv + h) * cap + p as usize) * hd;
-                assert_eq!(
-                    &kc[at..at + hd],
-                    &k[t * row + h * hd..t * row + (h + 1) * hd]
-                );
-            }
+        ops::kv_write(r, &kv, &toks, &kb, &vb).unwrap();
+        let (kc, vc) = (
+            download_f32(r, &kv.k).unwrap(),
+            download_f32(r, &kv.v).unwrap(),
+        );
+        for (t, (&p, &s)) in pos.iter().zip(&seq).enumerate() {
+            let at = row_of(s, p as usize) * row;
+            assert_eq!(
+                &kc[at..at + row],
+                &k[t * row..(t + 1) * row],
+                "key of token {t}"
+            );
+            assert_eq!(
+                &vc[at..at + row],
+                &v[t * row..(t + 1) * row],
+                "value of token {t}"
+            );
         }
-        // Each query: (slot, position it sees up to).
+        // Each query: (sequence, position it sees up to).
         let queries = [(0u32, 20u32), (1, 5), (0, 3), (1, 0)];
         let qpos: Vec<u32> = queries.iter().map(|q| q.1).collect();
-        let qslot: Vec<u32> = queries.iter().map(|q| q.0).collect();
-        let qt = Tokens::new(r, &qpos, &qslot).unwrap();
+        let qseq: Vec<u32> = queries.iter().map(|q| q.0).collect();
+        let qt = Tokens::new(r, &qpos, &qseq, &tables).unwrap();
         let q = rng.vec(queries.len() * n_head * hd, 1.0);
         let qb = upload_f32(r, &q).unwrap();
         for (softcap, window) in [(None, None), (Some(0.5f32), None), (None, Some(4usize))] {
@@ -400,7 +416,7 @@ pub fn attention<R: Runner>(r: &R) {
                 window,
             };
             let ob = r.alloc(q.len() * 4).unwrap();
-            ops::attention(r, &kv, &qt, &qslot, shape, &qb, &ob).unwrap();
+            ops::attention(r, &kv, &qt, shape, &qb, &ob).unwrap();
             let out = download_f32(r, &ob).unwrap();
             for (t, &(s, p)) in queries.iter().enumerate() {
                 for h in 0..n_head {
@@ -408,8 +424,8 @@ pub fn attention<R: Runner>(r: &R) {
                     let qv = &q[(t * n_head + h) * hd..][..hd];
                     let lo = window.map_or(0, |w| (p as usize + 1).saturating_sub(w));
                     let key = |j: usize| {
-                        // Position j of slot s: the j-th written token of that sequence.
-                        let tok = slot
+                        // Position j of sequence s: the j-th written token of it.
+                        let tok = seq
                             .iter()
                             .zip(&pos)
                             .position(|(&a, &b)| a == s && b as usize == j);
@@ -444,9 +460,26 @@ pub fn attention<R: Runner>(r: &R) {
                     }
                 }
             }
+            // Sequence 0's first block copied to block 0 and read through a table naming
+            // it: the same output, bit for bit.
+            if softcap.is_none() && window.is_none() {
+                kv.copy_block(r, 4, 0).unwrap();
+                let moved: &[u32] = &[0, 1];
+                let mt = Tokens::new(r, &qpos, &qseq, &[moved, t1]).unwrap();
+                let ob2 = r.alloc(q.len() * 4).unwrap();
+                ops::attention(r, &kv, &mt, shape, &qb, &ob2).unwrap();
+                let again = download_f32(r, &ob2).unwrap();
+                assert!(
+                    out.iter()
+                        .zip(&again)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "attention through a copied block differs (hd={hd})"
+                );
+            }
         }
-        // Refusals: a position past the cache, a slot past it, uneven head groups.
-        let past = Tokens::new(r, &[cap as u32], &[0]).unwrap();
+        // Refusals: a position past its table's blocks, a sequence without a table, a block
+        // past the pool, tokens without tables, uneven head groups, a block copy past the
+        // pool.
         let one = r.alloc(n_head * hd * 4).unwrap();
         let shape = AttnShape {
             n_head,
@@ -454,15 +487,28 @@ pub fn attention<R: Runner>(r: &R) {
             softcap: None,
             window: None,
         };
-        assert!(ops::attention(r, &kv, &past, &[0], shape, &one, &one).is_err());
-        let far = Tokens::new(r, &[0], &[2]).unwrap();
-        assert!(ops::attention(r, &kv, &far, &[2], shape, &one, &one).is_err());
+        let err = Tokens::new(r, &[16], &[1], &tables).err().unwrap();
+        assert!(err.to_string().contains("past the 16 positions"), "{err}");
+        assert!(Tokens::new(r, &[0], &[2], &tables).is_err());
+        let far: &[u32] = &[6];
+        let ft = Tokens::new(r, &[0], &[0], &[far]).unwrap();
+        let err = ops::attention(r, &kv, &ft, shape, &one, &one).unwrap_err();
+        assert!(
+            err.to_string().contains("block 6 of a 6-block cache"),
+            "{err}"
+        );
+        assert!(ops::kv_write(r, &kv, &ft, &one, &one).is_err());
+        let bare = Tokens::positions(r, &[0]).unwrap();
+        let err = ops::attention(r, &kv, &bare, shape, &one, &one).unwrap_err();
+        assert!(err.to_string().contains("without block tables"), "{err}");
         let odd = AttnShape { n_head: 3, ..shape };
-        let t0 = Tokens::new(r, &[0], &[0]).unwrap();
-        assert!(ops::attention(r, &kv, &t0, &[0], odd, &one, &one).is_err());
+        let t = Tokens::new(r, &[0], &[0], &tables).unwrap();
+        assert!(ops::attention(r, &kv, &t, odd, &one, &one).is_err());
+        assert!(kv.copy_block(r, 0, 6).is_err());
     }
-    let bad = DeviceKv::new(r, 1, 1, 288, 4).unwrap();
-    let t0 = Tokens::new(r, &[0], &[0]).unwrap();
+    let bad = DeviceKv::new(r, 1, 1, 288).unwrap();
+    let first: &[u32] = &[0];
+    let t0 = Tokens::new(r, &[0], &[0], &[first]).unwrap();
     let one = r.alloc(288 * 4).unwrap();
     let shape = AttnShape {
         n_head: 1,
@@ -470,8 +516,30 @@ pub fn attention<R: Runner>(r: &R) {
         softcap: None,
         window: None,
     };
-    let err = ops::attention(r, &bad, &t0, &[0], shape, &one, &one).unwrap_err();
+    let err = ops::attention(r, &bad, &t0, shape, &one, &one).unwrap_err();
     assert!(err.to_string().contains("not 288"), "{err}");
+}
+
+/// `copy` moves a range bit for bit, and refuses ranges past a buffer or overlapping.
+pub fn copy<R: Runner>(r: &R) {
+    let mut rng = Rng::new(8);
+    let x = rng.vec(1000, 5.0);
+    let xb = upload_f32(r, &x).unwrap();
+    let yb = upload_f32(r, &vec![7.0; 600]).unwrap();
+    ops::copy(r, &xb, 313, &yb, 11, 577).unwrap();
+    let y = download_f32(r, &yb).unwrap();
+    for (i, &g) in y.iter().enumerate() {
+        let want = if (11..588).contains(&i) {
+            x[i - 11 + 313]
+        } else {
+            7.0
+        };
+        assert_eq!(g.to_bits(), want.to_bits(), "copy [{i}]");
+    }
+    assert!(ops::copy(r, &xb, 500, &yb, 0, 501).is_err());
+    assert!(ops::copy(r, &xb, 0, &yb, 100, 501).is_err());
+    assert!(ops::copy(r, &xb, 0, &xb, 10, 20).is_err());
+    ops::copy(r, &xb, 0, &xb, 20, 20).unwrap();
 }
 
 /// Uploads that do not describe their matrix, and formats without kernels, are refused.
