@@ -77,11 +77,6 @@ impl Cuda {
     pub fn capability(&self) -> (i32, i32) {
         self.capability
     }
-
-    /// Free and total device memory, in bytes.
-    pub fn memory(&self) -> Result<(usize, usize)> {
-        self.ctx.mem_get_info().map_err(driver)
-    }
 }
 
 /// Device memory of a [`Cuda`].
@@ -169,5 +164,9 @@ impl Runner for Cuda {
         // pointers are live device buffers the ops checked the extents of.
         unsafe { b.launch(cfg) }.map_err(driver)?;
         Ok(())
+    }
+
+    fn memory(&self) -> Result<(usize, usize)> {
+        self.ctx.mem_get_info().map_err(driver)
     }
 }

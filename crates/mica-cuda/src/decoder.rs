@@ -11,6 +11,7 @@
 //! shared KV layers, LongRoPE, streamed layers), and any weight format without kernels.
 
 use crate::ops::{self, AttnShape, DeviceKv, DeviceMatrix, Glu, Rope, Tokens};
+use crate::placement::{self, GpuLayers};
 use crate::runner::{Runner, download_f32, upload_f32};
 use crate::{GpuError, Result};
 use mica_kernels::ops::RopeStyle;
@@ -93,8 +94,8 @@ struct DevLayer<B> {
 /// A model's layers from `first` to the last, and its output head, resident on a device,
 /// with paged key/value caches of `n_blocks` blocks per layer (addressed by the host KV
 /// cache's block tables). With `first == 0` it holds the whole model, embedding included.
-pub struct GpuDecoder<'r, R: Runner> {
-    r: &'r R,
+pub struct GpuDecoder<R: Runner> {
+    r: R,
     cfg: ModelConfig,
     first: usize,
     /// The token embedding: held for a whole model, or for a head tied to it.
@@ -155,15 +156,32 @@ fn check_supported(model: &Model) -> Result<()> {
     Ok(())
 }
 
-impl<'r, R: Runner> GpuDecoder<'r, R> {
+impl<R: Runner> GpuDecoder<R> {
     /// Uploads all of `model` to the device of `r`, with caches of `n_blocks` blocks.
-    pub fn new(r: &'r R, model: &Model, n_blocks: usize) -> Result<Self> {
+    pub fn new(r: R, model: &Model, n_blocks: usize) -> Result<Self> {
         Self::layers(r, model, 0, n_blocks)
+    }
+
+    /// Uploads the layers `layers` names ([`GpuLayers`]) and the head, after checking with
+    /// [`placement::plan`] that they, `n_blocks` KV blocks per layer and steps of up to
+    /// `max_tokens` tokens fit the device's free memory.
+    pub fn place(
+        runner: R,
+        model: &Model,
+        layers: GpuLayers,
+        n_blocks: usize,
+        max_tokens: usize,
+    ) -> Result<Self> {
+        check_supported(model)?;
+        let (free, _) = runner.memory()?;
+        let p = placement::plan(model, layers, n_blocks, max_tokens, free)?;
+        Self::layers(runner, model, p.first, n_blocks)
     }
 
     /// Uploads layers `first..` of `model` and its output head (for
     /// [`LayerOffload`]), with caches of `n_blocks` blocks.
-    pub fn layers(r: &'r R, model: &Model, first: usize, n_blocks: usize) -> Result<Self> {
+    pub fn layers(runner: R, model: &Model, first: usize, n_blocks: usize) -> Result<Self> {
+        let r = &runner;
         check_supported(model)?;
         let cfg = model.config.clone();
         if first > cfg.n_layer {
@@ -196,7 +214,7 @@ impl<'r, R: Runner> GpuDecoder<'r, R> {
             layers.push(Self::upload_layer(r, &cfg, l, layer, n_blocks)?);
         }
         Ok(GpuDecoder {
-            r,
+            r: runner,
             glu: match cfg.act {
                 Activation::Silu => Glu::Swiglu,
                 _ => Glu::Geglu,
@@ -271,7 +289,7 @@ impl<'r, R: Runner> GpuDecoder<'r, R> {
         tables: &[&[u32]],
         logits: &[bool],
     ) -> Result<Vec<f32>> {
-        let (r, n, d) = (self.r, tokens.len(), self.cfg.n_embd);
+        let (r, n, d) = (&self.r, tokens.len(), self.cfg.n_embd);
         if self.first != 0 {
             return Err(GpuError::Shape(format!(
                 "this decoder holds layers {}.. only, not the embedding",
@@ -329,7 +347,7 @@ impl<'r, R: Runner> GpuDecoder<'r, R> {
         seq: &[u32],
         tables: &[&[u32]],
     ) -> Result<()> {
-        let (r, d) = (self.r, self.cfg.n_embd);
+        let (r, d) = (&self.r, self.cfg.n_embd);
         if x.len() != pos.len() * d {
             return Err(GpuError::Shape(format!(
                 "{} hidden values for {} tokens of {d}",
@@ -354,19 +372,19 @@ impl<'r, R: Runner> GpuDecoder<'r, R> {
                 self.cfg.n_embd
             )));
         }
-        self.head_rows(&upload_f32(self.r, h)?, n)
+        self.head_rows(&upload_f32(&self.r, h)?, n)
     }
 
     /// Copies block `src` of every layer's cache into block `dst`.
     pub fn copy_block(&self, src: u32, dst: u32) -> Result<()> {
         for layer in &self.layers {
-            layer.kv.copy_block(self.r, src, dst)?;
+            layer.kv.copy_block(&self.r, src, dst)?;
         }
         Ok(())
     }
 
     fn head_rows(&self, h: &R::Buf, n: usize) -> Result<Vec<f32>> {
-        let r = self.r;
+        let r = &self.r;
         if n == 0 {
             return Ok(Vec::new());
         }
@@ -380,7 +398,7 @@ impl<'r, R: Runner> GpuDecoder<'r, R> {
     }
 
     fn layers_on_device(&self, x: &R::Buf, toks: &Tokens<R::Buf>) -> Result<()> {
-        let (r, cfg, n) = (self.r, &self.cfg, toks.n);
+        let (r, cfg, n) = (&self.r, &self.cfg, toks.n);
         let d = cfg.n_embd;
         let eps = cfg.norm_eps;
         let xn = r.alloc(n * d * 4)?;
@@ -473,7 +491,7 @@ fn offload_err(e: GpuError) -> ModelError {
     ModelError::Offload(e.to_string())
 }
 
-impl<R: Runner> LayerOffload for GpuDecoder<'_, R> {
+impl<R: Runner> LayerOffload for GpuDecoder<R> {
     fn first_layer(&self) -> usize {
         self.first
     }

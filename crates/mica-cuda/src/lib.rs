@@ -15,10 +15,12 @@ pub mod decoder;
 pub mod kernels;
 pub mod ops;
 pub mod params;
+pub mod placement;
 mod runner;
 
 pub use cuda::{Cuda, CudaBuf, driver_present, nvrtc_present};
 pub use decoder::GpuDecoder;
+pub use placement::{GpuLayers, Placement};
 pub use runner::{DeviceBuf, Launch, Runner, download_f32, upload_f32, upload_i32};
 
 /// What can go wrong between the host and a GPU.
@@ -40,6 +42,8 @@ pub enum GpuError {
     Shape(String),
     #[error("{0} weights have no GPU kernels yet")]
     Unsupported(mica_kernels::DType),
+    #[error("the GPU's memory is too small: {0}")]
+    OutOfMemory(String),
     #[error("the GPU decoder does not run {0} yet")]
     UnsupportedModel(String),
 }

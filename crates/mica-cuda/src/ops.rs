@@ -477,6 +477,11 @@ pub fn copy<R: Runner>(
     r.launch("copy", elementwise(n)?, p.bytes())
 }
 
+/// Bytes of keys and values one block of a [`DeviceKv`] takes.
+pub fn kv_block_bytes(n_head_kv: usize, head_dim: usize) -> usize {
+    2 * BLOCK_SIZE * n_head_kv * head_dim * 4
+}
+
 /// One layer's paged key/value cache on the device: a pool of `n_blocks` blocks of
 /// [`BLOCK_SIZE`] positions, `[n_blocks · BLOCK_SIZE][n_head_kv][head_dim]` f32 keys and the
 /// same of values (the host cache's layout, so its block tables address it).
@@ -504,11 +509,6 @@ impl<B: DeviceBuf> DeviceKv<B> {
             n_head_kv,
             head_dim,
         })
-    }
-
-    /// Bytes of keys and values one block takes.
-    pub fn block_bytes(n_head_kv: usize, head_dim: usize) -> usize {
-        2 * BLOCK_SIZE * n_head_kv * head_dim * 4
     }
 
     /// Copies block `src` into block `dst` (keys and values).

@@ -31,7 +31,35 @@ pub trait Runner {
     /// Runs kernel `name` with its parameter struct `params` (the bytes of one of
     /// [`crate::params`]' structs).
     fn launch(&self, name: &str, dims: Launch, params: &[u8]) -> Result<()>;
+    /// Free and total device memory, in bytes.
+    fn memory(&self) -> Result<(usize, usize)>;
 }
+
+macro_rules! forward_runner {
+    ($($ty:ty),*) => {$(
+        impl<T: Runner + ?Sized> Runner for $ty {
+            type Buf = T::Buf;
+            fn alloc(&self, bytes: usize) -> Result<Self::Buf> {
+                (**self).alloc(bytes)
+            }
+            fn upload(&self, data: &[u8]) -> Result<Self::Buf> {
+                (**self).upload(data)
+            }
+            fn download(&self, buf: &Self::Buf) -> Result<Vec<u8>> {
+                (**self).download(buf)
+            }
+            fn launch(&self, name: &str, dims: Launch, params: &[u8]) -> Result<()> {
+                (**self).launch(name, dims, params)
+            }
+            fn memory(&self) -> Result<(usize, usize)> {
+                (**self).memory()
+            }
+        }
+    )*};
+}
+
+// A runner borrowed or shared runs as itself (a decoder owns its runner either way).
+forward_runner!(&T, std::sync::Arc<T>);
 
 /// A device copy of `v`.
 pub fn upload_f32<R: Runner>(r: &R, v: &[f32]) -> Result<R::Buf> {

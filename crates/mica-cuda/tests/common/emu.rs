@@ -64,6 +64,9 @@ fn build() -> PathBuf {
 }
 
 /// The process's emulator (compiled on first use).
+/// Device memory the emulator reports (free and total).
+pub const EMU_MEMORY: usize = 1 << 30;
+
 pub fn emu() -> &'static Emu {
     static EMU: OnceLock<Emu> = OnceLock::new();
     EMU.get_or_init(|| {
@@ -216,5 +219,10 @@ impl Runner for Emu {
             ),
             _ => Err(GpuError::Shape(format!("{name}: launch shape {dims:?}"))),
         }
+    }
+
+    /// The emulator's memory is the host's: it reports what [`EMU_MEMORY`] says.
+    fn memory(&self) -> Result<(usize, usize)> {
+        Ok((EMU_MEMORY, EMU_MEMORY))
     }
 }

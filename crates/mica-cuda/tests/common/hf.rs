@@ -24,9 +24,9 @@ trait Steps {
 
 /// The decoder alone, with fixed block tables: sequence `s` owns the `s`-th run of
 /// `N_CTX / BLOCK_SIZE` blocks.
-struct Alone<'r, R: Runner>(GpuDecoder<'r, R>);
+struct Alone<R: Runner>(GpuDecoder<R>);
 
-impl<R: Runner> Steps for Alone<'_, R> {
+impl<R: Runner> Steps for Alone<R> {
     fn clear(&mut self, _: usize) {}
 
     fn step(&mut self, toks: &[u32], pos: &[u32], seq: &[u32], flags: &[bool]) -> Vec<f32> {
@@ -38,15 +38,15 @@ impl<R: Runner> Steps for Alone<'_, R> {
 }
 
 /// The host's forward pass, layers `first..` and the head offloaded to the decoder.
-struct Offloaded<'a, 'r, R: Runner> {
+struct Offloaded<'a, R: Runner> {
     model: &'a Model,
-    dec: GpuDecoder<'r, R>,
+    dec: GpuDecoder<R>,
     kv: KvCache,
     ws: Workspace,
     pool: ThreadPool,
 }
 
-impl<R: Runner> Steps for Offloaded<'_, '_, R> {
+impl<R: Runner> Steps for Offloaded<'_, R> {
     fn clear(&mut self, seq: usize) {
         self.kv.clear(seq);
     }
