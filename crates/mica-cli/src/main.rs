@@ -10,6 +10,7 @@ mod chat;
 mod constraint_args;
 mod convert;
 mod embed;
+mod gpu_args;
 mod imatrix;
 mod inspect;
 mod logging;

@@ -43,6 +43,8 @@ pub struct RunArgs {
     pub lora: LoraArgs,
     #[command(flatten)]
     pub cache: CacheArgs,
+    #[command(flatten)]
+    pub gpu: crate::gpu_args::GpuArgs,
     /// Stop before this string (repeatable).
     #[arg(long = "stop")]
     pub stop: Vec<String>,
@@ -152,6 +154,10 @@ pub fn run(args: RunArgs) -> Result<()> {
     };
     let t_session = Instant::now();
     let mut session = Session::new(&lm, n_ctx, threads);
+    let blocks = n_ctx.div_ceil(mica::models::kv_cache::BLOCK_SIZE);
+    if let Some(o) = args.gpu.offload(&lm.model, blocks, PROMPT_CHUNK)? {
+        session.offload(o);
+    }
     log::info!(
         "load: session ({} threads, KV cache for {n_ctx} positions, {} reserved) in {:.0} ms",
         threads,

@@ -171,3 +171,28 @@ fn missing_file_and_bad_flags() {
     let e = run_err(&p, &["--top-p", "1.5"]);
     assert!(e.contains("top-p"), "{e}");
 }
+
+/// `--gpu-layers` takes a count or `all`; where no CUDA driver is installed (this machine
+/// and CI), asking for GPU layers is one clear error, and `0` keeps everything on the CPU.
+#[test]
+fn gpu_layers_without_a_gpu() {
+    let p = scratch("gpu").join("tiny.gguf");
+    write_tiny(&p, &Tiny::default());
+    let m = p.to_str().unwrap();
+    let e = run_err(&p, &["--gpu-layers", "some"]);
+    assert!(e.contains("takes a number of layers or `all`"), "{e}");
+    let (ok, out, err) = mica(&["run", "-m", m, "-p", "Hi", "-n", "3", "--gpu-layers", "0"]);
+    assert!(ok && !out.is_empty(), "{err}");
+    let args = ["run", "-m", m, "-p", "Hi", "-n", "3", "--gpu-layers", "all"];
+    let (ok, out, err) = mica(&args);
+    if std::path::Path::new("/dev/nvidiactl").exists() {
+        // A GPU machine (scripts/test-gpu): the tiny model runs there.
+        assert!(ok && !out.is_empty(), "{err}");
+    } else {
+        assert!(!ok, "ran on a GPU that is not there: {out}");
+        assert!(
+            err.starts_with("error: --gpu-layers: no CUDA driver on this machine"),
+            "{err}"
+        );
+    }
+}

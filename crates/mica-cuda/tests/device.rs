@@ -5,7 +5,7 @@
 
 mod common;
 use common::cases;
-use mica_cuda::Cuda;
+use mica_cuda::{Cuda, Runner};
 use std::sync::OnceLock;
 
 fn gpu() -> &'static Cuda {
@@ -86,5 +86,14 @@ fn decoder_matches_transformers() {
         "smollm3",
     ] {
         common::hf::check(gpu(), family);
+    }
+}
+
+/// The host's forward pass with its last layers on the GPU (as `decoder_emulated.rs` does
+/// on the emulator).
+#[test]
+fn offloaded_layers_match_transformers() {
+    for (family, first) in [("llama", 1), ("qwen2", 0), ("gemma3", 2), ("smollm3", 4)] {
+        common::hf::check_offloaded(gpu(), family, first);
     }
 }

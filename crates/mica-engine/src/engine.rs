@@ -60,7 +60,7 @@ use crate::step_gate::StepGate;
 use mica_kernels::ThreadPool;
 use mica_models::blocks::attention::AttentionPolicy;
 use mica_models::kv_cache::BLOCK_SIZE;
-use mica_models::{Batch, KvCache, LoadedModel, Workspace};
+use mica_models::{Batch, KvCache, LayerOffload, LoadedModel, Workspace};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError, channel};
@@ -173,9 +173,17 @@ pub struct EngineHandle {
 
 impl EngineHandle {
     /// Starts an engine thread for `model`.
-    pub fn start(
+    pub fn start(model: Arc<LoadedModel>, cfg: EngineConfig) -> Result<EngineHandle, EngineError> {
+        Self::start_offloaded(model, cfg, None)
+    }
+
+    /// [`EngineHandle::start`] with layers `offload.first_layer()..` and the output head run
+    /// by `offload` (a GPU, `mica_models::offload`), whose caches hold `cfg.kv_blocks`
+    /// blocks per layer: the engine's block tables address them.
+    pub fn start_offloaded(
         model: Arc<LoadedModel>,
         mut cfg: EngineConfig,
+        offload: Option<Box<dyn LayerOffload + Send>>,
     ) -> Result<EngineHandle, EngineError> {
         // A lone sequence must always fit: cap the context at what the pool holds.
         cfg.n_ctx = cfg.n_ctx.min(cfg.kv_blocks * BLOCK_SIZE);
@@ -228,7 +236,7 @@ impl EngineHandle {
             gate: gate.clone(),
         };
         let pool = Arc::new(ThreadPool::new(cfg.n_threads));
-        let mut core = Core::new(model, &cfg, rx, shared, pool.clone());
+        let mut core = Core::new(model, &cfg, rx, shared, pool.clone(), offload);
         let thread = std::thread::Builder::new()
             .name("mica-engine".into())
             .spawn(move || core.run())
@@ -374,6 +382,8 @@ struct Shared {
 /// The engine thread's state.
 struct Core {
     model: Arc<LoadedModel>,
+    /// The last layers and the head, when they run on a device.
+    offload: Option<Box<dyn LayerOffload + Send>>,
     pool: Arc<ThreadPool>,
     kv: KvCache,
     ws: Workspace,
@@ -406,9 +416,12 @@ impl Core {
         rx: Receiver<Command>,
         shared: Shared,
         pool: Arc<ThreadPool>,
+        offload: Option<Box<dyn LayerOffload + Send>>,
     ) -> Core {
         let mcfg = &model.model.config;
-        let mut kv = KvCache::paged(mcfg, cfg.kv_blocks, cfg.scheduler.max_running, cfg.n_ctx);
+        let host_layers = offload.as_ref().map_or(mcfg.n_layer, |o| o.first_layer());
+        let (blocks, running) = (cfg.kv_blocks, cfg.scheduler.max_running);
+        let mut kv = KvCache::paged_offloaded(mcfg, blocks, running, cfg.n_ctx, host_layers);
         let mut blocks = BlockManager::new(cfg.kv_blocks, BLOCK_SIZE);
         blocks.set_prefix_caching(cfg.prefix_caching);
         if kv.has_state() && cfg.prefix_caching {
@@ -438,6 +451,7 @@ impl Core {
             step_no: 0,
             abandon_every: cfg.abandon_every,
             model,
+            offload,
         }
     }
 
@@ -595,6 +609,9 @@ impl Core {
         // Execute.
         for &(src, dst) in &plan.copies {
             self.kv.copy_block(src, dst);
+            if let Some(o) = &mut self.offload {
+                o.copy_block(src, dst)?;
+            }
         }
         self.batch.clear();
         self.ws.tiled_seqs.clear();
@@ -675,13 +692,11 @@ impl Core {
             layer += 1;
             missed || gate.abandoned() || (forced && layer > n_layers / 2)
         };
-        let out = self.model.model.forward_interruptible(
-            &self.pool,
-            &self.batch,
-            &mut self.kv,
-            &mut self.ws,
-            &mut stop,
-        );
+        let (model, kv, ws) = (&self.model.model, &mut self.kv, &mut self.ws);
+        let out = match self.offload.as_deref_mut() {
+            Some(o) => model.forward_offloaded(&self.pool, &self.batch, kv, ws, &mut stop, o),
+            None => model.forward_interruptible(&self.pool, &self.batch, kv, ws, &mut stop),
+        };
         self.gate.close();
         let Some(logits) = out? else {
             return Ok(false);

@@ -11,7 +11,7 @@ use crate::sampler::SamplingParams;
 use mica_kernels::ThreadPool;
 use mica_models::blocks::attention::AttentionPolicy;
 use mica_models::tokenizer::TokenStreamDecoder;
-use mica_models::{Batch, KvCache, LoadedModel, SeqId, Workspace};
+use mica_models::{Batch, KvCache, LayerOffload, LoadedModel, SeqId, Workspace};
 use std::ops::Deref;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -177,6 +177,8 @@ pub struct Session<M: Deref<Target = LoadedModel> + Clone> {
     /// Reused per call: the batch being evaluated and the logits it produced.
     batch: Batch,
     logits: Vec<f32>,
+    /// The last layers and the head, when they run on a device ([`Session::offload`]).
+    offload: Option<Box<dyn LayerOffload + Send>>,
 }
 
 impl<M: Deref<Target = LoadedModel> + Clone> Session<M> {
@@ -197,7 +199,19 @@ impl<M: Deref<Target = LoadedModel> + Clone> Session<M> {
             cached: Vec::new(),
             batch: Batch::new(),
             logits: Vec::new(),
+            offload: None,
         }
+    }
+
+    /// Runs layers `offload.first_layer()..` and the output head through `offload` (a GPU,
+    /// `mica_models::offload`) from now on; the cache is emptied and keeps the host layers'
+    /// keys and values only. The offload's caches must hold the session's context
+    /// (`n_ctx / BLOCK_SIZE` blocks, rounded up).
+    pub fn offload(&mut self, offload: Box<dyn LayerOffload + Send>) {
+        let cfg = &self.model.model.config;
+        self.kv = KvCache::new_offloaded(cfg, self.kv.n_ctx(), 1, offload.first_layer());
+        self.cached.clear();
+        self.offload = Some(offload);
     }
 
     pub fn n_ctx(&self) -> usize {
@@ -246,10 +260,13 @@ impl<M: Deref<Target = LoadedModel> + Clone> Session<M> {
             }
             // A session's step: one sequence, one lane (engine steps: `engine/step_trace.rs`).
             let _step = tracing::trace_span!("step", sequences = 1, tokens = chunk.len()).entered();
-            let logits =
-                self.model
-                    .model
-                    .forward(&self.pool, &self.batch, &mut self.kv, &mut self.ws)?;
+            let (model, kv, ws) = (&self.model.model, &mut self.kv, &mut self.ws);
+            let logits = match self.offload.as_deref_mut() {
+                Some(o) => model
+                    .forward_offloaded(&self.pool, &self.batch, kv, ws, &mut || false, o)?
+                    .expect("a pass that is never stopped"),
+                None => model.forward(&self.pool, &self.batch, kv, ws)?,
+            };
             self.logits.extend_from_slice(logits);
             self.cached.extend_from_slice(chunk);
         }

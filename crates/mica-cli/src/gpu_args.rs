@@ -1,0 +1,50 @@
+//! `--gpu-layers N|all` of `run` and `chat`: the last `N` layers (all of them with `all`)
+//! and the output head run on the first CUDA GPU (`mica_cuda`), the rest on the CPU, as
+//! llama.cpp's `-ngl`. The placement is checked against the GPU's free memory before
+//! anything is uploaded; `0` (the default) keeps everything on the CPU.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use mica::models::{LayerOffload, Model};
+use mica_cuda::{Cuda, GpuDecoder, GpuLayers};
+use std::sync::Arc;
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct GpuArgs {
+    /// Layers to run on the GPU, the last ones (with the output head): a number or `all`
+    /// (llama.cpp's -ngl). 0: none (the default).
+    #[arg(long = "gpu-layers", value_name = "N|all", value_parser = parse_layers)]
+    pub gpu_layers: Option<GpuLayers>,
+}
+
+fn parse_layers(s: &str) -> Result<GpuLayers, String> {
+    s.parse()
+}
+
+impl GpuArgs {
+    /// The offload for `model` with caches of `n_blocks` blocks per layer and steps of up
+    /// to `max_tokens` tokens; `None` when no layer goes to the GPU.
+    pub fn offload(
+        &self,
+        model: &Model,
+        n_blocks: usize,
+        max_tokens: usize,
+    ) -> Result<Option<Box<dyn LayerOffload + Send>>> {
+        let layers = match self.gpu_layers {
+            None | Some(GpuLayers::Last(0)) => return Ok(None),
+            Some(l) => l,
+        };
+        let cuda = Cuda::open(0).context("--gpu-layers")?;
+        let first = layers.first(model.layers.len());
+        log::info!(
+            "gpu: {} (compute {}.{}): layers {first}..{} and the output head",
+            cuda.name(),
+            cuda.capability().0,
+            cuda.capability().1,
+            model.layers.len()
+        );
+        let dec = GpuDecoder::place(Arc::new(cuda), model, layers, n_blocks, max_tokens)
+            .context("--gpu-layers")?;
+        Ok(Some(Box::new(dec)))
+    }
+}
