@@ -215,6 +215,11 @@ pub fn rms_norm<R: Runner>(
 pub const BLOCK_SIZE: usize = mica_models::kv_cache::BLOCK_SIZE;
 const BLOCK_SHIFT: u32 = BLOCK_SIZE.trailing_zeros();
 
+/// Positions as the kernels take them.
+fn positions(pos: &[u32]) -> Result<Vec<i32>> {
+    pos.iter().map(|&x| int(x as usize, "position")).collect()
+}
+
 /// A step's tokens on the device: each one's position and, for the cache ops, its
 /// sequence's block table in the paged KV cache (the host cache's tables: position `p` of a
 /// sequence lives in row `table[p / BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE` of every
@@ -275,22 +280,20 @@ impl<B: DeviceBuf> Tokens<B> {
             };
             tbl.push(int(at, "block table offset")?);
         }
-        let mut toks = Self::positions(r, pos)?;
-        toks.max_block = Some(blocks.iter().copied().max().unwrap_or(0) as u32);
-        toks.tbl = upload_i32(r, &tbl)?;
-        toks.blocks = upload_i32(r, &blocks)?;
-        Ok(toks)
+        Ok(Tokens {
+            n: pos.len(),
+            pos: upload_i32(r, &positions(pos)?)?,
+            tbl: upload_i32(r, &tbl)?,
+            max_block: Some(blocks.iter().copied().max().unwrap_or(0) as u32),
+            blocks: upload_i32(r, &blocks)?,
+        })
     }
 
     /// Positions only, for the ops that read no cache (RoPE).
     pub fn positions<R: Runner<Buf = B>>(r: &R, pos: &[u32]) -> Result<Self> {
-        let pos: Vec<i32> = pos
-            .iter()
-            .map(|&x| int(x as usize, "position"))
-            .collect::<Result<_>>()?;
         Ok(Tokens {
             n: pos.len(),
-            pos: upload_i32(r, &pos)?,
+            pos: upload_i32(r, &positions(pos)?)?,
             tbl: upload_i32(r, &[])?,
             blocks: upload_i32(r, &[])?,
             max_block: None,
