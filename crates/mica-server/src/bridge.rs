@@ -140,28 +140,35 @@ pub async fn collect(mut running: Running) -> Result<Collected, ServerError> {
         let ev = tokio::select! {
             biased;
             ev = running.recv() => ev,
-            () = fired(&mut cancel) => {
-                // Cancelled: the unfinished completions end with `abort`.
-                let generated = choices.iter().map(|c| c.tokens.len()).sum();
-                let progress = Progress {
-                    done: choices.iter().map(|c| c.finish.is_some()).collect(),
-                    completion_tokens: generated,
-                };
-                for ev in progress.ending(running.prompt_tokens) {
-                    if let Some(log) = &mut running.log {
-                        log.see(&ev);
-                    }
-                    match ev {
-                        Event::Done { index, finish, .. } => choices[index].finish = Some(finish),
-                        Event::Finished { usage } => {
-                            return Ok(Collected { choices, usage, first_token });
-                        }
-                        _ => {}
-                    }
-                }
-                return Err(ServerError::EngineStopped);
-            }
+            () = fired(&mut cancel) => None,
         };
+        // The engine drops a cancelled request's channel, so a closed channel after a
+        // cancel is the cancel too, whichever of the two was seen first.
+        if ev.is_none() && *cancel.borrow() {
+            // Cancelled: the unfinished completions end with `abort`.
+            let generated = choices.iter().map(|c| c.tokens.len()).sum();
+            let progress = Progress {
+                done: choices.iter().map(|c| c.finish.is_some()).collect(),
+                completion_tokens: generated,
+            };
+            for ev in progress.ending(running.prompt_tokens) {
+                if let Some(log) = &mut running.log {
+                    log.see(&ev);
+                }
+                match ev {
+                    Event::Done { index, finish, .. } => choices[index].finish = Some(finish),
+                    Event::Finished { usage } => {
+                        return Ok(Collected {
+                            choices,
+                            usage,
+                            first_token,
+                        });
+                    }
+                    _ => {}
+                }
+            }
+            return Err(ServerError::EngineStopped);
+        }
         let Some(ev) = ev else { break };
         match ev {
             Event::Token {
@@ -273,18 +280,21 @@ pub fn stream_body<F: StreamFormat>(
                         () = fired(&mut abort) => {}
                         () = fired(&mut cancel) => {}
                     }
-                } => {
-                    let mut out = String::new();
-                    for ev in progress.ending(running.prompt_tokens) {
-                        if let Some(log) = &mut running.log {
-                            log.see(&ev);
-                        }
-                        out.push_str(&fmt.on_event(&running, ev));
-                    }
-                    out.push_str(&fmt.finish(&running));
-                    return Some((Ok::<_, std::convert::Infallible>(Bytes::from(out)), None));
-                }
+                } => None,
             };
+            // A cancelled request's channel is dropped by the engine: a closed channel after
+            // a cancel or an abort ends the stream the same way, whichever came first.
+            if ev.is_none() && (*cancel.borrow() || *abort.borrow()) {
+                let mut out = String::new();
+                for ev in progress.ending(running.prompt_tokens) {
+                    if let Some(log) = &mut running.log {
+                        log.see(&ev);
+                    }
+                    out.push_str(&fmt.on_event(&running, ev));
+                }
+                out.push_str(&fmt.finish(&running));
+                return Some((Ok::<_, std::convert::Infallible>(Bytes::from(out)), None));
+            }
             let Some(ev) = ev else {
                 let tail = fmt.finish(&running);
                 return Some((Ok(Bytes::from(tail)), None));
