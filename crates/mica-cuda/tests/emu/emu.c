@@ -1,7 +1,7 @@
 // The emulator's launch, barriers and shuffles (see emu.h).
 #include <stdio.h>
 #include <stdlib.h>
-#include <ucontext.h>
+#include <string.h>
 
 #include "emu.h"
 
@@ -27,17 +27,51 @@ void emu_register(const char *name, emu_entry f, size_t params_size) {
     n_kernels++;
 }
 
-// One emulated thread: its context and stack.
+// One emulated thread: its saved context and stack. On x86-64 a thread switch is a few
+// instructions (`emu_switch` below: the callee-saved registers on the stack, then the stack
+// pointer); glibc's swapcontext, used elsewhere, also saves the signal mask with a system
+// call at every switch, which made the emulator's tests spend most of their time in the
+// kernel.
+#define STACK_BYTES (128 * 1024)
+
+#if defined(__x86_64__)
+struct context {
+    void *sp;
+};
+// Saves the callee-saved registers and the stack pointer in *from, resumes `to`.
+void emu_switch(void **from, void *to);
+__asm__(".text\n"
+        ".globl emu_switch\n"
+        ".hidden emu_switch\n"
+        ".type emu_switch,@function\n"
+        "emu_switch:\n"
+        "    pushq %rbp\n    pushq %rbx\n    pushq %r12\n"
+        "    pushq %r13\n    pushq %r14\n    pushq %r15\n"
+        "    movq %rsp, (%rdi)\n"
+        "    movq %rsi, %rsp\n"
+        "    popq %r15\n    popq %r14\n    popq %r13\n"
+        "    popq %r12\n    popq %rbx\n    popq %rbp\n"
+        "    ret\n"
+        ".size emu_switch, .-emu_switch\n");
+#define SWITCH(from, to) emu_switch(&(from)->sp, (to)->sp)
+#else
+#include <ucontext.h>
+struct context {
+    ucontext_t uc;
+};
+#define SWITCH(from, to) swapcontext(&(from)->uc, &(to)->uc)
+#endif
+
 struct thread {
-    ucontext_t ctx;
+    struct context ctx;
     char *stack;
     int done;
 };
 
-#define STACK_BYTES (128 * 1024)
-
-static ucontext_t scheduler;
+static struct context scheduler;
 static struct thread *threads;
+// Stacks, kept from launch to launch (a block has at most 1024 threads).
+static char *stacks[1024];
 static unsigned current_thread;
 static emu_entry current;
 static const void *current_params;
@@ -58,7 +92,7 @@ static void barrier_init(struct barrier *b, unsigned n) {
     b->gen = 0;
 }
 
-static void yield(void) { swapcontext(&threads[current_thread].ctx, &scheduler); }
+static void yield(void) { SWITCH(&threads[current_thread].ctx, &scheduler); }
 
 static void barrier_wait(struct barrier *b) {
     unsigned gen = b->gen;
@@ -105,7 +139,33 @@ static void thread_main(void) {
     barrier_leave(&warps[threadIdx.x / 32].bar);
     barrier_leave(&block_bar);
     threads[current_thread].done = 1;
+#if defined(__x86_64__)
+    // Back to the scheduler for good (a done thread is never resumed).
+    SWITCH(&threads[current_thread].ctx, &scheduler);
+    abort();
+#endif
     // Returning resumes `scheduler` (uc_link).
+}
+
+// Makes `th` start at thread_main when first switched to.
+static void thread_init(struct thread *th) {
+#if defined(__x86_64__)
+    // The stack emu_switch pops: six callee-saved registers, then thread_main as the return
+    // address, above it a null return address for thread_main, so that thread_main starts
+    // with the stack aligned as after a call.
+    void **top = (void **)(((unsigned long)(th->stack + STACK_BYTES)) & ~15UL);
+    top[-1] = NULL;
+    top[-2] = (void *)thread_main;
+    for (int i = 3; i <= 8; ++i) top[-i] = NULL;
+    th->ctx.sp = top - 8;
+#else
+    getcontext(&th->ctx.uc);
+    th->ctx.uc.uc_stack.ss_sp = th->stack;
+    th->ctx.uc.uc_stack.ss_size = STACK_BYTES;
+    th->ctx.uc.uc_link = &scheduler.uc;
+    makecontext(&th->ctx.uc, thread_main, 0);
+#endif
+    th->done = 0;
 }
 
 // Runs one block: every thread from the kernel's start, switched round-robin at barriers.
@@ -113,15 +173,7 @@ static void run_block(unsigned block) {
     unsigned n_warps = block / 32;
     barrier_init(&block_bar, block);
     for (unsigned w = 0; w < n_warps; ++w) barrier_init(&warps[w].bar, 32);
-    for (unsigned t = 0; t < block; ++t) {
-        struct thread *th = &threads[t];
-        getcontext(&th->ctx);
-        th->ctx.uc_stack.ss_sp = th->stack;
-        th->ctx.uc_stack.ss_size = STACK_BYTES;
-        th->ctx.uc_link = &scheduler;
-        makecontext(&th->ctx, thread_main, 0);
-        th->done = 0;
-    }
+    for (unsigned t = 0; t < block; ++t) thread_init(&threads[t]);
     unsigned remaining = block;
     while (remaining > 0) {
         unsigned long before = events;
@@ -130,7 +182,7 @@ static void run_block(unsigned block) {
             current_thread = t;
             threadIdx.x = t;
             threadIdx.y = threadIdx.z = 0;
-            swapcontext(&scheduler, &threads[t].ctx);
+            SWITCH(&scheduler, &threads[t].ctx);
             if (threads[t].done) remaining--;
         }
         if (remaining > 0 && events == before) {
@@ -161,7 +213,10 @@ int emu_launch(const char *name, unsigned grid, unsigned block, unsigned shared,
     emu_dyn_shared = dyn;
     warps = calloc(block / 32, sizeof *warps);
     threads = calloc(block, sizeof *threads);
-    for (unsigned t = 0; t < block; ++t) threads[t].stack = malloc(STACK_BYTES);
+    for (unsigned t = 0; t < block; ++t) {
+        if (!stacks[t]) stacks[t] = malloc(STACK_BYTES);
+        threads[t].stack = stacks[t];
+    }
     current = k->f;
     current_params = params;
     current_name = name;
@@ -174,7 +229,6 @@ int emu_launch(const char *name, unsigned grid, unsigned block, unsigned shared,
         blockIdx.y = blockIdx.z = 0;
         run_block(block);
     }
-    for (unsigned t = 0; t < block; ++t) free(threads[t].stack);
     free(threads);
     free(warps);
     free(dyn);

@@ -1,5 +1,5 @@
 // A CPU emulator of the CUDA execution model, just enough for mica's kernels: every thread
-// of a block runs as a coroutine (ucontext) on the calling thread, switched at barriers;
+// of a block runs as a coroutine (its own stack) on the calling thread, switched at barriers;
 // blocks run one after another. __syncthreads is a barrier over the block's live threads,
 // warp shuffles exchange through a per-warp buffer between two barriers of the warp's live
 // threads, __shared__ variables are statics (one block runs at a time). When every live
