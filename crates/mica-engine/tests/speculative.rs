@@ -63,7 +63,7 @@ fn golden_prompts(model: &str) -> Vec<(String, Vec<u32>, usize)> {
         .collect()
 }
 
-fn check_golden(model: &str) {
+fn check_golden(model: &str, adaptive: bool) {
     let path = model_path(model);
     let lm = LoadedModel::open(&path).unwrap();
     let n_layer = lm.model.layers.len();
@@ -73,36 +73,38 @@ fn check_golden(model: &str) {
     for (id, prompt, n) in golden_prompts(model) {
         plain.reset();
         let want = plain.generate(&prompt, &greedy(n), |_| true).unwrap();
-        let proposers: Vec<(&str, Box<dyn Proposer>)> = vec![
-            (
-                "ngram",
-                Box::new(NgramProposer::new(NgramConfig::default())),
-            ),
-            (
+        let mut proposers: Vec<(&str, Box<dyn Proposer>)> = vec![(
+            "ngram",
+            Box::new(NgramProposer::new(NgramConfig::default())),
+        )];
+        // The adaptive wrapper changes how many tokens are drafted, not how they are
+        // verified: checked on one model (the smallest) to keep the test's time down.
+        if adaptive {
+            proposers.push((
                 "ngram-adaptive",
                 Box::new(Adaptive::new(
                     NgramProposer::new(NgramConfig::default()),
                     AdaptiveConfig::default(),
                 )),
-            ),
-            (
-                "draft",
-                Box::new(Capped(
-                    DraftModelProposer::new(
-                        draft.clone(),
-                        &lm,
-                        plain.shared_pool(),
-                        DraftModelConfig {
-                            n_ctx: 1024,
-                            p_min: 0.0,
-                            sample: true,
-                        },
-                    )
-                    .unwrap(),
-                    5,
-                )),
-            ),
-        ];
+            ));
+        }
+        proposers.push((
+            "draft",
+            Box::new(Capped(
+                DraftModelProposer::new(
+                    draft.clone(),
+                    &lm,
+                    plain.shared_pool(),
+                    DraftModelConfig {
+                        n_ctx: 1024,
+                        p_min: 0.0,
+                        sample: true,
+                    },
+                )
+                .unwrap(),
+                5,
+            )),
+        ));
         for (name, mut p) in proposers {
             let mut s = Session::new(&lm, 1024, threads());
             let hooks = Hooks {
@@ -133,17 +135,17 @@ fn check_golden(model: &str) {
 
 #[test]
 fn smollm2_speculative_greedy_is_plain_greedy() {
-    check_golden(SMOLLM);
+    check_golden(SMOLLM, true);
 }
 
 #[test]
 fn qwen2_speculative_greedy_is_plain_greedy() {
-    check_golden(QWEN);
+    check_golden(QWEN, false);
 }
 
 #[test]
 fn gemma3_speculative_greedy_is_plain_greedy() {
-    check_golden(GEMMA);
+    check_golden(GEMMA, false);
 }
 
 /// A sampled request with a draft model: greedy drafts (point masses) give plain
