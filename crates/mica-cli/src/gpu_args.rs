@@ -1,4 +1,4 @@
-//! `--gpu-layers N|all` of `run` and `chat`: the last `N` layers (all of them with `all`)
+//! `--gpu-layers N|all` of `run`, `chat` and `serve`: the last `N` layers (all of them with `all`)
 //! and the output head run on the first CUDA GPU (`mica_cuda`), the rest on the CPU, as
 //! llama.cpp's `-ngl`. The placement is checked against the GPU's free memory before
 //! anything is uploaded; `0` (the default) keeps everything on the CPU.
@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use mica::models::{LayerOffload, Model};
 use mica_cuda::{Cuda, GpuDecoder, GpuLayers};
+use mica_server::Offloader;
 use std::sync::Arc;
 
 #[derive(Args, Debug, Clone, Default)]
@@ -30,21 +31,54 @@ impl GpuArgs {
         n_blocks: usize,
         max_tokens: usize,
     ) -> Result<Option<Box<dyn LayerOffload + Send>>> {
-        let layers = match self.gpu_layers {
-            None | Some(GpuLayers::Last(0)) => return Ok(None),
-            Some(l) => l,
-        };
-        let cuda = Cuda::open(0).context("--gpu-layers")?;
-        let first = layers.first(model.layers.len());
-        log::info!(
-            "gpu: {} (compute {}.{}): layers {first}..{} and the output head",
-            cuda.name(),
-            cuda.capability().0,
-            cuda.capability().1,
-            model.layers.len()
-        );
-        let dec = GpuDecoder::place(Arc::new(cuda), model, layers, n_blocks, max_tokens)
-            .context("--gpu-layers")?;
-        Ok(Some(Box::new(dec)))
+        match self.layers() {
+            None => Ok(None),
+            Some(l) => place(l, model, n_blocks, max_tokens).map(Some),
+        }
     }
+
+    /// What `serve` places each model it loads with; `None` when no layer goes to the GPU.
+    pub fn offloader(&self) -> Option<Offloader> {
+        let layers = self.layers()?;
+        let name = match layers {
+            GpuLayers::All => "--gpu-layers all".to_string(),
+            GpuLayers::Last(n) => format!("--gpu-layers {n}"),
+        };
+        Some(Offloader {
+            name,
+            place: Arc::new(move |model, n_blocks, max_tokens| {
+                place(layers, model, n_blocks, max_tokens)
+                    .map(Some)
+                    .map_err(|e| format!("{e:#}"))
+            }),
+        })
+    }
+
+    fn layers(&self) -> Option<GpuLayers> {
+        match self.gpu_layers {
+            None | Some(GpuLayers::Last(0)) => None,
+            Some(l) => Some(l),
+        }
+    }
+}
+
+/// Layers `layers` of `model` and its head, placed on the first CUDA GPU.
+fn place(
+    layers: GpuLayers,
+    model: &Model,
+    n_blocks: usize,
+    max_tokens: usize,
+) -> Result<Box<dyn LayerOffload + Send>> {
+    let cuda = Cuda::open(0).context("--gpu-layers")?;
+    let first = layers.first(model.layers.len());
+    log::info!(
+        "gpu: {} (compute {}.{}): layers {first}..{} and the output head",
+        cuda.name(),
+        cuda.capability().0,
+        cuda.capability().1,
+        model.layers.len()
+    );
+    let dec = GpuDecoder::place(Arc::new(cuda), model, layers, n_blocks, max_tokens)
+        .context("--gpu-layers")?;
+    Ok(Box::new(dec))
 }

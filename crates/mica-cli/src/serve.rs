@@ -148,6 +148,9 @@ pub struct ServeArgs {
     /// KV cache types of every model served.
     #[command(flatten)]
     pub cache: CacheArgs,
+    /// The last layers of every model loaded, and its head, on the first CUDA GPU.
+    #[command(flatten)]
+    pub gpu: crate::gpu_args::GpuArgs,
 }
 
 /// `512M`, `2G`, `1.5GiB`, `1048576` → bytes.
@@ -313,6 +316,7 @@ fn config(args: &ServeArgs) -> Result<ServerConfig> {
         cache_type_v: args.cache.cache_type_v,
         log_prompts: args.log_prompts,
         stream: None,
+        offload: args.gpu.offloader(),
     })
 }
 
@@ -492,6 +496,7 @@ fn check_preload(cfg: &mut ServerConfig, args: &ServeArgs) -> Result<()> {
         Ok(())
     };
     self_spec(cfg.stream.is_some())?;
+    no_streamed_offload(cfg)?;
     let Some(name) = &cfg.preload else {
         return Ok(());
     };
@@ -514,7 +519,21 @@ fn check_preload(cfg: &mut ServerConfig, args: &ServeArgs) -> Result<()> {
     if let Some(budget) = streamed {
         cfg.stream = Some(StreamConfig { budget, mode });
     }
-    self_spec(streamed.is_some())
+    self_spec(streamed.is_some())?;
+    no_streamed_offload(cfg)
+}
+
+/// Streamed layers are read a layer at a time during host passes: they cannot be uploaded.
+fn no_streamed_offload(cfg: &ServerConfig) -> Result<()> {
+    if let (Some(o), Some(_)) = (&cfg.offload, &cfg.stream) {
+        bail!(
+            "{}: the model would stream its last layers from the file (it does not fit in \
+             memory, or --mem-budget), and streamed layers cannot run on the GPU; load it \
+             whole (--force) or drop --mem-budget",
+            o.name
+        );
+    }
+    Ok(())
 }
 
 /// Completes on SIGTERM (Kubernetes, systemd, Docker) or SIGINT (Ctrl-C).

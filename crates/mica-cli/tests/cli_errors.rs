@@ -194,5 +194,18 @@ fn gpu_layers_without_a_gpu() {
             err.starts_with("error: --gpu-layers: no CUDA driver on this machine"),
             "{err}"
         );
+        // `chat` refuses before the first answer, `serve` when it loads the model.
+        let (ok, _, err) = mica(&["chat", "-m", m, "--gpu-layers", "1"]);
+        assert!(!ok, "{err}");
+        assert!(
+            err.contains("error: --gpu-layers: no CUDA driver on this machine"),
+            "{err}"
+        );
+        let (ok, _, err) = mica(&["serve", "-m", m, "--port", "0", "--gpu-layers", "all"]);
+        assert!(!ok, "{err}");
+        assert!(
+            err.contains("cannot load model 'tiny': --gpu-layers: no CUDA driver on this machine"),
+            "{err}"
+        );
     }
 }

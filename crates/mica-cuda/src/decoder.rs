@@ -41,6 +41,12 @@ impl<B: crate::DeviceBuf> DevLinear<B> {
         if !lin.lora.is_empty() {
             return Err(unsupported(&format!("LoRA adapters ({name})")));
         }
+        if lin.w.is_streamed() {
+            // Its bytes are readable only during its layer's turn in a host forward pass.
+            return Err(unsupported(&format!(
+                "layers streamed from the file ({name}): load the model whole to offload it"
+            )));
+        }
         let v = lin.w.view();
         let w = DeviceMatrix::upload(r, v.dtype, v.rows, v.cols, v.data).map_err(|e| match e {
             GpuError::Unsupported(t) => {

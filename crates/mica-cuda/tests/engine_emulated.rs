@@ -4,17 +4,19 @@
 //! request of two completions (sharing the prompt's blocks, so the partly filled last block
 //! is copied on write, on the host and through `LayerOffload::copy_block` on the device)
 //! gives it twice, a repeated prompt (served from the prefix cache) gives it again, and a
-//! sampled request gives the host engine's very tokens.
+//! sampled request gives the host engine's very tokens. A request choosing LoRA adapters,
+//! which the offloaded layers would not apply, is refused.
 
 mod common;
 use common::emu::emu;
 use common::hf_common::{ids, load};
 use mica_cuda::GpuDecoder;
 use mica_engine::{
-    EngineConfig, EngineHandle, Event, EventSink, GenerateParams, Lane, Request, SamplingParams,
-    SchedulerConfig,
+    EngineConfig, EngineHandle, Event, EventSink, GenerateParams, Lane, ParamError, Request,
+    SamplingParams, SchedulerConfig, SubmitError,
 };
 use mica_models::chat::ChatTemplate;
+use mica_models::lora::{LoraAdapter, LoraSelection};
 use mica_models::tokenizer::{Tokenizer, TokenizerSpec};
 use mica_models::{Batch, KvCache, LayerOffload, LoadedModel, Model};
 use std::sync::Arc;
@@ -149,7 +151,7 @@ fn an_offloaded_engine_serves_what_the_host_does() {
 
     assert_eq!(
         tokens(submit(&gpu, &prompt, 1, greedy.clone()), 1),
-        [want.clone()]
+        std::slice::from_ref(&want)
     );
     // Two completions share the prompt's blocks: each copies the last one before writing.
     let before = copies.load(Ordering::Relaxed);
@@ -162,7 +164,10 @@ fn an_offloaded_engine_serves_what_the_host_does() {
         "the shared block was copied on the device"
     );
     // The prompt again: served from the prefix cache.
-    assert_eq!(tokens(submit(&gpu, &prompt, 1, greedy), 1), [want.clone()]);
+    assert_eq!(
+        tokens(submit(&gpu, &prompt, 1, greedy), 1),
+        std::slice::from_ref(&want)
+    );
 
     let sampled = SamplingParams {
         temperature: 0.9,
@@ -173,4 +178,27 @@ fn an_offloaded_engine_serves_what_the_host_does() {
     let offloaded = tokens(submit(&gpu, &prompt, 2, sampled), 2);
     assert_eq!(offloaded, on_host);
     assert_ne!(on_host[0], on_host[1], "the two samples differ");
+
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lora/llama");
+    let adapter = LoraAdapter::open(&dir, &lm.model, 1.0).unwrap();
+    let (tx, _rx) = channel();
+    let err = gpu
+        .submit(Request {
+            prompt,
+            params: GenerateParams::default(),
+            lane: Lane::Interactive,
+            n: 1,
+            logprobs: None,
+            sink: Box::new(Chan(tx)),
+            processors: None,
+            proposer: None,
+            lora: Some(Arc::new(LoraSelection {
+                adapters: vec![(Arc::new(adapter), 1.0)],
+            })),
+        })
+        .unwrap_err();
+    assert!(
+        matches!(err, SubmitError::Params(ParamError::LoraOnOffloadedLayers)),
+        "{err}"
+    );
 }

@@ -166,6 +166,8 @@ pub struct EngineHandle {
     n_vocab: usize,
     /// The model keeps a recurrent state per sequence (no drafts: it cannot roll back).
     recurrent: bool,
+    /// Layers run through a [`LayerOffload`] (requests cannot choose LoRA adapters).
+    offloaded: bool,
     /// The engine's compute threads, shared with draft models of requests.
     pool: Arc<ThreadPool>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -236,6 +238,7 @@ impl EngineHandle {
             gate: gate.clone(),
         };
         let pool = Arc::new(ThreadPool::new(cfg.n_threads));
+        let offloaded = offload.is_some();
         let mut core = Core::new(model, &cfg, rx, shared, pool.clone(), offload);
         let thread = std::thread::Builder::new()
             .name("mica-engine".into())
@@ -250,6 +253,7 @@ impl EngineHandle {
             cfg,
             n_vocab,
             recurrent,
+            offloaded,
             pool,
             thread: Mutex::new(Some(thread)),
         })
@@ -288,6 +292,9 @@ impl EngineHandle {
         }
         if self.recurrent && req.proposer.is_some() {
             return reject(ParamError::DraftsOnRecurrentModel.into());
+        }
+        if self.offloaded && req.lora.as_ref().is_some_and(|l| !l.is_empty()) {
+            return reject(ParamError::LoraOnOffloadedLayers.into());
         }
         if req.n == 0 || req.n > self.cfg.max_n {
             return reject(

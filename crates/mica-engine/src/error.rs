@@ -91,6 +91,8 @@ pub enum Param {
     N,
     /// A draft proposer (speculative decoding).
     Proposer,
+    /// LoRA adapters chosen for the request.
+    Lora,
 }
 
 impl Param {
@@ -115,6 +117,7 @@ impl Param {
             Param::Prompt => "prompt",
             Param::N => "n",
             Param::Proposer => "proposer",
+            Param::Lora => "lora",
         }
     }
 }
@@ -127,6 +130,11 @@ pub enum ParamError {
          cannot be rolled back to drop rejected draft tokens; run it without a draft proposer"
     )]
     DraftsOnRecurrentModel,
+    #[error(
+        "this model's last layers run on another device (--gpu-layers), where LoRA adapters \
+         chosen per request do not apply; serve it on the CPU to use them"
+    )]
+    LoraOnOffloadedLayers,
     #[error("temperature must be a finite number, got {0}")]
     Temperature(f32),
     #[error("top-p must be between 0 and 1, got {0}")]
@@ -189,6 +197,7 @@ impl ParamError {
             ParamError::EmptyPrompt => Param::Prompt,
             ParamError::N { .. } => Param::N,
             ParamError::DraftsOnRecurrentModel => Param::Proposer,
+            ParamError::LoraOnOffloadedLayers => Param::Lora,
         }
     }
 }

@@ -334,6 +334,12 @@ impl Model {
         // when the embedding is narrower).
         ws.acts.alone = ws.alone_paths;
         ws.acts.lora.set(&ws.lora, &batch.seq);
+        if offload.is_some() && !ws.acts.lora.is_empty() {
+            // The offloaded layers would run without the adapters' updates.
+            return Err(ModelError::Offload(
+                "LoRA adapters chosen per request do not run on offloaded layers".into(),
+            ));
+        }
         ws.acts.invalidate();
         let e = self.tok_embd.cols;
         let x = match &self.embd_proj {

@@ -125,6 +125,37 @@ pub struct ServerConfig {
     /// Layer streaming of every model loaded ([`crate::streaming`]; `None`: models are
     /// loaded whole).
     pub stream: Option<crate::streaming::StreamConfig>,
+    /// Runs the last layers of every model loaded on another device (`mica serve
+    /// --gpu-layers`); `None`: everything on the CPU.
+    pub offload: Option<Offloader>,
+}
+
+/// What places a model's last layers and output head on another device: called with the
+/// model, the KV blocks per layer of its engine and the most tokens one step carries; gives
+/// the offload (`None`: the model stays on the CPU) or why it cannot (the model's load
+/// fails with that message).
+pub type OffloadFn = dyn Fn(
+        &mica::models::Model,
+        usize,
+        usize,
+    ) -> Result<Option<Box<dyn mica::models::LayerOffload + Send>>, String>
+    + Send
+    + Sync;
+
+/// An [`OffloadFn`] with a name for logs and `Debug`.
+#[derive(Clone)]
+pub struct Offloader {
+    /// What it offloads to, e.g. `"--gpu-layers 12"`.
+    pub name: String,
+    pub place: std::sync::Arc<OffloadFn>,
+}
+
+impl std::fmt::Debug for Offloader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Offloader")
+            .field("name", &self.name)
+            .finish()
+    }
 }
 
 impl ServerConfig {
@@ -149,6 +180,7 @@ impl ServerConfig {
             cache_type_v: None,
             log_prompts: false,
             stream: None,
+            offload: None,
         }
     }
 

@@ -49,7 +49,7 @@ use axum::routing::{get, post};
 use serde::Serialize;
 use std::sync::Arc;
 
-pub use config::{Access, ApiKey, Limits, ServerConfig};
+pub use config::{Access, ApiKey, Limits, OffloadFn, Offloader, ServerConfig};
 pub use error::{Flavor, ParamError};
 pub use serve::{ServeError, serve};
 pub use state::{AppState, Observer, ServerEvent};

@@ -243,7 +243,17 @@ fn start(
         }
         _ => {}
     }
-    let engine = EngineHandle::start(model.clone(), ecfg).map_err(|e| e.to_string())?;
+    let offload = match &cfg.offload {
+        Some(o) => (o.place)(
+            &model.model,
+            ecfg.kv_blocks,
+            ecfg.scheduler.max_batch_tokens,
+        )
+        .map_err(|e| format!("{e} (the {name} model, {})", o.name))?,
+        None => None,
+    };
+    let engine =
+        EngineHandle::start_offloaded(model.clone(), ecfg, offload).map_err(|e| e.to_string())?;
     Ok(Loaded {
         spec,
         bytes: crate::streaming::counted(st, model_bytes(&path) + cfg.kv_mem as u64),

@@ -69,6 +69,9 @@ pub struct ChatArgs {
     /// The memory check applies to every model loaded (the first and `/model` switches).
     #[command(flatten)]
     pub budget: BudgetArgs,
+    /// The last layers of every model loaded, and its head, on the first CUDA GPU.
+    #[command(flatten)]
+    pub gpu: crate::gpu_args::GpuArgs,
 }
 
 pub fn chat(args: ChatArgs) -> Result<()> {
@@ -105,13 +108,19 @@ pub fn chat(args: ChatArgs) -> Result<()> {
             Some(c) => Some(constraint_args::compile(&lm, c)?),
             None => None,
         };
-        Ok(Loaded { lm, grammar, est })
+        let offload = offload(&lm, &args)?;
+        Ok(Loaded {
+            lm,
+            grammar,
+            est,
+            offload,
+        })
     };
     let mut first = load(&path, &args)?;
     args.lora.apply(&mut first.0, false)?;
     let mut current = (constrained(first)?, path, name);
     loop {
-        let (loaded, path, name) = &current;
+        let (loaded, path, name) = &mut current;
         let outcome = session_loop(loaded, path, name, &args, &mut state, &mut input);
         match outcome {
             Outcome::Quit => return Ok(()),
@@ -136,6 +145,17 @@ struct Loaded {
     grammar: Option<mica::grammar::CompiledGrammar>,
     /// Its memory estimate, checked against the resident set after the first answer.
     est: MemoryEstimate,
+    /// Its last layers on the GPU (`--gpu-layers`), until a session takes them.
+    offload: Option<Box<dyn mica::models::LayerOffload + Send>>,
+}
+
+/// The `--gpu-layers` placement of `lm`, with caches for its context.
+fn offload(
+    lm: &LoadedModel,
+    args: &ChatArgs,
+) -> Result<Option<Box<dyn mica::models::LayerOffload + Send>>> {
+    let blocks = context_size(args, lm).div_ceil(mica::models::kv_cache::BLOCK_SIZE);
+    args.gpu.offload(&lm.model, blocks, PROMPT_CHUNK)
 }
 
 /// What survives a model switch.
@@ -147,13 +167,23 @@ struct State {
 
 /// One model's chat: prints the banner and runs the loop with a fresh session.
 fn session_loop(
-    loaded: &Loaded,
+    loaded: &mut Loaded,
     path: &Path,
     name: &str,
     args: &ChatArgs,
     state: &mut State,
     input: &mut Input,
 ) -> Outcome {
+    // Placed at load; placed again when the chat comes back to this model (a failed
+    // switch), its earlier session's device memory freed by then.
+    let offload = match loaded.offload.take() {
+        Some(o) => Some(o),
+        None => offload(&loaded.lm, args).unwrap_or_else(|e| {
+            eprintln!("error: {e:#}; answering on the CPU");
+            None
+        }),
+    };
+    let loaded = &*loaded;
     let lm = &loaded.lm;
     let n_ctx = context_size(args, lm);
     let threads = args
@@ -165,7 +195,10 @@ fn session_loop(
     eprintln!(
         "mica chat: {name} · context {n_ctx} tokens · /help for commands, Ctrl-C stops an answer, Ctrl-D leaves"
     );
-    let session = Session::new(lm, n_ctx, threads);
+    let mut session = Session::new(lm, n_ctx, threads);
+    if let Some(o) = offload {
+        session.offload(o);
+    }
     let proposer = match args
         .spec
         .resolve(Some(lm), n_ctx, false)
