@@ -41,12 +41,6 @@ impl<B: crate::DeviceBuf> DevLinear<B> {
         if !lin.lora.is_empty() {
             return Err(unsupported(&format!("LoRA adapters ({name})")));
         }
-        if lin.w.is_streamed() {
-            // Its bytes are readable only during its layer's turn in a host forward pass.
-            return Err(unsupported(&format!(
-                "layers streamed from the file ({name}): load the model whole to offload it"
-            )));
-        }
         let v = lin.w.view();
         let w = DeviceMatrix::upload(r, v.dtype, v.rows, v.cols, v.data).map_err(|e| match e {
             GpuError::Unsupported(t) => {
@@ -113,6 +107,47 @@ pub struct GpuDecoder<R: Runner> {
     layers: Vec<DevLayer<R::Buf>>,
     glu: Glu,
     n_blocks: usize,
+    /// The layers' step buffers, kept from step to step (allocating and freeing them each
+    /// step would cost more than a small model's decode step on a GPU).
+    scratch: Option<Scratch<R::Buf>>,
+}
+
+/// Step buffers of the layers, for up to `tokens` tokens, sized for the widest layer (head
+/// sizes, KV heads and feed-forward widths may differ from layer to layer).
+struct Scratch<B> {
+    tokens: usize,
+    xn: B,
+    proj: B,
+    q: B,
+    att: B,
+    k: B,
+    v: B,
+    g: B,
+    u: B,
+}
+
+impl<B: crate::DeviceBuf> Scratch<B> {
+    fn new<R: Runner<Buf = B>>(
+        r: &R,
+        tokens: usize,
+        d: usize,
+        qd: usize,
+        kvd: usize,
+        ff: usize,
+    ) -> Result<Self> {
+        let f = |w: usize| r.alloc(tokens * w * 4);
+        Ok(Scratch {
+            tokens,
+            xn: f(d)?,
+            proj: f(d)?,
+            q: f(qd)?,
+            att: f(qd)?,
+            k: f(kvd)?,
+            v: f(kvd)?,
+            g: f(ff)?,
+            u: f(ff)?,
+        })
+    }
 }
 
 /// Fails with the first feature of `model` the decoder does not run.
@@ -232,6 +267,7 @@ impl<R: Runner> GpuDecoder<R> {
             output_norm,
             layers,
             n_blocks,
+            scratch: None,
         })
     }
 
@@ -321,6 +357,7 @@ impl<R: Runner> GpuDecoder<R> {
             ops::scale(r, &x, n * d, s)?;
         }
         self.layers_on_device(&x, &toks)?;
+        let r = &self.r;
         // The head reads the flagged rows only.
         let rows: Vec<usize> = (0..n).filter(|&t| logits[t]).collect();
         let h = r.alloc(rows.len().max(1) * d * 4)?;
@@ -364,7 +401,7 @@ impl<R: Runner> GpuDecoder<R> {
         let toks = Tokens::new(r, pos, seq, tables)?;
         let buf = upload_f32(r, x)?;
         self.layers_on_device(&buf, &toks)?;
-        x.copy_from_slice(&download_f32(r, &buf)?);
+        x.copy_from_slice(&download_f32(&self.r, &buf)?);
         Ok(())
     }
 
@@ -403,30 +440,33 @@ impl<R: Runner> GpuDecoder<R> {
         download_f32(r, &logits)
     }
 
-    fn layers_on_device(&self, x: &R::Buf, toks: &Tokens<R::Buf>) -> Result<()> {
+    fn layers_on_device(&mut self, x: &R::Buf, toks: &Tokens<R::Buf>) -> Result<()> {
         let (r, cfg, n) = (&self.r, &self.cfg, toks.n);
         let d = cfg.n_embd;
         let eps = cfg.norm_eps;
-        let xn = r.alloc(n * d * 4)?;
-        let proj = r.alloc(n * d * 4)?;
-        // Scratch for every layer, sized for the widest (head sizes, KV heads and
-        // feed-forward widths may differ from layer to layer).
         let layers = self.first..cfg.n_layer;
-        let qd_max = layers.clone().map(|l| cfg.q_dim_of(l)).max().unwrap_or(0);
-        let kvd_max = layers.clone().map(|l| cfg.kv_dim_of(l)).max().unwrap_or(0);
-        let ff_max = self.layers.iter().map(|l| l.gate.w.rows).max().unwrap_or(0);
-        let (q, att) = (r.alloc(n * qd_max * 4)?, r.alloc(n * qd_max * 4)?);
-        let (k, v_own) = (r.alloc(n * kvd_max * 4)?, r.alloc(n * kvd_max * 4)?);
-        let (g, u) = (r.alloc(n * ff_max * 4)?, r.alloc(n * ff_max * 4)?);
+        // Grown (allocated anew) for a step larger than any before, else reused.
+        let s = match self.scratch.take() {
+            Some(s) if s.tokens >= n => s,
+            old => {
+                drop(old);
+                let qd = layers.clone().map(|l| cfg.q_dim_of(l)).max().unwrap_or(0);
+                let kvd = layers.clone().map(|l| cfg.kv_dim_of(l)).max().unwrap_or(0);
+                let ff = self.layers.iter().map(|l| l.gate.w.rows).max().unwrap_or(0);
+                Scratch::new(r, n, d, qd, kvd, ff)?
+            }
+        };
+        let (xn, proj, q, att, k, v_own, g, u) =
+            (&s.xn, &s.proj, &s.q, &s.att, &s.k, &s.v, &s.g, &s.u);
         for (layer, l) in self.layers.iter().zip(layers) {
             let (hd, n_kv) = (cfg.head_dim_of(l), cfg.n_head_kv_of(l));
             let (qd, kvd) = (cfg.n_head * hd, n_kv * hd);
-            ops::rms_norm(r, x, Some(&layer.attn_norm), &xn, n, d, eps)?;
-            layer.wq.apply(r, &xn, n, &q)?;
-            layer.wk.apply(r, &xn, n, &k)?;
+            ops::rms_norm(r, x, Some(&layer.attn_norm), xn, n, d, eps)?;
+            layer.wq.apply(r, xn, n, q)?;
+            layer.wk.apply(r, xn, n, k)?;
             let v = match &layer.wv {
                 Some(wv) => {
-                    wv.apply(r, &xn, n, &v_own)?;
+                    wv.apply(r, xn, n, v_own)?;
                     &v_own
                 }
                 None => &k,
@@ -457,9 +497,9 @@ impl<R: Runner> GpuDecoder<R> {
                 }
             }
             if let Some(s) = cfg.q_scale {
-                ops::scale(r, &q, n * qd, s)?;
+                ops::scale(r, q, n * qd, s)?;
             }
-            ops::kv_write(r, &layer.kv, toks, &k, v)?;
+            ops::kv_write(r, &layer.kv, toks, k, v)?;
             let shape = AttnShape {
                 n_head: cfg.n_head,
                 scale: match cfg.q_scale {
@@ -469,26 +509,27 @@ impl<R: Runner> GpuDecoder<R> {
                 softcap: cfg.attn_softcap,
                 window: cfg.layer_window[l],
             };
-            ops::attention(r, &layer.kv, toks, shape, &q, &att)?;
-            layer.wo.apply(r, &att, n, &proj)?;
+            ops::attention(r, &layer.kv, toks, shape, q, att)?;
+            layer.wo.apply(r, att, n, proj)?;
             if let Some(w) = &layer.post_attn_norm {
-                ops::rms_norm(r, &proj, Some(w), &proj, n, d, eps)?;
+                ops::rms_norm(r, proj, Some(w), proj, n, d, eps)?;
             }
-            ops::axpy(r, x, &proj, n * d, 1.0)?;
-            ops::rms_norm(r, x, Some(&layer.ffn_norm), &xn, n, d, eps)?;
+            ops::axpy(r, x, proj, n * d, 1.0)?;
+            ops::rms_norm(r, x, Some(&layer.ffn_norm), xn, n, d, eps)?;
             let ff = layer.gate.w.rows;
-            layer.gate.apply(r, &xn, n, &g)?;
-            layer.up.apply(r, &xn, n, &u)?;
-            ops::glu(r, &g, &u, &g, n * ff, self.glu)?;
-            layer.down.apply(r, &g, n, &proj)?;
+            layer.gate.apply(r, xn, n, g)?;
+            layer.up.apply(r, xn, n, u)?;
+            ops::glu(r, g, u, g, n * ff, self.glu)?;
+            layer.down.apply(r, g, n, proj)?;
             if let Some(w) = &layer.post_ffn_norm {
-                ops::rms_norm(r, &proj, Some(w), &proj, n, d, eps)?;
+                ops::rms_norm(r, proj, Some(w), proj, n, d, eps)?;
             }
-            ops::axpy(r, x, &proj, n * d, 1.0)?;
+            ops::axpy(r, x, proj, n * d, 1.0)?;
             if let Some(s) = layer.out_scale {
                 ops::scale(r, x, n * d, s)?;
             }
         }
+        self.scratch = Some(s);
         Ok(())
     }
 }

@@ -49,7 +49,8 @@ fn gpu_layers_parse() {
 }
 
 /// What the decoder allocates when it loads is the footprint's weights and KV cache, byte
-/// for byte; what one step of `max_tokens` tokens allocates is within its step buffers.
+/// for byte; what one step of `max_tokens` tokens allocates is within its step buffers, and
+/// a later step reuses the layers' buffers.
 #[test]
 fn the_footprint_is_what_the_decoder_allocates() {
     for (family, n_blocks) in [("llama", 8), ("gemma3", 5), ("qwen2", 3)] {
@@ -76,11 +77,20 @@ fn the_footprint_is_what_the_decoder_allocates() {
                 let toks: Vec<u32> = (1..=6).collect();
                 dec.forward(&toks, &[0, 1, 2, 3, 4, 5], &[0; 6], tables, &[true; 6])
                     .unwrap();
+                let first_step = r.bytes.get();
                 assert!(
-                    r.bytes.get() <= p.scratch,
-                    "{family}: a step allocated {} bytes, the footprint says {}",
-                    r.bytes.get(),
+                    first_step <= p.scratch,
+                    "{family}: a step allocated {first_step} bytes, the footprint says {}",
                     p.scratch
+                );
+                // The layers' step buffers are kept: a step no larger allocates only its
+                // inputs and outputs.
+                r.bytes.set(0);
+                dec.forward(&[7], &[6], &[0], tables, &[true]).unwrap();
+                assert!(
+                    r.bytes.get() * 4 < first_step,
+                    "{family}: the next step allocated {} bytes again",
+                    r.bytes.get()
                 );
             }
         }
