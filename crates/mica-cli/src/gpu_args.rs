@@ -5,7 +5,7 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use mica::models::{LayerOffload, Model};
+use mica::models::{LayerOffload, LoadedModel, Model};
 use mica_cuda::{Cuda, GpuDecoder, GpuLayers};
 use mica_server::Offloader;
 use std::sync::Arc;
@@ -60,6 +60,16 @@ impl GpuArgs {
             Some(l) => Some(l),
         }
     }
+}
+
+/// Drops from the process the weights the GPU now holds (layers `first..` and a separate
+/// head), logging how much.
+pub fn evict(lm: &mut LoadedModel, first: usize) {
+    let bytes = lm.model.evict_offloaded(first);
+    log::info!(
+        "gpu: {:.1} MiB of weights dropped from host memory (held on the GPU)",
+        bytes as f64 / (1u64 << 20) as f64
+    );
 }
 
 /// Layers `layers` of `model` and its head, placed on the first CUDA GPU.

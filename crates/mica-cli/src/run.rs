@@ -152,10 +152,14 @@ pub fn run(args: RunArgs) -> Result<()> {
         Some(c) => Some(constraint_args::compile(&lm, c)?),
         None => None,
     };
+    let blocks = n_ctx.div_ceil(mica::models::kv_cache::BLOCK_SIZE);
+    let offload = args.gpu.offload(&lm.model, blocks, PROMPT_CHUNK)?;
+    if let Some(o) = &offload {
+        crate::gpu_args::evict(&mut lm, o.first_layer());
+    }
     let t_session = Instant::now();
     let mut session = Session::new(&lm, n_ctx, threads);
-    let blocks = n_ctx.div_ceil(mica::models::kv_cache::BLOCK_SIZE);
-    if let Some(o) = args.gpu.offload(&lm.model, blocks, PROMPT_CHUNK)? {
+    if let Some(o) = offload {
         session.offload(o);
     }
     log::info!(

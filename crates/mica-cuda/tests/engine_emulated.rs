@@ -4,8 +4,10 @@
 //! request of two completions (sharing the prompt's blocks, so the partly filled last block
 //! is copied on write, on the host and through `LayerOffload::copy_block` on the device)
 //! gives it twice, a repeated prompt (served from the prefix cache) gives it again, and a
-//! sampled request gives the host engine's very tokens. A request choosing LoRA adapters,
-//! which the offloaded layers would not apply, is refused.
+//! sampled request gives the host engine's very tokens — with the offloaded layers' weights
+//! dropped from the host (`Model::evict_offloaded`). A request choosing LoRA adapters, which
+//! the offloaded layers would not apply, is refused, and so is any pass of the evicted model
+//! without its offload.
 
 mod common;
 use common::emu::emu;
@@ -135,14 +137,22 @@ fn tokens(rx: Receiver<Event>, n: usize) -> Vec<Vec<u32>> {
 
 #[test]
 fn an_offloaded_engine_serves_what_the_host_does() {
-    let (model, exp, _) = load("llama");
+    let (mut model, exp, _) = load("llama");
     let n_layer = model.layers.len();
     let dec = GpuDecoder::layers(emu(), &model, 1, KV_BLOCKS).unwrap();
     assert!(n_layer > 1, "the fixture has layers on both sides");
+    // The host drops what the device holds (and never reads it again: an empty matrix
+    // read would panic).
+    let held: usize = model.layers[1..]
+        .iter()
+        .map(|l| l.wq.w.n_bytes() + l.wo.w.n_bytes())
+        .sum();
+    assert!(model.evict_offloaded(1) > held);
+    assert_eq!(model.layers[1].wq.w.n_bytes(), 0);
     let copies = Arc::new(AtomicUsize::new(0));
     let lm = Arc::new(servable(model));
     let gpu = engine(&lm, Some(Box::new(Counted(dec, copies.clone()))));
-    let host = engine(&lm, None);
+    let host = engine(&Arc::new(servable(load("llama").0)), None);
 
     let prompt = ids(&exp["greedy_prompt"]);
     assert_ne!(prompt.len() % 16, 0, "the prompt ends inside a block");
@@ -199,6 +209,21 @@ fn an_offloaded_engine_serves_what_the_host_does() {
         .unwrap_err();
     assert!(
         matches!(err, SubmitError::Params(ParamError::LoraOnOffloadedLayers)),
+        "{err}"
+    );
+
+    // Without the offload, the model whose layers left is refused by name, not run.
+    let cpu = engine(&lm, None);
+    let rx = submit(&cpu, &[1, 2, 3], 1, SamplingParams::greedy());
+    let err = loop {
+        match rx.recv_timeout(Duration::from_secs(60)).unwrap() {
+            Event::Error(e) => break e.to_string(),
+            Event::Finished { .. } => panic!("an evicted model ran on the CPU"),
+            _ => {}
+        }
+    };
+    assert!(
+        err.contains("layers 1.. of this model run on another device"),
         "{err}"
     );
 }

@@ -214,6 +214,13 @@ impl<M: Deref<Target = LoadedModel> + Clone> Session<M> {
         self.offload = Some(offload);
     }
 
+    /// Ends the session, handing back its offload (if any) for a later session of the same
+    /// model: the device keeps its weights, not the cached keys and values' meaning (a new
+    /// session starts with an empty cache).
+    pub fn into_offload(self) -> Option<Box<dyn LayerOffload + Send>> {
+        self.offload
+    }
+
     pub fn n_ctx(&self) -> usize {
         self.kv.n_ctx()
     }

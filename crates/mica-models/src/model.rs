@@ -58,6 +58,9 @@ pub struct Model {
     pub file: Option<Arc<GgufFile>>,
     /// Layers streamed from the file ([`crate::stream::start`]); `None`: all resident.
     pub stream: Option<LayerStream>,
+    /// The first layer whose weights were dropped from this process because they run on
+    /// another device ([`Model::evict_offloaded`]); `None`: every layer is here.
+    pub evicted_from: Option<usize>,
 }
 
 /// The projections between a token embedding of `e` values and layers of `n_embd`.
@@ -223,6 +226,27 @@ impl Model {
         self.product_matrices_mut().map(|m| m.repack(true)).sum()
     }
 
+    /// Drops from this process the weights of layers `first..` and of a separate output
+    /// head, once a [`LayerOffload`] holds them on another device: their packed copies, and
+    /// the resident pages of the file where they are mapped. Returns the bytes dropped.
+    /// The model then runs only through [`Model::forward_offloaded`] with an offload from
+    /// `first` or earlier; any other pass is refused with [`ModelError::Offload`]. A head
+    /// tied to the embedding stays (the host looks tokens up in it).
+    pub fn evict_offloaded(&mut self, first: usize) -> usize {
+        let first = first.min(self.layers.len());
+        let tied = self.output.w.name == self.tok_embd.name;
+        let mut bytes: usize = self.layers[first..]
+            .iter_mut()
+            .flat_map(layer_matrices_mut)
+            .map(Matrix::evict)
+            .sum();
+        if !tied {
+            bytes += self.output.w.evict();
+        }
+        self.evicted_from = Some(self.evicted_from.map_or(first, |f| f.min(first)));
+        bytes
+    }
+
     /// Keeps only the first `n` decoder layers (1 ≤ `n` ≤ the model's), the output norm and
     /// head applied right after them: an early-exit copy of the model, cheaper per token,
     /// usable as its own draft model for speculative decoding ("self-speculation"). Returns
@@ -324,6 +348,14 @@ impl Model {
         stop: &mut dyn FnMut() -> bool,
         mut offload: Option<&mut dyn LayerOffload>,
     ) -> Result<Option<&'w [f32]>> {
+        if let Some(e) = self.evicted_from
+            && offload.as_ref().is_none_or(|o| o.first_layer() > e)
+        {
+            return Err(ModelError::Offload(format!(
+                "layers {e}.. of this model run on another device (their weights are not held \
+                 here): this pass cannot run them"
+            )));
+        }
         let cfg = &self.config;
         let ends = self.validate(batch, kv)?;
         let n = batch.len();

@@ -65,9 +65,9 @@ impl Matrix {
     /// still reads the file's bytes, such as embedding lookups of a tied head, faults its pages
     /// in again). Returns the bytes the copy takes (0 when the type has no packed layout).
     pub fn repack(&mut self, release: bool) -> usize {
-        if self.data.streamed {
+        if self.data.streamed || self.data.len == 0 {
             // Read a layer at a time from the file: its bytes are used in the file's layout
-            // (products are bit-identical either way).
+            // (products are bit-identical either way). Or evicted: nothing left to pack.
             return 0;
         }
         self.packed = None;
@@ -147,6 +147,22 @@ impl Matrix {
     /// this matrix's: `(bytes, start, len)`.
     pub(crate) fn source(&self) -> (&Arc<dyn TensorBytes>, usize, usize) {
         (&self.data.file, self.data.start, self.data.len)
+    }
+
+    /// Drops the matrix's bytes from this process (its packed copy, and the resident pages
+    /// of the file where it is mapped), leaving it empty: for weights now held on another
+    /// device. Returns the bytes it held. Its shape stays; nothing may read it afterwards.
+    pub(crate) fn evict(&mut self) -> usize {
+        let held = self.data.len + self.packed.as_ref().map_or(0, |p| p.as_slice().len());
+        self.data.file.release(self.data.start, self.data.len);
+        self.packed = None;
+        self.data = TensorData {
+            file: Arc::new(OwnedBytes(Vec::new())),
+            start: 0,
+            len: 0,
+            streamed: false,
+        };
+        held
     }
 
     /// Rows `r0..r0 + rows` as a matrix of their own over the same bytes (no packed copy).

@@ -202,11 +202,8 @@ fn start(
     if cfg.repack {
         lm.model.repack();
     }
-    let model = Arc::new(lm);
-    let n_ctx = cfg
-        .n_ctx
-        .unwrap_or(model.model.config.n_ctx_train.min(4096));
-    let mem = EngineConfig::memory_plan(&model, cfg.kv_mem, cfg.scheduler.max_running);
+    let n_ctx = cfg.n_ctx.unwrap_or(lm.model.config.n_ctx_train.min(4096));
+    let mem = EngineConfig::memory_plan(&lm, cfg.kv_mem, cfg.scheduler.max_running);
     let ecfg = EngineConfig {
         n_threads: cfg.n_threads,
         n_ctx,
@@ -219,6 +216,16 @@ fn start(
         state_checkpoints: mem.state_checkpoints,
         state_checkpoint_interval: 0,
     };
+    // The offloaded layers' weights leave host memory once on the device.
+    let offload = match &cfg.offload {
+        Some(o) => (o.place)(&lm.model, ecfg.kv_blocks, ecfg.scheduler.max_batch_tokens)
+            .map_err(|e| format!("{e} (the {name} model, {})", o.name))?,
+        None => None,
+    };
+    if let Some(o) = &offload {
+        lm.model.evict_offloaded(o.first_layer());
+    }
+    let model = Arc::new(lm);
     let mut spec = cfg.spec.clone();
     // A hybrid model's recurrent state cannot drop rejected drafts: no speculation for it
     // by default (a request that asks for it gets a 400 naming `spec`).
@@ -243,15 +250,6 @@ fn start(
         }
         _ => {}
     }
-    let offload = match &cfg.offload {
-        Some(o) => (o.place)(
-            &model.model,
-            ecfg.kv_blocks,
-            ecfg.scheduler.max_batch_tokens,
-        )
-        .map_err(|e| format!("{e} (the {name} model, {})", o.name))?,
-        None => None,
-    };
     let engine =
         EngineHandle::start_offloaded(model.clone(), ecfg, offload).map_err(|e| e.to_string())?;
     Ok(Loaded {

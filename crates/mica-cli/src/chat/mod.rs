@@ -103,12 +103,15 @@ pub fn chat(args: ChatArgs) -> Result<()> {
         },
         stats: Stats::default(),
     };
-    let constrained = |(lm, est): (LoadedModel, MemoryEstimate)| -> Result<Loaded> {
+    let constrained = |(mut lm, est): (LoadedModel, MemoryEstimate)| -> Result<Loaded> {
         let grammar = match &constraint {
             Some(c) => Some(constraint_args::compile(&lm, c)?),
             None => None,
         };
         let offload = offload(&lm, &args)?;
+        if let Some(o) = &offload {
+            crate::gpu_args::evict(&mut lm, o.first_layer());
+        }
         Ok(Loaded {
             lm,
             grammar,
@@ -145,7 +148,7 @@ struct Loaded {
     grammar: Option<mica::grammar::CompiledGrammar>,
     /// Its memory estimate, checked against the resident set after the first answer.
     est: MemoryEstimate,
-    /// Its last layers on the GPU (`--gpu-layers`), until a session takes them.
+    /// Its last layers on the GPU (`--gpu-layers`), between its sessions.
     offload: Option<Box<dyn mica::models::LayerOffload + Send>>,
 }
 
@@ -174,17 +177,11 @@ fn session_loop(
     state: &mut State,
     input: &mut Input,
 ) -> Outcome {
-    // Placed at load; placed again when the chat comes back to this model (a failed
-    // switch), its earlier session's device memory freed by then.
-    let offload = match loaded.offload.take() {
-        Some(o) => Some(o),
-        None => offload(&loaded.lm, args).unwrap_or_else(|e| {
-            eprintln!("error: {e:#}; answering on the CPU");
-            None
-        }),
-    };
-    let loaded = &*loaded;
-    let lm = &loaded.lm;
+    // Placed at load, and handed back at the end of the session: a chat that comes back
+    // to this model (after a failed switch) reuses it.
+    let offload = loaded.offload.take();
+    let mine = &*loaded;
+    let lm = &mine.lm;
     let n_ctx = context_size(args, lm);
     let threads = args
         .threads
@@ -214,16 +211,19 @@ fn session_loop(
         lm,
         session,
         proposer,
-        grammar: loaded.grammar.as_ref(),
+        grammar: mine.grammar.as_ref(),
         model_name: name,
         model_path: path,
         conv: &mut state.conv,
         settings: &mut state.settings,
         stats: &mut state.stats,
         threads,
-        resident: ResidentCheck::new(loaded.est),
+        resident: ResidentCheck::new(mine.est),
     };
-    repl::run(&mut chat, input)
+    let outcome = repl::run(&mut chat, input);
+    let back = chat.session.into_offload();
+    loaded.offload = back;
+    outcome
 }
 
 /// The context a model gets: `--ctx-size`, else the model's, at most 4096.

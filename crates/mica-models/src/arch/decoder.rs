@@ -220,6 +220,7 @@ pub fn build_with(
         output,
         file,
         stream: None,
+        evicted_from: None,
     })
 }
 

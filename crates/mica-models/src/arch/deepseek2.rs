@@ -672,6 +672,7 @@ fn build(
         output,
         file,
         stream: None,
+        evicted_from: None,
     })
 }
 

@@ -412,5 +412,6 @@ pub(super) fn build(
         output,
         file,
         stream: None,
+        evicted_from: None,
     })
 }
