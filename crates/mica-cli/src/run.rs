@@ -107,8 +107,15 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     let sizing = Sizing::one_sequence(n_ctx, PROMPT_CHUNK);
     let est = budget::fit(&mut lm, repack, sizing, &args.budget)?;
-    budget::prepare(&mut lm, repack);
     args.lora.apply(&mut lm, args.json)?;
+    // The GPU's layers placed (from the file's bytes) and dropped from host memory before
+    // the weights are repacked: only the host's layers are.
+    let blocks = n_ctx.div_ceil(mica::models::kv_cache::BLOCK_SIZE);
+    let offload = args.gpu.offload(&lm.model, blocks, PROMPT_CHUNK)?;
+    if let Some(o) = &offload {
+        crate::gpu_args::evict(&mut lm, o.first_layer());
+    }
+    budget::prepare(&mut lm, repack);
     let load_time = t0.elapsed();
 
     let prompt_ids = if args.chat {
@@ -152,11 +159,6 @@ pub fn run(args: RunArgs) -> Result<()> {
         Some(c) => Some(constraint_args::compile(&lm, c)?),
         None => None,
     };
-    let blocks = n_ctx.div_ceil(mica::models::kv_cache::BLOCK_SIZE);
-    let offload = args.gpu.offload(&lm.model, blocks, PROMPT_CHUNK)?;
-    if let Some(o) = &offload {
-        crate::gpu_args::evict(&mut lm, o.first_layer());
-    }
     let t_session = Instant::now();
     let mut session = Session::new(&lm, n_ctx, threads);
     if let Some(o) = offload {

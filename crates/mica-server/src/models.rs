@@ -197,11 +197,8 @@ fn start(
         .config
         .choose_cache_types(cfg.cache_type_k, cfg.cache_type_v)
         .map_err(|e| e.to_string())?;
-    // Layer streaming, when configured, before the weights are repacked.
+    // Layer streaming, when configured, before the weights are repacked (below).
     crate::streaming::fit(st, &name, &mut lm)?;
-    if cfg.repack {
-        lm.model.repack();
-    }
     let n_ctx = cfg.n_ctx.unwrap_or(lm.model.config.n_ctx_train.min(4096));
     let mem = EngineConfig::memory_plan(&lm, cfg.kv_mem, cfg.scheduler.max_running);
     let ecfg = EngineConfig {
@@ -224,6 +221,10 @@ fn start(
     };
     if let Some(o) = &offload {
         lm.model.evict_offloaded(o.first_layer());
+    }
+    // After the eviction: only the layers the host runs are repacked.
+    if cfg.repack {
+        lm.model.repack();
     }
     let model = Arc::new(lm);
     let mut spec = cfg.spec.clone();
