@@ -217,6 +217,11 @@ def test_import_renders_markdown_safely(server, browser, tmp_path):
 def test_keyboard_only(server, browser):
     b = browser
     open_page(b, server.url)
+    # Greedy, so the long answer below is long every run (sampled at the page's default
+    # 0.7, the model may answer the count in a few characters); stored before the page
+    # loads again, so the rest of the test uses the keyboard only.
+    js(b, "localStorage.setItem('mica.settings.v1', JSON.stringify({temperature: 0}))")
+    open_page(b, server.url)
     d = b.driver
     keys = ActionChains(d)
 
