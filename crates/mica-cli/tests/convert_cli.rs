@@ -3,7 +3,7 @@
 //! metadata; a flipped byte is named by `verify`; quantized conversions run; bad sources
 //! are refused with a reason.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::path::Path;

@@ -4,7 +4,7 @@
 //! provenance; `--mix BPW` meets its budget (measured from the written tensors) and records
 //! the recipe; impossible budgets are clear errors.
 
-mod common;
+use crate::common;
 
 use common::*;
 use mica::formats::GgufFile;

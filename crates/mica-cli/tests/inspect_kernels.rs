@@ -1,6 +1,6 @@
 //! `mica inspect --kernels`: the kernel coverage listing of this CPU, with no model.
 
-mod common;
+use crate::common;
 
 use common::*;
 

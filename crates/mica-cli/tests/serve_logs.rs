@@ -4,7 +4,7 @@
 //! token counts, times, finish reason and status. Prompt text stays out of the log unless
 //! `--log-prompts` asks for it.
 
-mod common;
+use crate::common;
 
 use common::serve;
 use common::*;

@@ -4,7 +4,7 @@
 //! bad flag values and a budget too small even for the resident parts are refused with the
 //! numbers.
 
-mod common;
+use crate::common;
 
 use common::*;
 

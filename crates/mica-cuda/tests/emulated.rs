@@ -1,7 +1,7 @@
 //! Every kernel's logic on the CPU emulator (`tests/emu`), through the same ops a GPU runs,
 //! against scalar references (`common/cases.rs`).
 
-mod common;
+use crate::common;
 use common::{cases, emu::emu};
 
 #[test]

@@ -3,7 +3,7 @@
 //! abandoned steps (forced, or for an arriving interactive request) changing no result,
 //! multi-token steps verifying drafted tokens, logits processors, parameter errors.
 
-mod common;
+use crate::common;
 
 use mica_engine::{
     EngineConfig, EngineHandle, Event, EventSink, FinishReason, GenerateParams, Hooks, Lane,

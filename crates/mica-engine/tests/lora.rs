@@ -5,7 +5,7 @@
 //! give what they give alone; the prefix cache never hands blocks computed under one
 //! selection to another.
 
-mod common;
+use crate::common;
 
 #[path = "common/peft.rs"]
 mod peft;

@@ -11,7 +11,7 @@
 //! quantizers, ties and non-finite inputs included).
 //! ISAs the CPU lacks are printed as skipped.
 
-mod quant_common;
+use crate::quant_common;
 
 use std::io::Write;
 

@@ -7,7 +7,7 @@
 //! Models are found in `$MICA_TEST_MODELS` (default `<workspace>/models`); a missing one
 //! fails the test.
 
-mod common;
+use crate::common;
 
 use common::model_path;
 use mica_kernels::ThreadPool;

@@ -5,7 +5,7 @@
 //! budget far below the model's size is planned and run; one too small is refused with the
 //! numbers; streamed weights cannot be read outside their layer's turn.
 
-mod common;
+use crate::common;
 
 use common::{GEMMA, QWEN, SMOLLM, model_path};
 use mica_kernels::ThreadPool;

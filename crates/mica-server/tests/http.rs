@@ -2,7 +2,7 @@
 //! framing, greedy equality with a single-sequence `Session`, errors in each API's shape,
 //! prefix-cache hits in `usage`, and a disconnect returning KV blocks to the pool.
 
-mod common;
+use crate::common;
 
 use common::*;
 use mica::engine::{GenerateParams, SamplingParams, SchedulerConfig, Session};

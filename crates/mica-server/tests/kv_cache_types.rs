@@ -3,7 +3,7 @@
 //! exactly what they give alone (the block tables of concurrent sequences interleave in the
 //! pool).
 
-mod common;
+use crate::common;
 
 use common::*;
 use mica::engine::SchedulerConfig;

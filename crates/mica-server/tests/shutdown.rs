@@ -5,7 +5,7 @@
 //! with a final event carrying the finish reason `abort` (SSE `[DONE]`, NDJSON `done`),
 //! a waiting non-streaming request gets 503, and `serve` returns.
 
-mod common;
+use crate::common;
 
 use common::*;
 use mica::engine::SchedulerConfig;

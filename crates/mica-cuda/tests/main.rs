@@ -1,0 +1,21 @@
+//! The integration tests of `mica-cuda`, compiled as one test binary (one link of the
+//! crate and its dependencies instead of one per file): each file beside this one is a
+//! module here; `cargo test -p mica-cuda --test all MODULE::` runs one file's tests.
+
+mod common;
+
+mod decoder_emulated;
+mod device;
+mod emulated;
+mod engine_emulated;
+mod open;
+mod placement;
+mod ptx;
+
+#[path = "../../../tests/every_test_file.rs"]
+mod every_test_file;
+
+#[test]
+fn every_test_file_is_compiled() {
+    every_test_file::check(env!("CARGO_MANIFEST_DIR"), include_str!("main.rs"));
+}
