@@ -150,7 +150,7 @@ fn unknown_architecture() {
 
 #[test]
 fn prompt_longer_than_context() {
-    let p = scratch("ctx-tiny").join("tiny.gguf");
+    let p = scratch("ctx").join("tiny.gguf");
     write_tiny(&p, &Tiny::default());
     let long = "a ".repeat(100);
     let m = p.to_str().unwrap();

@@ -279,13 +279,7 @@ pub fn load_edited(
     edit: impl Fn(&mut Value),
 ) -> mica_models::Result<Model> {
     let src = dir(family);
-    // Unique per call: the test modules of one process may edit the same family and field.
-    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = std::env::temp_dir().join(format!(
-        "mica-cfg-{family}-{tag}-{}-{n}",
-        std::process::id()
-    ));
+    let tmp = std::env::temp_dir().join(format!("mica-cfg-{family}-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).unwrap();
     for f in ["model.safetensors", "generation_config.json"] {
         std::fs::copy(src.join(f), tmp.join(f)).unwrap();
