@@ -13,7 +13,7 @@ safetensors) and llama.cpp's converter at $MICA_LLAMA_CPP. About 1 GiB of scratc
 Usage:
   python bench/qwen35_small_shapes.py OUT.gguf
   MICA_HYBRID_TIMING_GGUF=OUT.gguf MICA_HYBRID_TIMING_SHAPE=400,100,30 \\
-      cargo test -p mica-engine --test all hybrid::second_turn_timing -- --ignored --nocapture
+      cargo test -p mica-engine --test hybrid second_turn_timing -- --ignored --nocapture
 """
 
 import shutil

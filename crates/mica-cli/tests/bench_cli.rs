@@ -1,7 +1,7 @@
 //! `mica bench` through the real binary, on the tiny random-weight model: llama-bench's JSON
 //! records and markdown table, and clear errors for bad flags.
 
-use crate::common;
+mod common;
 
 use common::*;
 use serde_json::Value;

@@ -5,7 +5,7 @@
 //! Needs `tmux` (Debian's `tmux` package; `scripts/test` installs it when missing): the
 //! test fails, naming it, where it is absent.
 
-use crate::common;
+mod common;
 
 use common::hub::{Route, Server};
 use common::*;

@@ -2,7 +2,7 @@
 //! types and `bench --json` reports them (llama-bench's `type_k`/`type_v`), with `bench -d`
 //! depths; an unknown type is one clear error listing the types.
 
-use crate::common;
+mod common;
 
 use common::*;
 

@@ -4,7 +4,7 @@
 //! everything but the new message), the slash commands, and Ctrl-C during an answer.
 //! Piped (non-terminal) input, multi-line messages and a full context are covered too.
 
-use crate::common;
+mod common;
 
 use common::*;
 use expectrl::session::OsSession as Session;

@@ -1,7 +1,7 @@
 //! Bad input through the real binary: every case exits non-zero with one clear message
 //! naming the problem, and never panics.
 
-use crate::common;
+mod common;
 
 use common::*;
 

@@ -3,7 +3,7 @@
 //! metadata; a flipped byte is named by `verify`; quantized conversions run; bad sources
 //! are refused with a reason.
 
-use crate::common;
+mod common;
 
 use common::*;
 use std::path::Path;

@@ -4,7 +4,7 @@
 //! the LLaMA Q/K permutation (GGUF LLaMA rotates adjacent pairs, the folder halves) and the
 //! Llama-3 `rope_freqs.weight`. Quantized outputs must stay close.
 
-use crate::common;
+mod common;
 
 use common::*;
 use mica::formats::GgufFile;

@@ -7,7 +7,7 @@
 //! `{arch}.*` key llama.cpp wrote must be in mica's with the same value. Folders GGUF cannot
 //! describe faithfully must fail with an error naming why.
 
-use crate::common;
+mod common;
 
 use common::*;
 use mica::formats::{GgufFile, MetaValue};

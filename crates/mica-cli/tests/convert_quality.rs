@@ -4,7 +4,7 @@
 //! provenance; `--mix BPW` meets its budget (measured from the written tensors) and records
 //! the recipe; impossible budgets are clear errors.
 
-use crate::common;
+mod common;
 
 use common::*;
 use mica::formats::GgufFile;

@@ -1,6 +1,6 @@
 //! `mica inspect --kernels`: the kernel coverage listing of this CPU, with no model.
 
-use crate::common;
+mod common;
 
 use common::*;
 

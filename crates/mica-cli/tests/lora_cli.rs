@@ -2,7 +2,7 @@
 //! adapter and a bad scale each exit non-zero with one clear error; `mica convert --lora`
 //! writes the merged fixture; `serve --lora` with several models is refused.
 
-use crate::common;
+mod common;
 
 use common::*;
 

@@ -2,7 +2,7 @@
 //! `--mem-limit` is refused with every number, `--force` loads it anyway, and the check
 //! after the first forward pass reports the estimate's error.
 
-use crate::common;
+mod common;
 
 use common::*;
 

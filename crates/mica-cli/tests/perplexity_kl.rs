@@ -3,7 +3,7 @@
 //! gives exactly 0 and the same top token everywhere; a Q8_0 requantization of the SmolLM2
 //! Q4_1 file gives a small positive divergence.
 
-use crate::common;
+mod common;
 
 use common::*;
 use std::path::Path;

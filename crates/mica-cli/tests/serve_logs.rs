@@ -4,7 +4,7 @@
 //! token counts, times, finish reason and status. Prompt text stays out of the log unless
 //! `--log-prompts` asks for it.
 
-use crate::common;
+mod common;
 
 use common::serve;
 use common::*;

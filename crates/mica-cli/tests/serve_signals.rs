@@ -3,7 +3,7 @@
 //! reason `abort` after `--shutdown-grace`, then `[DONE]` / `done: true`) and exits 0;
 //! SIGINT drains the same way, letting streams that finish in time finish normally.
 
-use crate::common;
+mod common;
 
 use common::model_path;
 use common::serve::{send_post, signal, wait_exit};

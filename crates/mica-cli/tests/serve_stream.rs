@@ -6,7 +6,7 @@
 //! the stream in step for the next request; bad values and a budget too small are refused
 //! before listening.
 
-use crate::common;
+mod common;
 
 use common::serve;
 use common::*;

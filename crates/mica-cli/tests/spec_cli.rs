@@ -4,7 +4,7 @@
 //! work (a draft model with another vocabulary, `--spec draft` without one, `--spec-max 0`)
 //! fail with one clear error.
 
-use crate::common;
+mod common;
 
 use common::*;
 

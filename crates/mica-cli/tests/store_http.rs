@@ -4,7 +4,7 @@
 //! `MICA_HF_ENDPOINT`. The server honours `Range` requests, can cut a transfer short once,
 //! and records every request so the tests can see that a pull resumed.
 
-use crate::common;
+mod common;
 
 use common::hub::{Route, Server};
 use common::*;

@@ -4,7 +4,7 @@
 //! bad flag values and a budget too small even for the resident parts are refused with the
 //! numbers.
 
-use crate::common;
+mod common;
 
 use common::*;
 

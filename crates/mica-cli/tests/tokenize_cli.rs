@@ -3,7 +3,7 @@
 //! fetched by `scripts/fetch-test-models`) checked against llama.cpp's own expected ids, and
 //! the clear error when such a file is run as a model.
 
-use crate::common;
+mod common;
 
 use common::*;
 use std::path::{Path, PathBuf};

@@ -5,7 +5,7 @@
 //! (batch composition, matrix shapes and types), and the compute pool's workers on tracks of
 //! their own. `mica trace-chart` draws such a file as an SVG flame chart.
 
-use crate::common;
+mod common;
 
 use common::serve::{send_post, signal, wait_exit};
 use common::*;

@@ -5,7 +5,7 @@
 //! (uploads, every kernel, the per-layer caches, the step's shapes) checked without a GPU.
 //! Models with features the decoder does not run are refused by name.
 
-use crate::common;
+mod common;
 use common::emu::emu;
 use common::hf::{check, check_offloaded, load};
 use mica_cuda::{GpuDecoder, GpuError};

@@ -3,7 +3,7 @@
 //! runs it on a machine with an NVIDIA GPU, driver and NVRTC; CI has no GPU.
 #![cfg(feature = "device-tests")]
 
-use crate::common;
+mod common;
 use common::cases;
 use mica_cuda::{Cuda, Runner};
 use std::sync::OnceLock;

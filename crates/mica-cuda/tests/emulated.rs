@@ -1,7 +1,7 @@
 //! Every kernel's logic on the CPU emulator (`tests/emu`), through the same ops a GPU runs,
 //! against scalar references (`common/cases.rs`).
 
-use crate::common;
+mod common;
 use common::{cases, emu::emu};
 
 #[test]

@@ -9,7 +9,7 @@
 //! the offloaded layers would not apply, is refused, and so is any pass of the evicted model
 //! without its offload.
 
-use crate::common;
+mod common;
 use common::emu::emu;
 use common::hf_common::{ids, load};
 use mica_cuda::GpuDecoder;

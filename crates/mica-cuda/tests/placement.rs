@@ -2,7 +2,7 @@
 //! against what the decoder allocates (counted on the emulator), and `plan`'s refusal of a
 //! placement that does not fit, with the layer count that would.
 
-use crate::common;
+mod common;
 use common::emu::{EMU_MEMORY, Emu, EmuBuf, emu};
 use common::hf::load;
 use mica_cuda::placement::{GpuLayers, footprint, headroom, plan};

@@ -3,7 +3,7 @@
 //! abandoned steps (forced, or for an arriving interactive request) changing no result,
 //! multi-token steps verifying drafted tokens, logits processors, parameter errors.
 
-use crate::common;
+mod common;
 
 use mica_engine::{
     EngineConfig, EngineHandle, Event, EventSink, FinishReason, GenerateParams, Hooks, Lane,

@@ -23,7 +23,7 @@
 //! - the top-5 log-probs at the first 8 positions differ by at most [`MAX_MEAN_LOGPROB_DIFF`]
 //!   nats on average.
 
-use crate::common;
+mod common;
 
 use common::*;
 use mica_engine::Session;

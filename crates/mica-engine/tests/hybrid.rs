@@ -8,7 +8,7 @@
 //! checkpoints; drafts are refused (a recurrent state cannot be cut back); a session reuses
 //! its cache for a follow-up turn and starts afresh when the prompt diverges.
 
-use crate::common;
+mod common;
 
 use mica_engine::{
     EngineConfig, EngineHandle, Event, EventSink, GenerateParams, Lane, Param, ParamError,

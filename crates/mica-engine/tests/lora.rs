@@ -5,7 +5,7 @@
 //! give what they give alone; the prefix cache never hands blocks computed under one
 //! selection to another.
 
-use crate::common;
+mod common;
 
 #[path = "common/peft.rs"]
 mod peft;

@@ -3,7 +3,7 @@
 //! and XTC on fixed logits, DRY with SmolLM2's vocabulary (its breaker strings matched as
 //! token sequences) over a repetitive history.
 
-use crate::common;
+mod common;
 
 use mica_engine::dry::Dry;
 use mica_engine::sampler::{Candidate, SamplingParams};

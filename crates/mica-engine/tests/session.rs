@@ -2,7 +2,7 @@
 //! run while processing only the new tokens; seeds reproduce runs; stop strings and limits;
 //! drafted tokens verified several per pass; logit-bias validation.
 
-use crate::common;
+mod common;
 
 use common::*;
 use mica_engine::{

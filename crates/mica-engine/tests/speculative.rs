@@ -4,7 +4,7 @@
 //! rejection and rollback are exercised) gives exactly plain greedy decoding's tokens; and in
 //! the serving engine, concurrent requests with proposers give what each gives alone.
 
-use crate::common;
+mod common;
 
 use common::*;
 use mica_engine::spec::{

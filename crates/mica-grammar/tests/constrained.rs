@@ -6,7 +6,7 @@
 //! engine runs differently constrained requests side by side, each with the tokens a
 //! single session gives.
 
-use crate::common;
+mod common;
 use common::*;
 use mica_engine::{
     EngineConfig, EngineHandle, Event, EventSink, FinishReason, GenerateParams, Hooks,

@@ -3,7 +3,7 @@
 //! llama.cpp's grammar integration tests (fixtures/grammars/llama_cpp_cases.json) come out
 //! the same; and greedy lexing never changes a grammar's language.
 
-use crate::common;
+mod common;
 use common::*;
 use mica_grammar::{CompiledGrammar, Constraint, GrammarError};
 use std::path::PathBuf;

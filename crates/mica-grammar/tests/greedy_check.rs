@@ -5,7 +5,7 @@
 //! greedy outputs with the check are token for token those of whole masks, with and without
 //! drafts, while most positions compute no mask.
 
-use crate::common;
+mod common;
 use common::*;
 use mica_engine::{GenerateParams, Hooks, LogitsProcessor, Proposer, SamplingParams, Session};
 use mica_grammar::tools::{Tool, ToolChoice, ToolSet};

@@ -19,7 +19,7 @@
 //! - IQ4_NL, MXFP4 (32-element blocks with Q8_0): blocks in pairs into two accumulators,
 //!   `hsum(acc1 + acc2)`, an odd last block added by `fma(d, Σ, sum)` in scalar f32.
 
-use crate::quant_common;
+mod quant_common;
 
 use mica_kernels::DType;
 use mica_kernels::quant::blocks::e8m0_to_f32_half;

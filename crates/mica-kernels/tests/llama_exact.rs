@@ -10,7 +10,7 @@
 //! cases, the batch paths (repacked Q4_K, tiled k-quants), and finally quantizer bytes and
 //! dot products against values printed by llama.cpp itself (generator at the end).
 
-use crate::quant_common;
+mod quant_common;
 
 use mica_kernels::DType;
 use mica_kernels::quant::blocks::{q3k_scales, scale_min_k4};

@@ -7,7 +7,7 @@
 //! token counts around their token groups, odd lengths (1, 3, 17, 33, 127 blocks) and the
 //! edge-value weight and activation kinds of `quant_common`.
 
-use crate::quant_common;
+mod quant_common;
 
 use mica_kernels::DType;
 use mica_kernels::matmul::QActs;

@@ -1,11 +1,11 @@
 //! Micro-benchmark of the dot-product and quantizer tables (ignored by default):
-//! `cargo test -p mica-kernels --test all quant_bench:: -- --ignored --nocapture`.
+//! `cargo test -p mica-kernels --test quant_bench -- --ignored --nocapture`.
 //!
 //! Each dot product runs over 64 rows of 4096 weights (a matrix-vector product's inner
 //! loop, weights ~1 MiB at 4.5 bits so they stay in cache: this measures compute, not DRAM)
 //! and reports weight bytes per second (GB/s) and ns per row.
 
-use crate::quant_common;
+mod quant_common;
 
 use std::hint::black_box;
 use std::time::Instant;

@@ -3,7 +3,7 @@
 //! quantizers' defining properties (gguf-py has no Q8_1/Q8_K to compare with), and the
 //! quantization error of the k-quant reference quantizers.
 
-use crate::quant_common;
+mod quant_common;
 
 use mica_kernels::DType;
 use mica_kernels::quant::{

@@ -11,7 +11,7 @@
 //! quantizers, ties and non-finite inputs included).
 //! ISAs the CPU lacks are printed as skipped.
 
-use crate::quant_common;
+mod quant_common;
 
 use std::io::Write;
 

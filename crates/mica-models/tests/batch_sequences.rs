@@ -2,7 +2,7 @@
 //! different sequences interleaved in one batch give exactly the logits each sequence gets
 //! on its own, and the cache keeps the sequences apart.
 
-use crate::common;
+mod common;
 
 use common::model_path;
 use mica_kernels::ThreadPool;

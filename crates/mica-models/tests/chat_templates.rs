@@ -6,7 +6,7 @@
 //! Models are found in `$MICA_TEST_MODELS` (default `<workspace>/models`); a missing model
 //! fails the test.
 
-use crate::common;
+mod common;
 
 use common::{GEMMA, QWEN, SMOLLM, load_tokenizer, tokenizer_fixture, workspace};
 use mica_models::chat::{CHATML_TEMPLATE, ChatMessage, ChatTemplate, FunctionCall, ToolCall};

@@ -12,7 +12,7 @@
 //! 3.5e-5, gemma4_moe 4.7e-6 (their converted GGUFs the same; the GGUF copies within 1e-7 of the folders); with llama.cpp's numerics (f16
 //! cache) they were 3.8e-3..8.4e-3.
 
-use crate::hf_common;
+mod hf_common;
 use hf_common::*;
 
 #[test]

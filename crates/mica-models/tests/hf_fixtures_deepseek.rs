@@ -6,7 +6,7 @@
 //! ranks groups otherwise). The cache holds the latent: its bytes per token are the pool's
 //! own accounting, against what full keys and values would take.
 
-use crate::hf_common;
+mod hf_common;
 use hf_common::*;
 use mica_models::config::Numerics;
 use mica_models::kv_cache::{BLOCK_SIZE, CacheTypes, KvType};

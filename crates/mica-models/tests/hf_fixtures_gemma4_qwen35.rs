@@ -2,7 +2,7 @@
 //! KV sharing, and MoE; Qwen3.5 dense and MoE) against transformers and llama.cpp, as
 //! `hf_fixtures.rs` checks the others (shared helpers: `hf_common`).
 
-use crate::hf_common;
+mod hf_common;
 use hf_common::*;
 
 /// The experts of a Gemma 4 MoE layer, with the layer's MLP beside them.

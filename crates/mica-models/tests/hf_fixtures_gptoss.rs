@@ -4,7 +4,7 @@
 //! (fixtures/converted/gptoss) against transformers and, quantized to Q8_0 and to MXFP4
 //! experts by llama.cpp, against llama.cpp's tokens and logits.
 
-use crate::hf_common;
+mod hf_common;
 use hf_common::*;
 use mica_models::model::Ffn;
 

@@ -10,7 +10,7 @@
 //! (this folder and the shared reference) agree to 3.9e-5.
 //!
 //! Needs the folder: `python fixtures/hf/real_smollm2.py MODELS_DIR OUT_DIR`, then
-//! `MICA_HF_SMOLLM2=OUT_DIR cargo test -p mica-models --test all hf_real:: -- --ignored`.
+//! `MICA_HF_SMOLLM2=OUT_DIR cargo test -p mica-models --test hf_real -- --ignored`.
 //! Ignored by default because CI has no torch to build the folder (the test says so when
 //! run without it, rather than passing).
 

@@ -86,7 +86,7 @@ fn unsupported_normalizer_is_an_error() {
 /// GGUF (`python fixtures/tokenizers/make_spm_json.py --real-gemma MODELS_DIR OUT_DIR`, not
 /// committed: 32 MB). mica's ids from it equal HF's, and equal mica's (llama.cpp's) from the
 /// GGUF. Run: `MICA_HF_GEMMA_TOK=OUT_DIR MICA_TEST_MODELS=MODELS_DIR cargo test -p mica-models
-/// --test all hf_tokenizer_spm:: -- --ignored`.
+/// --test hf_tokenizer_spm -- --ignored`.
 #[test]
 #[ignore]
 fn real_gemma_tokenizer_json_matches_hf_and_gguf() {

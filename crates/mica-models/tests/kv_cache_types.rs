@@ -7,7 +7,7 @@
 //! Models are found in `$MICA_TEST_MODELS` (default `<workspace>/models`); a missing one
 //! fails the test.
 
-use crate::common;
+mod common;
 
 use common::model_path;
 use mica_kernels::ThreadPool;

@@ -5,7 +5,7 @@
 //! budget far below the model's size is planned and run; one too small is refused with the
 //! numbers; streamed weights cannot be read outside their layer's turn.
 
-use crate::common;
+mod common;
 
 use common::{GEMMA, QWEN, SMOLLM, model_path};
 use mica_kernels::ThreadPool;

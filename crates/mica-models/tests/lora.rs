@@ -2,8 +2,8 @@
 //! mica's float32 logits with the adapter applied unmerged and merged, against transformers
 //! + PEFT's, within [`MAX_ABS`] at every position, and the greedy continuation identical.
 
-use crate::common;
-use crate::hf_common;
+mod common;
+mod hf_common;
 use hf_common::*;
 use mica_models::LoraAdapter;
 

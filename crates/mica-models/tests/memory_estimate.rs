@@ -2,7 +2,7 @@
 //! what does not come from it: the file's tensor directory, the KV formula from the models'
 //! published shapes, the bytes repacking really makes and the buffers a forward pass grows.
 
-use crate::common;
+mod common;
 
 use common::model_path;
 use mica_kernels::ThreadPool;

@@ -3,7 +3,7 @@
 //! a prompt (llama.cpp's repacked-Q4_K gemm and gemv paths) and for one-token decode steps
 //! (the gemv path, which the AVX-512 tier runs over its packed Q4_K layout).
 
-use crate::common;
+mod common;
 
 use common::model_path;
 use mica_kernels::{DType, ThreadPool};

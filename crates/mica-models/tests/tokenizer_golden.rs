@@ -6,7 +6,7 @@
 //! llama-cpp-python 0.3.36, see `fixtures/tokenizer/extract_golden.py`). Models are found in
 //! `$MICA_TEST_MODELS` (default `<workspace>/models`); a missing model fails the test.
 
-use crate::common;
+mod common;
 
 use std::time::Instant;
 

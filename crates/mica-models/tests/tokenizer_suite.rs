@@ -11,7 +11,7 @@
 //! input keeps its last expectation); each input is tokenized with `add_special = false`
 //! and `parse_special = false`, and the ids must match exactly.
 
-use crate::common;
+mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -5,7 +5,7 @@
 //! (404, 405, 413 included) has the API family's shape; a 404 lists no models;
 //! `GET /v1/models/{id}` answers.
 
-use crate::common;
+mod common;
 
 use common::*;
 use mica::engine::{Lane, SchedulerConfig};

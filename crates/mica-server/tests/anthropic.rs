@@ -5,7 +5,7 @@
 //! prompt the answer used, errors take Anthropic's shape, and a forced tool call comes back
 //! as a `tool_use` block whose input fits the schema, then a `tool_result` continues.
 
-use crate::common;
+mod common;
 
 use common::*;
 use mica::engine::{Lane, SchedulerConfig};

@@ -2,7 +2,7 @@
 //! list, token-id inputs; float and base64 encodings; `dimensions`), Ollama's `/api/embed`
 //! and `/api/embeddings`, each against the engine's own [`Embedder`] on the same model.
 
-use crate::common;
+mod common;
 
 use base64::Engine as _;
 use common::*;

@@ -2,7 +2,7 @@
 //! framing, greedy equality with a single-sequence `Session`, errors in each API's shape,
 //! prefix-cache hits in `usage`, and a disconnect returning KV blocks to the pool.
 
-use crate::common;
+mod common;
 
 use common::*;
 use mica::engine::{GenerateParams, SamplingParams, SchedulerConfig, Session};

@@ -10,7 +10,7 @@
 //! tiled path, so the second turn takes the first prompt's blocks up to its last block
 //! boundary (the engine's tests cover a turn that also takes the answer's blocks).
 
-use crate::common;
+mod common;
 
 use common::*;
 use mica::engine::{GenerateParams, SamplingParams, SchedulerConfig, Session};

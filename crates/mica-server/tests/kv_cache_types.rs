@@ -3,7 +3,7 @@
 //! exactly what they give alone (the block tables of concurrent sequences interleave in the
 //! pool).
 
-use crate::common;
+mod common;
 
 use common::*;
 use mica::engine::SchedulerConfig;

@@ -4,7 +4,7 @@
 //! monotonic when a model is unloaded and loaded again, with one header per family;
 //! `/ready` is 503 while the preload model loads, and a failed preload stops the server.
 
-use crate::common;
+mod common;
 
 use common::*;
 use mica::engine::SchedulerConfig;

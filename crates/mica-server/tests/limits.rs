@@ -3,7 +3,7 @@
 //! finish and a keep-alive connection left idle are closed; a long generation is never cut
 //! by the idle timeout.
 
-use crate::common;
+mod common;
 
 use common::*;
 use mica::engine::SchedulerConfig;

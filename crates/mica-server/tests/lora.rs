@@ -5,7 +5,7 @@
 //! not cross adapters; unknown adapters and bad scales are 400s naming them; adapters load
 //! and unload at run time behind the API key.
 
-use crate::common;
+mod common;
 
 #[path = "../../mica-engine/tests/common/peft.rs"]
 mod peft;

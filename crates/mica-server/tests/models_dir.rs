@@ -4,7 +4,7 @@
 //! on first request; `max_loaded` unloads the least recently used model without dropping
 //! the requests in flight on it; a load over the memory budget is refused with a 503.
 
-use crate::common;
+mod common;
 
 use common::*;
 use mica::engine::SchedulerConfig;

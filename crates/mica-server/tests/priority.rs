@@ -2,7 +2,7 @@
 //! engine, an interactive request's time to first token is far lower under the priority
 //! scheduler than under `--scheduler fifo`. Prints the measured times.
 
-use crate::common;
+mod common;
 
 use common::*;
 use mica::engine::{SchedulePolicy, SchedulerConfig};

@@ -4,7 +4,7 @@
 //! status — for plain and streamed generations, and for a request that fails before
 //! generating (with its error).
 
-use crate::common;
+mod common;
 
 use common::*;
 use mica_server::reqlog::RequestRecord;

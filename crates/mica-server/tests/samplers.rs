@@ -3,7 +3,7 @@
 //! DRY stops a repetitive greedy continuation from repeating, and bad values are 400s
 //! naming the field.
 
-use crate::common;
+mod common;
 
 use common::*;
 use mica::engine::SchedulerConfig;

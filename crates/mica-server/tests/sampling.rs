@@ -2,7 +2,7 @@
 //! decides greedy output, mirostat runs are reproducible per seed, bad values are 400s
 //! naming the field.
 
-use crate::common;
+mod common;
 
 use common::*;
 use mica::engine::SchedulerConfig;

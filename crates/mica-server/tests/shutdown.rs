@@ -5,7 +5,7 @@
 //! with a final event carrying the finish reason `abort` (SSE `[DONE]`, NDJSON `done`),
 //! a waiting non-streaming request gets 503, and `serve` returns.
 
-use crate::common;
+mod common;
 
 use common::*;
 use mica::engine::SchedulerConfig;

@@ -6,7 +6,7 @@
 //! `spec_max`, get a 400 naming the field; a draft model with another vocabulary is refused
 //! when the model loads.
 
-use crate::common;
+mod common;
 
 use common::*;
 use mica::engine::spec::{DraftModelConfig, SpecConfig, SpecMethod};

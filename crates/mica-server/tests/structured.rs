@@ -4,7 +4,7 @@
 //! the field with nothing generated (fail closed), and forced tool calls come back as
 //! `tool_calls` — whole answers, SSE deltas and Ollama's NDJSON.
 
-use crate::common;
+mod common;
 
 use common::*;
 use mica::engine::SchedulerConfig;

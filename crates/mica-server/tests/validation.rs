@@ -4,7 +4,7 @@
 //! roles are checked; a prompt plus the requested tokens beyond the context is a 400 with
 //! the numbers, while a request without a length gets the room its prompt leaves.
 
-use crate::common;
+mod common;
 
 use common::*;
 use mica::engine::SchedulerConfig;

@@ -3,7 +3,7 @@
 //! strong `ETag` that turns a revalidation into `304 Not Modified`, `Cache-Control:
 //! no-cache`, and the page's `Content-Security-Policy`; the origin rule still applies.
 
-use crate::common;
+mod common;
 
 use common::*;
 use mica::engine::{Lane, SchedulerConfig};
