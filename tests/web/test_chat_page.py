@@ -72,6 +72,17 @@ def stats(b: Browser) -> list[str]:
                  ".map(e => e.textContent)")
 
 
+def exported(b: Browser):
+    """The one downloaded export file's JSON, or None until it is there and complete."""
+    files = list(b.downloads.glob("*.json"))
+    if len(files) != 1 or list(b.downloads.glob("*.crdownload")):
+        return None
+    try:
+        return json.loads(files[0].read_text())
+    except json.JSONDecodeError:
+        return None
+
+
 def idle(srv) -> bool:
     return srv.get_json("/admin/requests")["requests"] == []
 
@@ -157,9 +168,9 @@ def test_chat_streams_stops_and_keeps_conversations(server, browser):
 
     # Export: a JSON file with both conversations, their messages, model and numbers.
     el(b, "#export").click()
-    wait(b, lambda: [p for p in b.downloads.glob("*.json")], 10, "the export file")
-    (path,) = b.downloads.glob("*.json")
-    data = json.loads(path.read_text())
+    # Chromium may create the file before it has written it: wait for the whole document.
+    wait(b, lambda: exported(b) is not None, 10, "the export file")
+    data = exported(b)
     assert data["format"] == "mica-chat" and data["version"] == 1
     convs = {c["title"]: c for c in data["conversations"]}
     assert set(convs) == {"Hello!", "Name three colors."}
